@@ -1,0 +1,209 @@
+"""Where commands run: a small `Host` protocol, with a local (subprocess) and an SSH (fabric) implementation.
+
+Stages only see `Host`; fabric is imported inside `SshHost`, so nothing else depends on it.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Protocol, Sequence
+
+
+class HostError(RuntimeError):
+    """A host could not be reached or a command could not be started there."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Process(Protocol):
+    """A background process started by `Host.start`."""
+
+    def poll(self) -> int | None: ...
+    def stop(self, grace_s: float = 10.0) -> int | None: ...
+
+
+class Host(Protocol):
+    name: str
+
+    def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+            timeout: float | None = None) -> CommandResult: ...
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str], log: str) -> Process: ...
+    def put(self, local: Path, remote: str) -> None: ...
+    def get(self, remote: str, local: Path) -> None: ...
+    def read_tail(self, path: str, lines: int = 40) -> str: ...
+
+
+def shell_join(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The command as one shell line, env first: what `pipeline plan` prints and what SSH runs."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    cmd = shlex.join(list(argv))
+    return f"{prefix} {cmd}" if prefix else cmd
+
+
+# ---------------------------------------------------------------- local
+
+
+class LocalProcess:
+    def __init__(self, popen: subprocess.Popen, log_file):
+        self._popen = popen
+        self._log_file = log_file
+        self.pid = popen.pid
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the whole process group (servers fork workers), SIGKILL after `grace_s`."""
+        if self._popen.poll() is None:
+            _signal_group(self.pid, signal.SIGTERM)
+            try:
+                self._popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.pid, signal.SIGKILL)
+                self._popen.wait()
+        self._log_file.close()
+        return self._popen.returncode
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class LocalHost:
+    name = "local"
+
+    def run(self, argv, *, env=None, timeout=None) -> CommandResult:
+        p = subprocess.run(list(argv), env={**os.environ, **(env or {})}, capture_output=True,
+                           text=True, timeout=timeout)
+        return CommandResult(p.returncode, p.stdout, p.stderr)
+
+    def start(self, argv, *, env, log) -> LocalProcess:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log, "ab")
+        try:
+            popen = subprocess.Popen(list(argv), env={**os.environ, **env}, stdout=log_file,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        except OSError as e:
+            log_file.close()
+            raise HostError(f"local: cannot start {argv[0]!r}: {e}") from e
+        return LocalProcess(popen, log_file)
+
+    def put(self, local, remote) -> None:
+        if Path(local).resolve() != Path(remote).resolve():
+            _copy(Path(local), Path(remote))
+
+    def get(self, remote, local) -> None:
+        if Path(remote).resolve() != Path(local).resolve():
+            _copy(Path(remote), Path(local))
+
+    def read_tail(self, path, lines=40) -> str:
+        try:
+            return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def _copy(src: Path, dst: Path) -> None:
+    import shutil
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst)
+
+
+# ---------------------------------------------------------------- ssh
+
+
+class SshProcess:
+    """A remote process started under `setsid`; its process group id is its pid."""
+
+    def __init__(self, host: "SshHost", pid: int):
+        self._host, self.pid = host, pid
+
+    def poll(self) -> int | None:
+        alive = self._host.run(["kill", "-0", str(self.pid)]).returncode == 0
+        return None if alive else 0
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        self._host.run(["kill", "-TERM", f"-{self.pid}"])
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and self.poll() is None:
+            time.sleep(0.5)
+        if self.poll() is None:
+            self._host.run(["kill", "-KILL", f"-{self.pid}"])
+        return 0
+
+
+class SshHost:
+    """A remote machine reached over SSH with fabric. Remote paths are strings (POSIX)."""
+
+    def __init__(self, name: str, address: str, *, user: str | None = None, port: int = 22,
+                 key: str | None = None, connect_timeout: float = 10.0):
+        self.name, self.address, self.user, self.port = name, address, user, port
+        self._key, self._timeout = key, connect_timeout
+        self._conn = None
+
+    def _connection(self):
+        if self._conn is None:
+            from fabric import Connection
+
+            kwargs = {"key_filename": self._key} if self._key else {}
+            self._conn = Connection(self.address, user=self.user, port=self.port,
+                                    connect_timeout=self._timeout, connect_kwargs=kwargs)
+            try:
+                self._conn.open()
+            except Exception as e:  # paramiko/socket raise many kinds; all mean "unreachable"
+                self._conn = None
+                raise HostError(f"host {self.name!r} ({self.user or ''}@{self.address}:{self.port}) "
+                                f"is unreachable over SSH: {e}. Check hosts.{self.name}.address/port/user/key "
+                                f"and that `ssh -p {self.port} {self.address}` works.") from e
+        return self._conn
+
+    def run(self, argv, *, env=None, timeout=None) -> CommandResult:
+        r = self._connection().run(shell_join(argv, env), hide=True, warn=True, timeout=timeout,
+                                   in_stream=False)
+        return CommandResult(r.exited, r.stdout, r.stderr)
+
+    def start(self, argv, *, env, log) -> SshProcess:
+        log_q = shlex.quote(log)
+        line = (f"mkdir -p $(dirname {log_q}) && setsid nohup {shell_join(argv, env)} "
+                f">>{log_q} 2>&1 < /dev/null & echo $!")
+        r = self._connection().run(line, hide=True, warn=True, in_stream=False)
+        if r.exited != 0 or not r.stdout.strip().isdigit():
+            raise HostError(f"host {self.name!r}: cannot start {argv[0]!r}: {r.stderr.strip()}")
+        return SshProcess(self, int(r.stdout.strip()))
+
+    def put(self, local, remote) -> None:
+        self._connection().put(str(local), remote)
+
+    def get(self, remote, local) -> None:
+        """Pull a file, or a directory recursively (fabric's get is per file)."""
+        conn = self._connection()
+        listing = self.run(["find", remote, "-type", "f"])
+        if listing.returncode != 0:
+            raise HostError(f"host {self.name!r}: cannot list {remote}: {listing.stderr.strip()}")
+        files = listing.stdout.split()
+        is_dir = files != [remote]
+        for f in files:
+            dest = Path(local) / os.path.relpath(f, remote) if is_dir else Path(local)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            conn.get(f, str(dest))
+
+    def read_tail(self, path, lines=40) -> str:
+        return self.run(["tail", "-n", str(lines), path]).stdout
