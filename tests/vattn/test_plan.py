@@ -1,0 +1,228 @@
+"""Planners: hand-worked cases for each mode, then invariants over random batches (CPU only)."""
+import random
+
+import pytest
+
+from vattn.plan import (
+    KV_TILE, MIN_PIECE_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
+)
+
+
+def pieces_by_seq(plan, batch):
+    out = {b: [] for b in range(batch)}
+    for s, a, e in plan.pieces():
+        out[s].append((a, e))
+    return out
+
+
+# -- hand-worked cases ----------------------------------------------------------------------------
+
+def test_fixed_hand_worked():
+    # B=4, Hkv=1, SLOTS=16 -> nseg = pow2floor(16/4) = 4. 1000 tokens = 16 tiles -> 4-tile (256) pieces;
+    # 100 tokens = 2 tiles -> fewer pieces than nseg; L=0 and q_len=0 get none.
+    p = plan_python([1000, 100, 0, 5], [1, 4, 2, 0], num_kv_heads=1, slots=16, mode="fixed")
+    assert p.pieces() == [(0, 0, 256), (0, 256, 512), (0, 512, 768), (0, 768, 1000), (1, 0, 64), (1, 64, 100)]
+    assert p.seq_part_start == [0, 4, 6, 6, 6]
+    assert p.num_items == [6]
+    assert len(p.work_seq) == 16
+    assert p.work_seq[6:] == [-1] * 10 and p.work_part == list(range(6)) + [-1] * 10
+    assert p.work_start[6:] == [0] * 10 and p.work_end[6:] == [0] * 10
+
+
+def test_fixed_nseg_caps():
+    # SLOTS/(B*Hkv) = 1000 -> pow2floor 512 -> capped at SEG_MAX; 100 tiles / 64 -> 2-tile pieces.
+    p = plan_python([6400], [1], num_kv_heads=1, slots=1000, mode="fixed")
+    assert p.num_items == [50] and all(e - a == 128 for _, a, e in p.pieces())
+    # SLOTS < B*Hkv -> one piece per sequence
+    p = plan_python([6400, 6400], [1, 1], num_kv_heads=8, slots=8, mode="fixed")
+    assert p.pieces() == [(0, 0, 6400), (1, 0, 6400)]
+
+
+def test_length_aware_hand_worked():
+    # Hkv=2, SLOTS=16 -> 8 pieces. Tiles 16, 2, 5: seg 4 tiles gives 4+1+2 = 7 <= 8; seg 3 gives 9.
+    p = plan_python([1000, 100, 300], [4, 4, 4], num_kv_heads=2, slots=16, mode="length_aware")
+    assert p.pieces() == [
+        (0, 0, 256), (0, 256, 512), (0, 512, 768), (0, 768, 1000), (1, 0, 100), (2, 0, 256), (2, 256, 300)]
+    assert p.seq_part_start == [0, 4, 5, 7]
+    assert len(p.work_seq) == max_work_items(3, 2, 16) == 8
+
+
+def test_length_aware_seg_max():
+    # 130 tiles with a budget of 1000: seg 2 would give 65 > SEG_MAX pieces, so seg = 3 tiles (192 tokens).
+    p = plan_python([130 * 64], [1], num_kv_heads=1, slots=1000, mode="length_aware")
+    assert p.num_items == [44]
+    assert p.pieces()[-1] == (0, 43 * 192, 130 * 64)
+    assert all(e - a == 192 for _, a, e in p.pieces()[:-1])
+
+
+def test_balanced_hand_worked():
+    # Same batch as length_aware: cap 4 tiles; the 5-tile sequence splits evenly (3 + 2 tiles) instead of 4 + 1.
+    p = plan_python([1000, 100, 300], [4, 4, 4], num_kv_heads=2, slots=16, mode="balanced")
+    assert p.pieces() == [
+        (0, 0, 256), (0, 256, 512), (0, 512, 768), (0, 768, 1000), (1, 0, 100), (2, 0, 192), (2, 192, 300)]
+
+
+def test_balanced_skewed_fills_the_wave():
+    # One 248k request and 15 five-token ones, 264 slots: length_aware is stuck at SEG_MAX pieces for the long
+    # one (61-tile pieces); balanced uses the whole wave (<= 16-tile pieces).
+    lens, qs = [248_000] + [5] * 15, [4] * 16
+    la = plan_python(lens, qs, num_kv_heads=1, slots=264, mode="length_aware")
+    bal = plan_python(lens, qs, num_kv_heads=1, slots=264, mode="balanced")
+    assert la.seq_part_start[1] == SEG_MAX and la.num_items == [SEG_MAX + 15]
+    assert max(e - a for _, a, e in la.pieces()) == 61 * KV_TILE
+    assert bal.num_items[0] <= 264 and bal.seq_part_start[1] == bal.num_items[0] - 15
+    assert max(e - a for _, a, e in bal.pieces()) == 16 * KV_TILE
+
+
+def test_balanced_min_piece():
+    # A 1k sequence alone on 264 slots would be cut into 1-tile pieces; the floor keeps pieces >= MIN_PIECE_TILES.
+    p = plan_python([1024], [1], num_kv_heads=1, slots=264, mode="balanced")
+    assert p.num_items == [16 // MIN_PIECE_TILES]
+
+
+def test_empty_batch_and_all_empty():
+    for mode in PLANNERS:
+        p = plan_python([], [], num_kv_heads=1, slots=8, mode=mode)
+        assert p.num_items == [0] and p.seq_part_start == [0] and p.work_seq == [-1] * 8
+        p = plan_python([0, 7], [3, 0], num_kv_heads=1, slots=8, mode=mode)
+        assert p.num_items == [0] and p.seq_part_start == [0, 0, 0]
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+def test_errors():
+    with pytest.raises(ValueError, match=r"mode: got 'lean'; allowed: fixed, length_aware, balanced"):
+        plan_python([1], [1], num_kv_heads=1, slots=8, mode="lean")
+    with pytest.raises(ValueError, match=r"q_lens: got 1 entries for 2 seq_lens"):
+        plan_python([1, 2], [1], num_kv_heads=1, slots=8, mode="fixed")
+    with pytest.raises(ValueError, match=r"seq_lens\[1\]: got -3; must be an int >= 0"):
+        plan_python([1, -3], [1, 1], num_kv_heads=1, slots=8, mode="fixed")
+    with pytest.raises(ValueError, match=r"num_kv_heads: got 0; must be an int >= 1"):
+        plan_python([1], [1], num_kv_heads=0, slots=8, mode="fixed")
+    with pytest.raises(ValueError, match=r"slots: got 0; must be an int >= 1"):
+        max_work_items(4, 1, 0)
+    with pytest.raises(ValueError, match=r"batch: got -1; must be >= 0"):
+        max_work_items(-1, 1, 8)
+
+
+# -- invariants over random batches ----------------------------------------------------------------
+
+def random_batch(rng):
+    batch = rng.randint(1, 40)
+    lens = []
+    for _ in range(batch):
+        kind = rng.random()
+        if kind < 0.1:
+            lens.append(0)
+        elif kind < 0.4:
+            lens.append(rng.randint(1, 300))
+        elif kind < 0.9:
+            lens.append(int(rng.lognormvariate(9.5, 1.2)))
+        else:
+            lens.append(rng.randint(100_000, 262_144))
+    qs = [rng.choice([0, 1, 1, 2, 3, 4, 4, 8]) for _ in range(batch)]
+    return lens, qs, rng.choice([1, 2, 4, 8]), rng.choice([16, 66, 132, 264, 528, 1056])
+
+
+CASES = [random_batch(random.Random(seed)) for seed in range(300)]
+
+
+def check_structure(p, lens, qs, hkv, slots):
+    batch = len(lens)
+    width = max_work_items(batch, hkv, slots)
+    n = p.num_items[0]
+    assert all(len(getattr(p, f)) == width for f in ("work_seq", "work_start", "work_end", "work_part"))
+    assert len(p.seq_part_start) == batch + 1 and p.seq_part_start[0] == 0 and p.seq_part_start[-1] == n
+    assert p.work_seq[n:] == [-1] * (width - n) and p.work_part[n:] == [-1] * (width - n)
+    assert p.work_part[:n] == list(range(n))
+    by_seq = pieces_by_seq(p, batch)
+    for b in range(batch):
+        rows = range(p.seq_part_start[b], p.seq_part_start[b + 1])
+        assert [p.work_seq[w] for w in rows] == [b] * len(rows)  # contiguous rows
+        got = by_seq[b]
+        if lens[b] == 0 or qs[b] == 0:
+            assert got == []
+            continue
+        # every KV position exactly once, in KV order, pieces on tile boundaries
+        assert got[0][0] == 0 and got[-1][1] == lens[b]
+        assert all(a < e and a % KV_TILE == 0 for a, e in got)
+        assert all(got[i][1] == got[i + 1][0] for i in range(len(got) - 1))
+    return by_seq
+
+
+@pytest.mark.parametrize("mode", PLANNERS)
+def test_invariants(mode):
+    for lens, qs, hkv, slots in CASES:
+        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode)
+        check_structure(p, lens, qs, hkv, slots)
+
+
+def tiles_of(a, e):
+    return -(-(e - a) // KV_TILE)
+
+
+def test_fixed_counts():
+    for lens, qs, hkv, slots in CASES:
+        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="fixed")
+        nseg = 1
+        while nseg * 2 <= min(SEG_MAX, slots // (len(lens) * hkv)):
+            nseg *= 2
+        for b, got in pieces_by_seq(p, len(lens)).items():
+            if got:
+                seg = -(-(-(-lens[b] // nseg)) // KV_TILE) * KV_TILE  # ceil(L/nseg) rounded up to the tile
+                assert len(got) <= nseg and all(e - a == seg for a, e in got[:-1]) and got[-1][1] - got[-1][0] <= seg
+
+
+def test_length_aware_is_the_smallest_feasible_segment():
+    for lens, qs, hkv, slots in CASES:
+        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="length_aware")
+        by_seq = pieces_by_seq(p, len(lens))
+        live = [lens[b] for b in by_seq if by_seq[b]]
+        if not live:
+            continue
+        budget = max(slot_budget(hkv, slots), len(live))
+        seg = max(e - a for got in by_seq.values() for a, e in got)
+        assert seg % KV_TILE == 0 or seg == max(live)
+        assert all(e - a == seg for got in by_seq.values() for a, e in got[:-1])  # one T for the batch
+        assert p.num_items[0] <= budget and max(len(g) for g in by_seq.values()) <= SEG_MAX
+        smaller = (-(-seg // KV_TILE) - 1) * KV_TILE
+        if smaller:  # one tile less must break a constraint
+            counts = [-(-L // smaller) for L in live]
+            assert sum(counts) > budget or max(counts) > SEG_MAX
+
+
+def test_balanced_spread_and_wave():
+    for lens, qs, hkv, slots in CASES:
+        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced")
+        by_seq = pieces_by_seq(p, len(lens))
+        live = [b for b in by_seq if by_seq[b]]
+        if not live:
+            continue
+        assert p.num_items[0] <= max(slot_budget(hkv, slots), len(live))  # one wave
+        cap = max(tiles_of(a, e) for b in live for a, e in by_seq[b])
+        for b in live:
+            t = [tiles_of(a, e) for a, e in by_seq[b]]
+            assert max(t) - min(t) <= 1  # even split within a sequence
+            if len(t) > 1:
+                assert 2 * min(t) >= cap - 1  # a split piece is at least about half the largest piece
+        if cap > MIN_PIECE_TILES:  # cap - 1 tiles would not fit the wave
+            need = sum(-(-(-(-lens[b] // KV_TILE)) // (cap - 1)) for b in live)
+            assert need > max(slot_budget(hkv, slots), len(live))
+
+
+def test_planner_makespans_ordered():
+    # Largest piece (tiles): balanced <= length_aware <= fixed, whenever the batch fits one wave.
+    for lens, qs, hkv, slots in CASES:
+        big = {m: max([tiles_of(a, e) for _, a, e in
+                       plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=m).pieces()] or [0])
+               for m in PLANNERS}
+        if len(lens) <= slot_budget(hkv, slots):
+            assert big["length_aware"] <= big["fixed"]
+        assert big["balanced"] <= max(big["length_aware"], MIN_PIECE_TILES)
+
+
+def test_width_depends_only_on_shape():
+    assert max_work_items(16, 1, 264) == 264
+    assert max_work_items(16, 8, 264) == 33
+    assert max_work_items(64, 8, 264) == 64
+    assert max_work_items(0, 1, 1) == 1

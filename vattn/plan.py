@@ -1,0 +1,172 @@
+"""Split planners: cut each sequence's KV range into pieces, one program per (piece, KV head).
+
+A plan is a fixed-size work list (see notes/vattn_interfaces.md), W = max_work_items(B, Hkv, SLOTS):
+
+    work_seq[W]          sequence of item w; -1 = idle item (padding past the real items)
+    work_start[W]        first KV position of the piece (a multiple of KV_TILE)
+    work_end[W]          one past its last KV position (min(L, tile boundary))
+    work_part[W]         partial row of item w (== w for real items, -1 for idle)
+    seq_part_start[B+1]  pieces of sequence b are rows seq_part_start[b] .. seq_part_start[b+1]-1,
+                         contiguous and in KV order
+    num_items[1]         number of real items
+
+Every planner first reduces a sequence to (pieces k, base tiles, remainder r): piece p covers tiles
+p*base + min(p, r) .. that + base + (p < r), clipped to L. fixed and length_aware use r = 0 (whole
+segments, the last one short); balanced splits a sequence evenly (r = t mod k), so no sequence rounds
+up to whole segments. A sequence with L = 0 or q_len = 0 gets k = 0.
+
+Bounds (they define W): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces; length_aware and
+balanced give <= max(n_nonempty, SLOTS/Hkv). balanced has no per-sequence cap: one long sequence
+may get up to SLOTS/Hkv pieces, so the reduce must loop over a sequence's rows (not assume <= 64).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLANNERS = ("fixed", "length_aware", "balanced")
+KV_TILE = 64  # tokens per KV tile: every piece starts on a tile boundary
+SEG_MAX = 64  # most pieces per sequence for fixed and length_aware (the MI355X reference's cap)
+# A piece's fixed cost in KV-tile equivalents: loading Q and writing the fp32 partial
+# (QROWS x D x 4 bytes = 64 KB at q4 x GQA16 x hd256, two 32 KB fp8 K+V tiles' worth).
+PIECE_OVERHEAD_TILES = 2
+# balanced never cuts a piece shorter than its own overhead, so >= half a program's time streams KV.
+MIN_PIECE_TILES = PIECE_OVERHEAD_TILES
+
+FIELDS = ("work_seq", "work_start", "work_end", "work_part", "seq_part_start", "num_items")
+
+
+@dataclass(frozen=True)
+class PlanLists:
+    """The plan as Python lists, padded to W (the pure-Python twin of plan_gpu's tensors)."""
+
+    work_seq: list[int]
+    work_start: list[int]
+    work_end: list[int]
+    work_part: list[int]
+    seq_part_start: list[int]
+    num_items: list[int]
+
+    def pieces(self) -> list[tuple[int, int, int]]:
+        """The real items as (seq, start, end), in work-list order."""
+        n = self.num_items[0]
+        return list(zip(self.work_seq[:n], self.work_start[:n], self.work_end[:n]))
+
+
+def slot_budget(num_kv_heads: int, slots: int) -> int:
+    """Pieces that fit one wave: each piece runs as Hkv programs."""
+    return max(1, slots // num_kv_heads)
+
+
+def max_work_items(batch: int, num_kv_heads: int, slots: int) -> int:
+    """W: the work-list length for a batch size, the same for every planner and every layer."""
+    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
+    if batch < 0:
+        raise ValueError(f"batch: got {batch}; must be >= 0")
+    return max(1, batch, slot_budget(num_kv_heads, slots))
+
+
+def _check_positive(**kwargs: int) -> None:
+    for name, value in kwargs.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: got {value!r}; must be an int >= 1")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2floor(x: int) -> int:
+    return 1 << (x.bit_length() - 1) if x >= 1 else 1
+
+
+def _smallest(lo: int, hi: int, ok) -> int:
+    """Smallest x in [lo, hi] with ok(x), ok monotone and ok(hi) true (the GPU twin bisects the same way)."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def _split_fixed(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int, int]]:
+    nseg = max(1, min(SEG_MAX, _pow2floor(slots // (len(tiles) * num_kv_heads))))
+    out = []
+    for t in tiles:
+        seg = _cdiv(t, nseg)  # ceil(L / nseg) rounded up to the tile, in tiles
+        out.append((_cdiv(t, seg), seg, 0) if t else (0, 0, 0))
+    return out
+
+
+def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int, int]]:
+    live = [t for t in tiles if t]
+    if not live:
+        return [(0, 0, 0)] * len(tiles)
+    budget = max(slot_budget(num_kv_heads, slots), len(live))
+
+    def ok(seg: int) -> bool:  # ceil(L / (seg*KV_TILE)) == ceil(tiles / seg)
+        return sum(_cdiv(t, seg) for t in live) <= budget and _cdiv(max(live), seg) <= SEG_MAX
+
+    seg = _smallest(1, max(live), ok)
+    return [(_cdiv(t, seg), seg, 0) if t else (0, 0, 0) for t in tiles]
+
+
+def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int, int]]:
+    live = [t for t in tiles if t]
+    if not live:
+        return [(0, 0, 0)] * len(tiles)
+    budget = max(slot_budget(num_kv_heads, slots), len(live))
+    # The smallest per-piece tile cap that fits one wave; every piece costs <= cap + overhead.
+    cap = _smallest(1, max(live), lambda c: sum(_cdiv(t, c) for t in live) <= budget)
+    cap = max(cap, MIN_PIECE_TILES)
+    out = []
+    for t in tiles:
+        k = _cdiv(t, cap)
+        out.append((k, t // k, t % k) if t else (0, 0, 0))
+    return out
+
+
+_SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced}
+
+
+def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
+    if len(seq_lens) != len(q_lens):
+        raise ValueError(f"q_lens: got {len(q_lens)} entries for {len(seq_lens)} seq_lens; need one per sequence")
+    for name, vals in (("seq_lens", seq_lens), ("q_lens", q_lens)):
+        for i, v in enumerate(vals):
+            if int(v) != v or v < 0:
+                raise ValueError(f"{name}[{i}]: got {v!r}; must be an int >= 0")
+
+
+def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str) -> PlanLists:
+    """Pure-Python planner, the oracle for plan_gpu and the input of the cost model.
+
+    seq_lens[b]: KV length L incl. the new tokens; q_lens[b]: query tokens (0 = absent from this call).
+    """
+    if mode not in PLANNERS:
+        raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
+    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
+    _check_lens(seq_lens, q_lens)
+    tiles = [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
+    splits = _SPLITTERS[mode](tiles, num_kv_heads, slots) if tiles else []
+    width = max_work_items(len(seq_lens), num_kv_heads, slots)
+    seq, start, end, part_start = [], [], [], [0]
+    for b, (k, base, rem) in enumerate(splits):
+        for p in range(k):
+            first = p * base + min(p, rem)
+            seq.append(b)
+            start.append(first * KV_TILE)
+            end.append(min(int(seq_lens[b]), (first + base + (p < rem)) * KV_TILE))
+        part_start.append(len(seq))
+    n = len(seq)
+    assert n <= width, f"planner {mode} made {n} pieces > W={width}"  # the bounds in the module docstring
+    pad = width - n
+    return PlanLists(
+        work_seq=seq + [-1] * pad,
+        work_start=start + [0] * pad,
+        work_end=end + [0] * pad,
+        work_part=list(range(n)) + [-1] * pad,
+        seq_part_start=part_start,
+        num_items=[n],
+    )
