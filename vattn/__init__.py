@@ -1,0 +1,17 @@
+"""vattn: paged few-query attention (verify / draft-extend / decode) with split planning.
+
+Public API (KERNEL.md): Workspace, plan, attention, reference; Plan and Backend for callers
+that keep plans or add a faster path behind the same API (see vattn.api's docstring).
+Importing vattn is cheap: torch and triton load on first use.
+
+`vattn.plan` and `vattn.reference` are the API functions; their modules stay importable as
+`from vattn.plan import plan_python` (`import vattn.plan as m` would give the function).
+"""
+
+from __future__ import annotations
+
+from vattn.api import Backend, Plan, attention, plan, register_backend
+from vattn.reference import reference
+from vattn.workspace import Workspace
+
+__all__ = ["Workspace", "Plan", "Backend", "plan", "attention", "reference", "register_backend"]

@@ -1,0 +1,296 @@
+"""vattn's public API: plan once per batch, run per layer.
+
+    ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
+                         page_size=16, max_q_len=4)
+    plan = vattn.plan(seq_lens, cu_seqlens_q, num_kv_heads=1, page_size=16, mode="balanced", workspace=ws)
+    out = vattn.attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                          k_descale, v_descale, softmax_scale, plan=plan)
+
+Host-side checks look only at shapes, dtypes, devices and strides (never at values), so a
+call can be captured in a CUDA graph; debug=True also reads values (and syncs).
+
+Dispatch point: attention() asks each registered backend, in order, whether it supports
+the call (`register_backend`); the portable Triton path (vattn.kernel) is the last and
+always applies. A faster Hopper path slots in by registering a Backend whose `supports`
+looks at the workspace/tensors; if its `run` raises, attention() warns once and falls back.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+from vattn.workspace import Workspace, interpreting
+
+# by path, not `from vattn import plan`: the package rebinds the name `plan` to the function below
+P = importlib.import_module("vattn.plan")
+
+
+def _bad(arg: str, value, supported: str):
+    raise ValueError(f"{arg}: got {value}; supported: {supported}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A batch's work list, living in its workspace's buffers (valid until the next plan())."""
+
+    tensors: dict  # plan.FIELDS -> int32 tensors ([W] work_*, [B+1] seq_part_start, [1] num_items)
+    batch: int
+    num_work_items: int  # W for this batch size
+    mode: str
+    workspace: Workspace
+
+
+def _check_int_vector(name: str, t, length: int | None, device) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        _bad(name, type(t).__name__, "a torch.Tensor")
+    if t.dtype != torch.int32:
+        _bad(f"{name}.dtype", t.dtype, "torch.int32")
+    if t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = f"[{length}]" if length is not None else "1-D"
+        _bad(f"{name}.shape", tuple(t.shape), f"{want} int32")
+    if t.device != device:
+        _bad(f"{name}.device", t.device, f"the workspace's device {device}")
+    if t.shape[0] > 1 and t.stride(0) != 1:
+        _bad(f"{name}.stride", t.stride(), "contiguous")
+
+
+def _check_device(device) -> None:
+    if device.type != "cuda" and not interpreting():
+        _bad("device", device, "cuda (cpu only under TRITON_INTERPRET=1)")
+
+
+def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str = "balanced",
+         workspace: Workspace, debug: bool = False) -> Plan:
+    """Split the batch's KV ranges into pieces (one program per piece and KV head).
+
+    seq_lens: [B] int32, KV length incl. the new tokens; cu_seqlens_q: [B+1] int32.
+    num_kv_heads, page_size: must match the workspace. mode: "balanced" | "length_aware" | "fixed".
+    On CUDA with vattn.plan.plan_gpu present this is one launch, no host sync (graph-safe);
+    otherwise the pure-Python twin runs on host values (a sync; refused during capture).
+    """
+    import torch
+
+    ws = workspace
+    if not isinstance(ws, Workspace):
+        _bad("workspace", type(ws).__name__, "a vattn.Workspace")
+    if mode not in P.PLANNERS:
+        _bad("mode", repr(mode), ", ".join(P.PLANNERS))
+    if num_kv_heads != ws.num_kv_heads:
+        _bad("num_kv_heads", num_kv_heads, f"the workspace's num_kv_heads={ws.num_kv_heads}")
+    if page_size != ws.page_size:
+        _bad("page_size", page_size, f"the workspace's page_size={ws.page_size}")
+    _check_device(ws.device)
+    _check_int_vector("seq_lens", seq_lens, None, ws.device)
+    batch = seq_lens.shape[0]
+    if batch > ws.max_batch:
+        _bad("seq_lens.shape", tuple(seq_lens.shape), f"batch <= the workspace's max_batch={ws.max_batch}")
+    _check_int_vector("cu_seqlens_q", cu_seqlens_q, batch + 1, ws.device)
+    if debug:
+        _check_lens_values(seq_lens, cu_seqlens_q, ws.max_q_len)
+    width = P.max_work_items(batch, num_kv_heads, ws.slots)
+    views = {f: buf[:width] for f, buf in ws.plan_buffers.items() if f.startswith("work_")}
+    views["seq_part_start"] = ws.plan_buffers["seq_part_start"][: batch + 1]
+    views["num_items"] = ws.plan_buffers["num_items"]
+    plan_gpu = getattr(P, "plan_gpu", None)
+    if plan_gpu is not None and ws.device.type == "cuda":
+        plan_gpu(seq_lens, cu_seqlens_q, num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode, out=views)
+    else:
+        if ws.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("vattn.plan: the host planner reads seq_lens (a sync) and cannot be "
+                               "captured; plan outside the graph, or use a build with plan_gpu")
+        cu = cu_seqlens_q.tolist()
+        lists = P.plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
+                              num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
+        for f in P.FIELDS:
+            views[f].copy_(torch.tensor(getattr(lists, f), dtype=torch.int32), non_blocking=False)
+    return Plan(tensors=views, batch=batch, num_work_items=width, mode=mode, workspace=ws)
+
+
+def _check_lens_values(seq_lens, cu_seqlens_q, max_q_len: int) -> None:
+    """debug=True only: reads values (host sync)."""
+    lens, cu = seq_lens.tolist(), cu_seqlens_q.tolist()
+    if cu[0] != 0:
+        _bad("cu_seqlens_q[0]", cu[0], "0")
+    for b, (a, c) in enumerate(zip(cu, cu[1:])):
+        if not 0 <= c - a <= max_q_len:
+            _bad(f"q_len of sequence {b} (cu_seqlens_q[{b + 1}] - cu_seqlens_q[{b}])", c - a,
+                 f"0..{max_q_len} (the workspace's max_q_len)")
+        if 0 < lens[b] < c - a or lens[b] < 0:
+            _bad(f"seq_lens[{b}]", lens[b], f"0 (empty) or >= its q_len {c - a} (the new tokens are in the cache)")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An implementation of attention() behind the same API (the dispatch point).
+
+    supports(workspace, q, k_cache) -> bool: host-only decision (no value reads).
+    run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+        softmax_scale, plan, out) -> None: writes out [T, Hq, D].
+    """
+
+    name: str
+    supports: Callable
+    run: Callable
+
+
+def _run_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                softmax_scale, plan: Plan, out) -> None:
+    from vattn import kernel as K  # triton loads on first launch, not on `import vattn`
+
+    ws = plan.workspace
+    K.launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                  softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa, max_q_len=ws.max_q_len,
+                  config=ws.config)
+    K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
+                    max_q_len=ws.max_q_len)
+
+
+TRITON = Backend("triton", lambda ws, q, k_cache: True, _run_triton)
+_BACKENDS: list[Backend] = [TRITON]
+_FAILED: set[str] = set()
+
+
+def register_backend(backend: Backend) -> None:
+    """Put a backend ahead of the others (the portable Triton path stays last)."""
+    _BACKENDS.insert(0, backend)
+
+
+def select_backend(ws: Workspace, q, k_cache) -> Backend:
+    for b in _BACKENDS:
+        if b.name not in _FAILED and b.supports(ws, q, k_cache):
+            return b
+    return TRITON
+
+
+def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale=None, v_descale=None,
+              softmax_scale: float | None = None, *, plan: Plan, out=None, debug: bool = False):
+    """Paged few-query attention; returns out [T, Hq, D] (q's dtype).
+
+    q: [T, Hq, D] bf16/fp16. k_cache, v_cache: [num_pages, page_size, Hkv, D] (NHD), fp8 e4m3,
+    bf16 or fp16. block_tables: [B, max_pages] int32. seq_lens: [B] int32 (KV length incl. the
+    new tokens). cu_seqlens_q: [B+1] int32. k_descale, v_descale: [1] fp32 device tensors
+    (required with fp8 KV, else None). softmax_scale: default 1/sqrt(D). plan: from vattn.plan
+    for these seq_lens/cu_seqlens_q. out: optional [T, Hq, D] in q's dtype.
+    """
+    import torch
+
+    ws = _check_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
+                          v_descale, softmax_scale, plan, out)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[2])
+    if debug:
+        _check_lens_values(seq_lens, cu_seqlens_q, ws.max_q_len)
+        _check_pages(block_tables, seq_lens, k_cache.shape[0], ws.page_size)
+        if cu_seqlens_q[-1].item() != q.shape[0]:
+            _bad("cu_seqlens_q[-1]", cu_seqlens_q[-1].item(), f"q.shape[0]={q.shape[0]}")
+    if out is None:
+        out = torch.empty_like(q)
+    backend = select_backend(ws, q, k_cache)
+    args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+            float(softmax_scale), plan, out)
+    if backend is TRITON:
+        TRITON.run(*args)
+        return out
+    try:
+        backend.run(*args)
+    except Exception as exc:  # a fast path that cannot build or launch must not take serving down
+        _FAILED.add(backend.name)
+        warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
+        TRITON.run(*args)
+    return out
+
+
+def _check_pages(block_tables, seq_lens, num_pages: int, page_size: int) -> None:
+    """debug=True only: every page a sequence uses is a valid page id."""
+    import torch
+
+    need = (seq_lens.long() + page_size - 1) // page_size
+    if int(need.max().item() if need.numel() else 0) > block_tables.shape[1]:
+        _bad("seq_lens", seq_lens.tolist(), f"<= block_tables.shape[1] * page_size = "
+             f"{block_tables.shape[1] * page_size}")
+    used = torch.arange(block_tables.shape[1], device=block_tables.device)[None, :] < need[:, None]
+    ids = block_tables[used]
+    if ids.numel() and (ids.min().item() < 0 or ids.max().item() >= num_pages):
+        _bad("block_tables", f"page ids in [{ids.min().item()}, {ids.max().item()}]",
+             f"ids in [0, {num_pages}) for the pages each sequence uses")
+
+
+_KV_DTYPES = "torch.float8_e4m3fn, torch.bfloat16, torch.float16"
+
+
+def _check_tensor(name: str, t, ndim: int, device) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        _bad(name, type(t).__name__, "a torch.Tensor")
+    if t.dim() != ndim:
+        _bad(f"{name}.shape", tuple(t.shape), f"{ndim} dimensions")
+    if t.device != device:
+        _bad(f"{name}.device", t.device, f"the workspace's device {device}")
+    if t.stride(-1) != 1:
+        _bad(f"{name}.stride", t.stride(), "unit stride in the last dimension")
+
+
+def _check_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                     softmax_scale, plan, out) -> Workspace:
+    """Shapes, dtypes, devices and strides against the plan's workspace; no value reads."""
+    import torch
+
+    if not isinstance(plan, Plan):
+        _bad("plan", type(plan).__name__, "a vattn.Plan from vattn.plan(...)")
+    ws = plan.workspace
+    _check_device(ws.device)
+    _check_tensor("q", q, 3, ws.device)
+    if q.dtype != ws.q_dtype:
+        _bad("q.dtype", q.dtype, f"the workspace's q_dtype {ws.q_dtype} (bf16 or fp16)")
+    if tuple(q.shape[1:]) != (ws.num_q_heads, ws.head_dim):
+        _bad("q.shape", tuple(q.shape), f"[T, {ws.num_q_heads}, {ws.head_dim}] (the workspace's Hq, D)")
+    want_kv = (ws.page_size, ws.num_kv_heads, ws.head_dim)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(name, t, 4, ws.device)
+        if t.dtype != ws.kv_dtype:
+            _bad(f"{name}.dtype", t.dtype, f"the workspace's kv_dtype {ws.kv_dtype} (one of {_KV_DTYPES})")
+        if tuple(t.shape[1:]) != want_kv:
+            _bad(f"{name}.shape", tuple(t.shape), f"[num_pages, {', '.join(map(str, want_kv))}] "
+                 "(NHD: page_size, Hkv, D of the workspace)")
+    if v_cache.shape[0] != k_cache.shape[0]:
+        _bad("v_cache.shape", tuple(v_cache.shape), f"the same num_pages as k_cache ({k_cache.shape[0]})")
+    _check_tensor("block_tables", block_tables, 2, ws.device)
+    if block_tables.dtype != torch.int32 or block_tables.shape[0] != plan.batch:
+        _bad("block_tables", f"{block_tables.dtype} {tuple(block_tables.shape)}",
+             f"int32 [B={plan.batch}, max_pages]")
+    _check_int_vector("seq_lens", seq_lens, plan.batch, ws.device)
+    _check_int_vector("cu_seqlens_q", cu_seqlens_q, plan.batch + 1, ws.device)
+    _check_descales(k_descale, v_descale, ws)
+    if softmax_scale is not None and (not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0):
+        _bad("softmax_scale", repr(softmax_scale), "a Python float > 0 (or None for 1/sqrt(head_dim))")
+    if out is not None:
+        _check_tensor("out", out, 3, ws.device)
+        if out.dtype != q.dtype or out.shape != q.shape or out.stride(1) != q.shape[2]:
+            _bad("out", f"{out.dtype} {tuple(out.shape)} strides {out.stride()}",
+                 f"{q.dtype} {tuple(q.shape)} with contiguous heads (like q)")
+    return ws
+
+
+def _check_descales(k_descale, v_descale, ws: Workspace) -> None:
+    import torch
+
+    fp8 = ws.kv_dtype == torch.float8_e4m3fn
+    for name, t in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            if fp8:
+                _bad(name, None, "a [1] float32 device tensor with fp8 KV")
+            continue
+        if not fp8:
+            _bad(name, "a tensor", f"None with {ws.kv_dtype} KV (descales apply to fp8 KV only)")
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1:
+            _bad(name, f"{getattr(t, 'dtype', type(t).__name__)} numel={getattr(t, 'numel', lambda: '?')()}",
+                 "a [1] float32 device tensor")
+        if t.device != ws.device:
+            _bad(f"{name}.device", t.device, f"the workspace's device {ws.device}")

@@ -1,0 +1,257 @@
+"""vattn's portable Triton kernels: the split main kernel and the segment reduce.
+
+The main kernel handles one work item (a KV piece [start, end) of one sequence)
+for one KV head, with every query head of that KV head and every query token of
+the sequence packed into one tile: row r = token * G + head_in_group. Each KV
+byte is therefore read once per (piece, KV head). It writes a partial: O
+normalised by its own softmax sum, and lse2 = max + log2(sum) in the log2
+domain. The reduce merges the partials of each (sequence, token, q head).
+
+Launch wrappers take already-validated tensors (vattn.api checks them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
+FP8_MAX = 448.0  # largest finite e4m3fn value
+
+
+@dataclass(frozen=True)
+class MainConfig:
+    """Compile-time choices of the main kernel (tuned in vattn.bench)."""
+
+    block_n: int = 64  # KV tokens per tile (the planners cut pieces at 64)
+    num_warps: int = 4
+    num_stages: int = 2
+    qk_fp8: bool = False  # fp8 KV only: Q quantised per row to e4m3, fp8 Q.K^T
+    pv_fp8: bool = False  # fp8 KV only: P scaled by 448 and cast to e4m3, fp8 P.V
+
+
+def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
+    """Config used when the caller gives none. Registers hold acc[QROWS, D] in
+    fp32, so wide tiles get more warps to keep it out of local memory."""
+    warps = 8 if head_dim * max(qrows, 16) >= 256 * 64 else 4
+    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=False, pv_fp8=False)
+
+
+@triton.jit
+def _attn_main_kernel(
+    # [T, Hq, D]
+    q_ptr, stride_qt, stride_qh,
+    # [num_pages, PAGE, Hkv, D]
+    k_ptr, stride_kp, stride_ks, stride_kh,
+    # [num_pages, PAGE, Hkv, D]
+    v_ptr, stride_vp, stride_vs, stride_vh,
+    # [B, max_pages] int32
+    bt_ptr, stride_bt,
+    # [B] int32, [B+1] int32
+    seq_lens_ptr, cu_q_ptr,
+    # [1] fp32 each (read only when HAS_DESCALE)
+    k_descale_ptr, v_descale_ptr, softmax_scale,
+    # [W] int32 each: the plan
+    work_seq_ptr, work_start_ptr, work_end_ptr, work_part_ptr,
+    # [W, Hkv, QROWS, D] fp32
+    o_part_ptr, stride_ow, stride_oh, stride_or,
+    # [W, Hkv, QROWS] fp32
+    lse_part_ptr, stride_lw, stride_lh,
+    G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
+    QK_FP8: tl.constexpr, PV_FP8: tl.constexpr,
+):
+    tl.static_assert(QR_PAD >= QROWS)
+    tl.static_assert(QR_PAD >= 16)  # tl.dot needs M >= 16
+    w = tl.program_id(0)
+    h = tl.program_id(1)
+    seq = tl.load(work_seq_ptr + w)
+    if seq < 0:  # idle item: fixed-size plans pad with these
+        return
+    start = tl.load(work_start_ptr + w)
+    end = tl.load(work_end_ptr + w)
+    part = tl.load(work_part_ptr + w).to(tl.int64)
+    kv_len = tl.load(seq_lens_ptr + seq)
+    q0 = tl.load(cu_q_ptr + seq)
+    n_q = tl.load(cu_q_ptr + seq + 1) - q0
+
+    # -- load the packed Q tile --
+    cdt = q_ptr.dtype.element_ty  # matrix operand dtype unless a *_FP8 path is on
+    rows = tl.arange(0, QR_PAD)
+    tok = rows // G
+    row_ok = (tok < n_q) & (rows < QROWS)
+    d = tl.arange(0, D)
+    q_off = (q0 + tok).to(tl.int64)[:, None] * stride_qt + (h * G + rows % G)[:, None] * stride_qh
+    q = tl.load(q_ptr + q_off + d[None, :], mask=row_ok[:, None], other=0.0)
+    # token j sees KV positions < kv_len - n_q + j + 1 (causal over the last n_q)
+    limit = tl.where(row_ok, kv_len - n_q + tok + 1, 0)
+
+    # one folded scale: logits in the log2 domain straight out of the dot
+    qk_scale = softmax_scale * 1.44269504  # 1/ln(2)
+    if HAS_DESCALE:
+        qk_scale = qk_scale * tl.load(k_descale_ptr)
+    if QK_FP8:
+        # per-row e4m3 quantisation of Q; its scale joins the folded scale
+        q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
+        q_s = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
+        q = (q.to(tl.float32) / q_s[:, None]).to(tl.float8e4nv)
+        row_scale = q_s * qk_scale
+    else:
+        row_scale = tl.full([QR_PAD], 1.0, tl.float32) * qk_scale
+
+    m_i = tl.full([QR_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([QR_PAD], tl.float32)
+    acc = tl.zeros([QR_PAD, D], tl.float32)
+    bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    for s in range(start, end, BLOCK_N):
+        # -- gather the K/V tile through the page table --
+        pos = s + tl.arange(0, BLOCK_N)
+        pos_ok = pos < end
+        page = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+        in_page = pos % PAGE
+        k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+        # -- compute qk --
+        if QK_FP8:
+            qk = tl.dot(q, tl.trans(k))
+        else:
+            qk = tl.dot(q, tl.trans(k.to(cdt)))
+        ok = (pos[None, :] < limit[:, None]) & pos_ok[None, :]
+        qk = tl.where(ok, qk * row_scale[:, None], float("-inf"))
+        # -- online softmax; a fully masked row keeps m = -inf and p = 0, never NaN --
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+        # -- compute p.v --
+        if PV_FP8:
+            # p <= 1: scaled by 448 it uses e4m3's range; undone in the epilogue
+            pv = tl.dot((p * 448.0).to(tl.float8e4nv), v)
+        else:
+            pv = tl.dot(p.to(cdt), v.to(cdt))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # -- epilogue: normalise, v_descale once, neutral rows as (O 0, lse -inf) --
+    has = l_i > 0.0
+    o_scale = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
+    if PV_FP8:
+        o_scale = o_scale / 448.0
+    if HAS_DESCALE:
+        o_scale = o_scale * tl.load(v_descale_ptr)
+    out = acc * o_scale[:, None]
+    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    store_ok = rows < QROWS
+    o_base = o_part_ptr + part * stride_ow + h * stride_oh
+    tl.store(o_base + rows[:, None] * stride_or + d[None, :], out, mask=store_ok[:, None])
+    tl.store(lse_part_ptr + part * stride_lw + h * stride_lh + rows, lse2, mask=store_ok)
+
+
+def _pad_rows(qrows: int) -> int:
+    return max(16, triton.next_power_of_2(qrows))
+
+
+def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                     softmax_scale, plan_tensors, o_part, lse_part, *, gqa: int, max_q_len: int,
+                     config: MainConfig):
+    """Positional args and constexpr kwargs of the main kernel (shared by launch and warmup)."""
+    page = k_cache.shape[1]
+    head_dim = q.shape[2]
+    has_descale = k_descale is not None
+    kd = k_descale if has_descale else seq_lens  # placeholder pointer, never read
+    vd = v_descale if has_descale else seq_lens
+    args = (
+        q, q.stride(0), q.stride(1),
+        k_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache, v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables, block_tables.stride(0),
+        seq_lens, cu_seqlens_q, kd, vd, float(softmax_scale),
+        plan_tensors["work_seq"], plan_tensors["work_start"], plan_tensors["work_end"],
+        plan_tensors["work_part"],
+        o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part, lse_part.stride(0), lse_part.stride(1),
+    )
+    qrows = max_q_len * gqa
+    kwargs = dict(
+        G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
+        HAS_DESCALE=has_descale, QK_FP8=config.qk_fp8, PV_FP8=config.pv_fp8,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return args, kwargs
+
+
+def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                softmax_scale, plan_tensors, o_part, lse_part, *, gqa: int, max_q_len: int,
+                config: MainConfig) -> None:
+    """Grid (W, Hkv): one program per (work item, KV head); idle items return at once."""
+    num_items = plan_tensors["work_seq"].shape[0]
+    args, kwargs = main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                                    k_descale, v_descale, softmax_scale, plan_tensors, o_part,
+                                    lse_part, gqa=gqa, max_q_len=max_q_len, config=config)
+    _attn_main_kernel[(num_items, k_cache.shape[2])](*args, **kwargs)
+
+
+@triton.jit
+def _reduce_kernel(
+    # [W, Hkv, QROWS, D] fp32
+    o_part_ptr, stride_ow, stride_oh, stride_or,
+    # [W, Hkv, QROWS] fp32
+    lse_part_ptr, stride_lw, stride_lh,
+    # [B+1] int32 each
+    seq_part_start_ptr, cu_q_ptr,
+    # [T, Hq, D]
+    out_ptr, stride_ot, stride_oh_out,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr,
+):
+    b = tl.program_id(0)
+    j = tl.program_id(1)
+    hq = tl.program_id(2)
+    q0 = tl.load(cu_q_ptr + b)
+    n_q = tl.load(cu_q_ptr + b + 1) - q0
+    if j >= n_q:
+        return
+    h = hq // G
+    row = j * G + hq % G
+    p_first = tl.load(seq_part_start_ptr + b)
+    p_last = tl.load(seq_part_start_ptr + b + 1)
+    d = tl.arange(0, D)
+    m_i = tl.full([], float("-inf"), tl.float32)
+    l_i = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros([D], tl.float32)
+    for c in range(p_first, p_last, BLOCK_P):
+        parts = c + tl.arange(0, BLOCK_P)
+        ok = parts < p_last
+        lse = tl.load(lse_part_ptr + parts.to(tl.int64) * stride_lw + h * stride_lh + row,
+                      mask=ok, other=float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(lse, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_safe)
+        wgt = tl.math.exp2(lse - m_safe)
+        o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
+        # neutral partials (lse -inf) are skipped, so even unwritten rows cannot leak in
+        o = tl.load(o_part_ptr + o_off, mask=(ok & (wgt > 0))[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(wgt[:, None] * o, axis=0)
+        l_i = l_i * alpha + tl.sum(wgt, axis=0)
+        m_i = m_new
+    res = tl.where(l_i > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+    out_off = (q0 + j).to(tl.int64) * stride_ot + hq * stride_oh_out + d
+    tl.store(out_ptr + out_off, res.to(out_ptr.dtype.element_ty))
+
+
+def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int,
+                  max_q_len: int, block_p: int = 16) -> None:
+    """Grid (B, max_q_len, Hq): one program per output row; absent tokens return at once.
+    A token whose sequence has no pieces (L = 0) gets O = 0."""
+    batch = cu_seqlens_q.shape[0] - 1
+    _reduce_kernel[(batch, max_q_len, out.shape[1])](
+        o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part, lse_part.stride(0), lse_part.stride(1),
+        seq_part_start, cu_seqlens_q,
+        out, out.stride(0), out.stride(1),
+        G=gqa, D=out.shape[2], BLOCK_P=block_p, num_warps=4 if out.shape[2] >= 128 else 2,
+    )

@@ -1,0 +1,165 @@
+"""The reusable workspace: plan tensors and partial buffers sized once per model config,
+and SLOTS (resident main-kernel programs per SM x SMs) read off the device.
+
+One workspace serves every layer and every CUDA-graph replay of batches up to
+max_batch: buffers never move, so captured graphs stay valid. It holds one plan at
+a time (vattn.plan overwrites it); use one workspace per live plan.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+P = importlib.import_module("vattn.plan")  # the package rebinds `vattn.plan` to the API function
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+SUPPORTED_PAGE_SIZES = (1, 16, 64)
+MAX_Q_LEN = 8  # KERNEL.md: q_len 0..8 per sequence
+MAX_GQA = 16
+CPU_SLOTS = 16  # interpreter runs have no SMs; any positive count gives a valid plan
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _dtype_names():
+    import torch
+
+    return {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _check_config(head_dim, num_q_heads, num_kv_heads, page_size, max_q_len, max_batch, kv_dtype, q_dtype):
+    import torch
+
+    def bad(arg, value, supported):
+        raise ValueError(f"{arg}: got {value!r}; supported: {supported}")
+
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        bad("head_dim", head_dim, "64, 128, 256")
+    if page_size not in SUPPORTED_PAGE_SIZES:
+        bad("page_size", page_size, "1, 16, 64")
+    if not isinstance(num_kv_heads, int) or num_kv_heads < 1:
+        bad("num_kv_heads", num_kv_heads, "an int >= 1")
+    if not isinstance(num_q_heads, int) or num_q_heads % num_kv_heads or not 1 <= num_q_heads // num_kv_heads <= MAX_GQA:
+        bad("num_q_heads", num_q_heads, f"a multiple of num_kv_heads={num_kv_heads}, 1..16 q heads per KV head")
+    if not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
+        bad("max_q_len", max_q_len, "1..8")
+    if not isinstance(max_batch, int) or max_batch < 1:
+        bad("max_batch", max_batch, "an int >= 1")
+    if kv_dtype not in _dtype_names():
+        bad("kv_dtype", kv_dtype, "torch.float8_e4m3fn, torch.bfloat16, torch.float16")
+    if q_dtype not in (torch.bfloat16, torch.float16):
+        bad("q_dtype", q_dtype, "torch.bfloat16, torch.float16")
+
+
+class Workspace:
+    """Buffers and launch configuration for one model's attention layers.
+
+    head_dim, num_q_heads, num_kv_heads, kv_dtype, q_dtype, page_size: the model's attention
+    (fixed across layers). max_batch: the largest batch a plan may have. max_q_len: the
+    largest q_len any call will see (1..8); the kernel packs max_q_len * G rows per tile.
+    slots: override SLOTS (default: resident programs per SM x SMs, the occupancy of the main
+    kernel compiled for this config, read at init). config: override the main kernel's
+    compile-time config (vattn.kernel.MainConfig); one variant per workspace.
+    """
+
+    def __init__(self, *, head_dim: int, num_q_heads: int, num_kv_heads: int, kv_dtype, q_dtype=None,
+                 page_size: int = 16, max_q_len: int = MAX_Q_LEN, max_batch: int = 256, device=None,
+                 slots: int | None = None, config=None):
+        import torch
+
+        from vattn import kernel as K
+
+        q_dtype = torch.bfloat16 if q_dtype is None else q_dtype
+        _check_config(head_dim, num_q_heads, num_kv_heads, page_size, max_q_len, max_batch, kv_dtype, q_dtype)
+        if device is None:
+            device = "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if slots is not None and (not isinstance(slots, int) or slots < 1):
+            raise ValueError(f"slots: got {slots!r}; supported: an int >= 1 (or None to read the device)")
+        self.head_dim, self.num_q_heads, self.num_kv_heads = head_dim, num_q_heads, num_kv_heads
+        self.gqa = num_q_heads // num_kv_heads
+        self.kv_dtype, self.q_dtype, self.page_size = kv_dtype, q_dtype, page_size
+        self.max_q_len, self.max_batch = max_q_len, max_batch
+        self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
+        self.slots = slots if slots is not None else self._measure_slots()
+        self._alloc()
+
+    def _alloc(self) -> None:
+        import torch
+
+        width = P.max_work_items(self.max_batch, self.num_kv_heads, self.slots)
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self.plan_buffers = {f: torch.full((width,), -1, **i32) for f in ("work_seq", "work_part")}
+        self.plan_buffers.update({f: torch.zeros(width, **i32) for f in ("work_start", "work_end")})
+        self.plan_buffers["seq_part_start"] = torch.zeros(self.max_batch + 1, **i32)
+        self.plan_buffers["num_items"] = torch.zeros(1, **i32)
+        qrows = self.max_q_len * self.gqa
+        f32 = dict(dtype=torch.float32, device=self.device)
+        # O_part [W, Hkv, QROWS, D] fp32 (normalised), lse2_part [W, Hkv, QROWS] fp32
+        self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, **f32)
+        self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
+
+    def _measure_slots(self) -> int:
+        if self.device.type != "cuda" or interpreting():
+            return CPU_SLOTS
+        import torch
+
+        props = torch.cuda.get_device_properties(self.device)
+        self.programs_per_sm = resident_programs_per_sm(self._warmup(), props)
+        return self.programs_per_sm * props.multi_processor_count
+
+    def _warmup(self):
+        """Compile (not launch) the main kernel for this config on tiny stand-in tensors."""
+        import torch
+
+        from vattn import kernel as K
+
+        dev, d, hkv, max_q_len = self.device, self.head_dim, self.num_kv_heads, self.max_q_len
+        q = torch.zeros(1, self.num_q_heads, d, dtype=self.q_dtype, device=dev)
+        kv = torch.zeros(1, self.page_size, hkv, d, device=dev).to(self.kv_dtype)
+        i32 = torch.zeros(2, dtype=torch.int32, device=dev)
+        scale = torch.ones(1, dtype=torch.float32, device=dev)
+        o = torch.zeros(1, hkv, max_q_len * self.gqa, d, dtype=torch.float32, device=dev)
+        lse = torch.zeros(1, hkv, max_q_len * self.gqa, dtype=torch.float32, device=dev)
+        plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part")}
+        descale = scale if self.kv_dtype == _fp8() else None
+        args, kwargs = K.main_launch_args(q, kv, kv, i32.view(1, 2), i32, i32, descale, descale, 1.0, plan,
+                                          o, lse, gqa=self.gqa, max_q_len=max_q_len,
+                                          config=self.config)
+        return K._attn_main_kernel.warmup(*args, grid=(1, hkv), **kwargs)
+
+    def describe(self) -> dict:
+        return dict(head_dim=self.head_dim, num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads,
+                    kv_dtype=_dtype_names()[self.kv_dtype], q_dtype=_dtype_names()[self.q_dtype],
+                    page_size=self.page_size, max_q_len=self.max_q_len, max_batch=self.max_batch,
+                    device=str(self.device), slots=self.slots, config=self.config.__dict__)
+
+
+def _fp8():
+    import torch
+
+    return torch.float8_e4m3fn
+
+
+def resident_programs_per_sm(compiled, props) -> int:
+    """Occupancy of one compiled Triton kernel: the tightest of registers, shared memory and
+    warps per SM. Falls back to 1 (never over-subscribe) when the compiler's numbers are missing."""
+    try:
+        compiled._init_handles()
+        n_regs, warps = int(compiled.n_regs), int(compiled.metadata.num_warps)
+        shared = int(compiled.metadata.shared)
+    except Exception:  # older/newer Triton without these fields: a safe, documented default
+        return 1
+    regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    threads_per_sm = getattr(props, "max_threads_per_multi_processor", 2048)
+    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256  # allocated per warp in 256-register units
+    by_regs = (regs_per_sm // regs_per_warp) // warps
+    by_smem = smem_per_sm // (shared + 1024) if shared else 32  # 1 KB reserved per block
+    by_threads = threads_per_sm // (32 * warps)
+    return max(1, min(by_regs, by_smem, by_threads, 32))
