@@ -1,0 +1,23 @@
+"""python -m pipeline.emulator --host 127.0.0.1 --port PORT --model NAME [--config FILE.yaml] [--<field> VALUE ...]"""
+from __future__ import annotations
+
+import sys
+
+from pipeline.emulator.config import ConfigError, config_from_argv
+from pipeline.emulator.tokens import TokenizerError
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = config_from_argv(argv)
+        from pipeline.emulator.server import build_app, serve  # noqa: F401  (aiohttp only once config is good)
+
+        serve(cfg)
+    except (ConfigError, TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

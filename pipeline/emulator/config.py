@@ -1,0 +1,216 @@
+"""The emulator's configuration: one pydantic model; a YAML file and command-line flags both set it.
+
+Precedence, lowest first: the field defaults, the model preset (configs/models/<model_preset>.yaml,
+which sets the model-shape fields), the --config YAML file, then the flags. Every field is a flag:
+`max_running_requests` is `--max-running-requests VALUE`; booleans are bare flags (`--disable-prefix-cache`)
+and lists take several values or one comma-separated value (`--accept-probs 0.8 0.6 0.45`).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+DEFAULT_PRESET = "qwen3.5-397b-a17b-tp2"
+# Fields a model preset may set (the model's shape and its speculative head); a preset file with
+# anything else is refused, so presets cannot quietly change serving policy.
+SHAPE_FIELDS = ("attention_layers", "draft_attention_layers", "num_kv_heads", "head_dim", "gqa",
+                "kv_dtype", "page_size", "max_context_tokens", "draft_tokens", "accept_probs")
+
+
+class ConfigError(ValueError):
+    """A configuration error with a message fit for the user (names the field, the value, the rule)."""
+
+
+class EmulatorConfig(BaseModel):
+    """Everything the emulator needs; see pipeline/emulator/__init__.py for the engine model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # -- server --
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(30000, ge=1, le=65535, description="TCP port to listen on.")
+    model: str = Field("emulated-model", min_length=1,
+                       description="Served model name: requests must name it; /v1/models lists it.")
+    tokenizer: str | None = Field(None, description=(
+        "HF tokenizer directory (tokenizer.json) used to count prompt tokens and to make output text, one "
+        "vocab word per generated token. Unset: whitespace-separated words count as tokens."))
+    cycle_log: str | None = Field(None, description="Write one JSON line per engine cycle to this file.")
+    cycle_log_flush_s: float = Field(1.0, gt=0, le=60, description="Flush the cycle log at least this often.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Server log level.")
+
+    # -- scheduler --
+    max_running_requests: int = Field(64, ge=1, le=4096, description=(
+        "Most requests in the running batch; the rest wait in a FIFO queue."))
+    chunked_prefill_size: int = Field(8192, ge=16, le=1_048_576, description=(
+        "Most prompt tokens prefilled per cycle, over all prefilling requests (chunked prefill)."))
+    max_context_tokens: int = Field(262_144, ge=64, le=4_194_304, description=(
+        "Context window: longer prompts get a 400; generation stops (finish_reason length) at it."))
+    disable_prefix_cache: bool = Field(False, description="Turn the prefix cache off (every prompt is prefilled).")
+    prefix_block_tokens: int = Field(16, ge=1, le=4096, description=(
+        "Prefix-cache block size in tokens: prompts hit the cache in whole blocks."))
+    prefix_cache_tokens: int = Field(8_000_000, ge=0, le=10**10, description=(
+        "Prefix-cache capacity in tokens (least recently used blocks are evicted)."))
+    default_max_tokens: int = Field(1024, ge=1, le=1_048_576, description=(
+        "Output tokens of a request that sets no max_tokens (and no max_completion_tokens)."))
+    eos_after_tokens: int = Field(0, ge=0, le=1_048_576, description=(
+        "A request without ignore_eos stops (finish_reason stop) after this many tokens, standing in for "
+        "the model's EOS; 0 = only max_tokens ends a request."))
+    seed: int = Field(0, ge=0, description="Seed of the acceptance sampler and of the output words.")
+
+    # -- speculative decoding (MTP / EAGLE) --
+    draft_tokens: int = Field(3, ge=0, le=8, description=(
+        "Draft tokens per cycle; each decode sequence verifies draft_tokens + 1 query tokens and emits "
+        "1 .. draft_tokens + 1 tokens. 0 = plain decode (one token per cycle)."))
+    accept_probs: list[float] = Field([0.8, 0.6, 0.45], description=(
+        "Per-position acceptance: draft token i is accepted with probability accept_probs[i] given that "
+        "tokens 0..i-1 were; one value per draft token."))
+
+    # -- model shape (preset: configs/models/*.yaml) --
+    model_preset: str = Field(DEFAULT_PRESET, description=(
+        "Model-shape preset: a name in configs/models/ or a YAML path. It sets the shape fields below; "
+        "explicit fields override it."))
+    attention_layers: int = Field(15, ge=1, le=1024, description="Full-attention layers of the target model.")
+    draft_attention_layers: int = Field(1, ge=0, le=64, description=(
+        "Attention layers of the draft (MTP) model; each runs one extend plus draft_tokens-1 decode calls."))
+    num_kv_heads: int = Field(1, ge=1, le=256, description="KV heads per GPU (after tensor parallelism).")
+    head_dim: int = Field(256, description="Head dimension (64, 128 or 256).")
+    gqa: int = Field(16, ge=1, le=64, description="Query heads per KV head.")
+    kv_dtype: Literal["fp8_e4m3", "bf16"] = Field("fp8_e4m3", description="KV-cache element type.")
+    page_size: int = Field(16, description="KV-cache page size in tokens (1, 16 or 64).")
+
+    # -- time model --
+    attention: Literal["model", "kernel"] = Field("model", description=(
+        "How attention time is obtained: 'model' = vattn's cost model on a hardware profile (any CPU); "
+        "'kernel' = run the real vattn kernel on the batch (needs a CUDA GPU)."))
+    hardware: str = Field("h200", min_length=1, description=(
+        "Hardware profile for the cost model: a name in configs/hardware/ or a YAML path."))
+    non_attn_base_us: float = Field(8000.0, ge=0, le=10**7, description=(
+        "Modelled non-attention time of every cycle (weights, MoE, linear-attention layers), us."))
+    non_attn_per_token_us: float = Field(25.0, ge=0, le=10**5, description=(
+        "Modelled non-attention time per token processed in a cycle (prefill chunk tokens plus "
+        "draft_tokens+1 per decode sequence), us."))
+    prefill_attention_tflops: float = Field(400.0, gt=0, le=10**5, description=(
+        "Effective TFLOP/s of prefill attention (causal FLOPs of each chunk over its prefix)."))
+    time_scale: float = Field(1.0, gt=0, le=1000, description=(
+        "Wall seconds slept per modelled second (1 = real time; 0.1 runs ten times faster)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        preset = load_preset(data.get("model_preset", DEFAULT_PRESET))
+        return {**preset, **data}
+
+    @model_validator(mode="after")
+    def _check(self) -> "EmulatorConfig":
+        if self.head_dim not in (64, 128, 256):
+            raise ValueError(f"head_dim: {self.head_dim} is not supported; allowed: 64, 128, 256")
+        if self.page_size not in (1, 16, 64):
+            raise ValueError(f"page_size: {self.page_size} is not supported; allowed: 1, 16, 64")
+        if len(self.accept_probs) != self.draft_tokens:
+            raise ValueError(f"accept_probs: {len(self.accept_probs)} values {self.accept_probs} for "
+                             f"draft_tokens={self.draft_tokens}; give exactly one probability per draft token")
+        bad = [p for p in self.accept_probs if not 0.0 <= p <= 1.0]
+        if bad:
+            raise ValueError(f"accept_probs: {bad} outside [0, 1]")
+        return self
+
+    def mean_accept_length(self) -> float:
+        """Expected tokens emitted per decode cycle: 1 + sum_i prod_{j<=i} p_j."""
+        total, run = 1.0, 1.0
+        for p in self.accept_probs:
+            run *= p
+            total += run
+        return total
+
+
+def load_preset(name_or_path: str) -> dict[str, Any]:
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = MODELS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
+        raise ConfigError(f"model_preset: {name_or_path!r} not found (looked for {path}); known presets: {known}")
+    data = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(data) - set(SHAPE_FIELDS))
+    if not isinstance(data, dict) or unknown:
+        raise ConfigError(f"model_preset {path}: fields {unknown} are not model-shape fields; "
+                          f"a preset may set only {list(SHAPE_FIELDS)}")
+    return data
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        if not e["loc"]:  # a cross-field rule: its message already names the field
+            lines.append(f"emulator config: {msg}")
+            continue
+        field = ".".join(str(p) for p in e["loc"])
+        got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
+        lines.append(f"emulator config: {field}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def build_config(data: dict[str, Any]) -> EmulatorConfig:
+    """Validate merged settings; raise ConfigError with one line per bad field."""
+    try:
+        return EmulatorConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+
+
+# -- command line: one flag per field, generated from the model --
+
+def _help(name: str, field) -> str:
+    bounds = [f"{k} {getattr(m, k)}" for m in field.metadata for k in ("ge", "gt", "le", "lt")
+              if getattr(m, k, None) is not None]
+    extra = f" [{', '.join(bounds)}]" if bounds else ""
+    default = EmulatorConfig.model_fields[name].default
+    return f"{field.description}{extra} (default: {default})".replace("%", "%%")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.emulator",
+        description="OpenAI-compatible serving emulator: continuous batching, chunked prefill, prefix cache, "
+                    "speculative decoding; each cycle sleeps for modelled time (attention from vattn's cost "
+                    "model). Arm from env: VATTN=0 baseline kernel + fixed split, VATTN=1 vattn with "
+                    "VATTN_PLAN (fixed | length_aware | balanced, default balanced).")
+    parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of config fields (flags override it).")
+    for name, field in EmulatorConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, nargs="?", const="true", default=None, metavar="true|false",
+                                help=_help(name, field))
+        elif name == "accept_probs":
+            parser.add_argument(flag, dest=name, nargs="+", default=None, metavar="P", help=_help(name, field))
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=_help(name, field))
+    return parser
+
+
+def config_from_argv(argv: list[str] | None = None) -> EmulatorConfig:
+    args = vars(make_parser().parse_args(argv))
+    data: dict[str, Any] = {}
+    config_path = args.pop("config")
+    if config_path:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"--config: file {config_path!r} not found")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"--config {path}: expected a mapping of config fields, got {type(data).__name__}")
+    for name, value in args.items():
+        if value is None:
+            continue
+        if name == "accept_probs":
+            value = [v for item in value for v in str(item).split(",") if v.strip()]
+        data[name] = value
+    return build_config(data)

@@ -1,0 +1,114 @@
+"""Token counting and filler output text.
+
+A chat prompt's tokens are, for each message, the tokens of "<role>:" then the tokens of its content,
+then the tokens of "assistant:" (the generation prompt). Messages are encoded one by one and the ids
+concatenated, so the next turn's prompt (earlier messages + the assistant's reply + a new message)
+starts with exactly this turn's prompt + reply: the prefix cache sees real chat-template behaviour.
+
+Each generated token is one vocab word sent as " word": a client re-tokenizing the concatenated text
+gets one token per word (checked for every word when the vocab is loaded), so its count equals usage.
+"""
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+# Whitespace mode's output words (no tokenizer): ordinary words, one token each by construction.
+FALLBACK_WORDS = (
+    "the of and to in is was for on that with as by at from it his an were are which this be or had "
+    "not but first one their its new after who they have her she two been other when there all during "
+    "into school time may years more most only over city some world would where later up such used many "
+    "can state about national out known university united then made three both since under between "
+    "while well through part being most system several team second found however north company these "
+    "film early also high like south before west called because long house including river side small"
+).split()
+_WORD = re.compile(r"^[a-z]{2,12}$")
+_MARKERS = ("\u0120", "\u2581")  # byte-level BPE's space mark, SentencePiece's space mark
+MAX_OUTPUT_WORDS = 2048
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+class Tokens:
+    """Counts and makes tokens; `ids` feed the prefix cache's block hashes."""
+
+    name = "whitespace"
+
+    def __init__(self, seed: int = 0):
+        self._role_ids: dict[str, list[int]] = {}
+        self.words = list(FALLBACK_WORDS)
+        self.word_ids = [self._word_id(w) for w in self.words]
+        self.word_texts = [" " + w for w in self.words]
+        self.rng = random.Random(seed)
+
+    def encode(self, text: str) -> list[int]:
+        return [hash(w) for w in text.split()]
+
+    def _word_id(self, word: str) -> int:
+        return hash(word)
+
+    def info(self) -> dict[str, Any]:
+        return {"mode": self.name, "output_words": len(self.words)}
+
+    def chat_ids(self, messages: list[tuple[str, str]]) -> list[int]:
+        ids: list[int] = []
+        for role, content in messages:
+            ids += self._role(role)
+            ids += self.encode(content)
+        return ids + self._role("assistant")
+
+    def _role(self, role: str) -> list[int]:
+        if role not in self._role_ids:
+            self._role_ids[role] = self.encode(f"{role}:")
+        return self._role_ids[role]
+
+    def next_word(self) -> int:
+        """Index of a random output word (seeded): word_ids[i] is its id, word_texts[i] its text."""
+        return self.rng.randrange(len(self.words))
+
+
+class HfTokens(Tokens):
+    """A HF tokenizer directory, loaded with `tokenizers` from tokenizer.json (fast, no transformers)."""
+
+    name = "hf"
+
+    def __init__(self, directory: str, seed: int = 0):
+        from tokenizers import Tokenizer
+
+        path = Path(directory) / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"tokenizer: {directory!r} has no tokenizer.json; give a HF tokenizer directory")
+        self.directory = directory
+        self.tok = Tokenizer.from_file(str(path))
+        super().__init__(seed)
+        self.words, self.word_ids = self._output_words(seed)
+        self.word_texts = [" " + w for w in self.words]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def info(self) -> dict[str, Any]:
+        return {"mode": self.name, "path": self.directory, "vocab_size": self.tok.get_vocab_size(),
+                "output_words": len(self.words)}
+
+    def _output_words(self, seed: int) -> tuple[list[str], list[int]]:
+        """Ordinary lowercase words w whose " w" encodes to exactly one token, chosen with a seed."""
+        vocab = self.tok.get_vocab(with_added_tokens=False)
+        cands = sorted({tok.lstrip("".join(_MARKERS)) for tok in vocab} - {""})
+        cands = [w for w in cands if _WORD.match(w)]
+        random.Random(seed).shuffle(cands)
+        cands = cands[: 4 * MAX_OUTPUT_WORDS]
+        encs = self.tok.encode_batch([" " + w for w in cands], add_special_tokens=False)
+        chosen = [(w, e.ids[0]) for w, e in zip(cands, encs) if len(e.ids) == 1][:MAX_OUTPUT_WORDS]
+        if len(chosen) < 8:
+            raise TokenizerError(f"tokenizer: {self.directory!r} has {len(chosen)} ordinary single-token words "
+                                 "(need >= 8 to make output text)")
+        return [w for w, _ in chosen], [i for _, i in chosen]
+
+
+def load_tokens(directory: str | None, seed: int = 0) -> Tokens:
+    return HfTokens(directory, seed) if directory else Tokens(seed)
