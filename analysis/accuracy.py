@@ -1,0 +1,88 @@
+"""Accuracy table for the report, from each arm's accuracy/<task>.jsonl (one line per question per repeat).
+
+The paired tests (exact McNemar for GSM8K, paired test over GPQA repeats,
+discordant questions, outputs that differ) belong to pipeline/accuracy/compare.py;
+`paired_comparison` calls it when it exists and otherwise says so in the table.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from analysis.load import read_jsonl
+from pipeline.paths import ArmPaths
+
+EMULATOR_NOTE = "plumbing only: emulator output is filler, accuracy not meaningful"
+
+
+def tasks_of(arm: ArmPaths) -> list[str]:
+    d = arm.accuracy_dir
+    if not d.is_dir():
+        return []
+    names = {p.name[: -len(".summary.json")] for p in d.glob("*.summary.json")}
+    names |= {p.stem for p in d.glob("*.jsonl")}
+    return sorted(names)
+
+
+def arm_accuracy(arm: ArmPaths, task: str) -> dict[str, Any] | None:
+    """{accuracy, n, questions, repeats, failed} from the per-question file, else from the summary."""
+    rec = arm.accuracy_records(task)
+    if rec.is_file():
+        rows = read_jsonl(rec)
+        if rows:
+            correct = [bool(r.get("correct")) for r in rows]
+            return {"accuracy": sum(correct) / len(correct), "n": len(rows),
+                    "questions": len({r.get("id") for r in rows}),
+                    "repeats": len({r.get("repeat") for r in rows}),
+                    "failed": sum(bool(r.get("failed")) for r in rows), "source": "records"}
+    summ = arm.accuracy_summary(task)
+    if summ.is_file():
+        try:
+            doc = json.loads(summ.read_text())
+        except ValueError:
+            return None
+        acc = next((doc[k] for k in ("accuracy", "score", "mean_accuracy") if isinstance(doc.get(k), (int, float))),
+                   None)
+        if acc is not None:
+            return {"accuracy": float(acc), "n": doc.get("n", doc.get("total", "?")),
+                    "questions": doc.get("questions", "?"), "repeats": doc.get("repeats", "?"),
+                    "failed": doc.get("failed", "?"), "source": "summary"}
+    return None
+
+
+def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> str:
+    """One table cell: the accuracy engineer's paired test, or why it is missing.
+
+    HOOK: pipeline.accuracy.compare owns the paired statistics; until it lands this returns a note.
+    """
+    try:
+        from pipeline.accuracy import compare as acc_compare  # noqa: F401
+    except ImportError:
+        return "paired test not available (pipeline/accuracy/compare.py not present)"
+    fn = getattr(acc_compare, "compare_files", None)
+    if fn is None:
+        return "paired test not available (pipeline.accuracy.compare has no compare_files)"
+    result = fn(task, a.accuracy_records(task), b.accuracy_records(task))
+    return str(result)
+
+
+def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: str | None) -> list[str]:
+    tasks = sorted(set(tasks_of(a)) | set(tasks_of(b)))
+    if not tasks:
+        return ["Accuracy: not run."]
+    lines = []
+    if engine == "emulator":
+        lines += [f"**{EMULATOR_NOTE}**", ""]
+    lines += [f"| task | {a_label} | {b_label} | delta (pp) | n ({a_label} / {b_label}) | failed | paired test |",
+              "|---|---|---|---|---|---|---|"]
+    for t in tasks:
+        ra, rb = arm_accuracy(a, t), arm_accuracy(b, t)
+        fa = f"{ra['accuracy'] * 100:.1f}%" if ra else "not run"
+        fb = f"{rb['accuracy'] * 100:.1f}%" if rb else "not run"
+        dd = f"{(rb['accuracy'] - ra['accuracy']) * 100:+.1f}" if ra and rb else "-"
+        n = f"{ra['n'] if ra else '-'} / {rb['n'] if rb else '-'}"
+        failed = f"{ra['failed'] if ra else '-'} / {rb['failed'] if rb else '-'}"
+        test = paired_comparison(t, a, b) if ra and rb else "-"
+        lines.append(f"| {t} | {fa} | {fb} | {dd} | {n} | {failed} | {test} |")
+    return lines

@@ -1,0 +1,78 @@
+"""Optional "kernel in the loop" section from the emulator's emulator_cycles.jsonl (one line per cycle).
+
+Fields used (pipeline/emulator/engine.py `_log_line`): `step_us` (modelled
+step time), `attn_us` (cost-model attention time) and, when the real kernel
+ran on the batch, `measured_attention_us`. Absent file or fields: no section.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from analysis import plots
+from analysis.load import read_jsonl
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from analysis.compare import Comparison
+
+
+def cycles_frame(lines: list[dict]) -> "pd.DataFrame":
+    import pandas as pd
+
+    df = pd.DataFrame(lines)
+    for col in ("step_us", "attn_us", "measured_attention_us", "batch"):
+        if col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    return df
+
+
+def cycle_summary(df: "pd.DataFrame") -> dict[str, float]:
+    """Cycles, mean/p50/p90 step time, and the attention share of step time."""
+    step = df["step_us"].dropna().to_numpy(float) if "step_us" in df else np.array([])
+    out = {"cycles": float(len(df))}
+    if len(step):
+        out.update(step_mean=float(step.mean()), step_p50=float(np.percentile(step, 50)),
+                   step_p90=float(np.percentile(step, 90)))
+        if "attn_us" in df:
+            out["attn_share"] = float(df["attn_us"].sum() / df["step_us"].sum())
+    return out
+
+
+def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> list[str]:
+    """Markdown for the section (empty list when no arm has a cycle log); writes its plots."""
+    frames = {}
+    for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)):
+        p = runs[0].paths.emulator_cycles
+        if p.is_file():
+            df = cycles_frame(read_jsonl(p))
+            if not df.empty:
+                frames[label] = df
+    if not frames:
+        return []
+    lines = ["From the emulator's per-cycle log (first run of each arm). Attention share = attention time / "
+             "step time, summed over cycles.", "",
+             "| arm | cycles | step mean (us) | step p50 (us) | step p90 (us) | attention share |",
+             "|---|---|---|---|---|---|"]
+    for label, df in frames.items():
+        s = cycle_summary(df)
+        cells = [f"{s.get(k, float('nan')):.1f}" for k in ("step_mean", "step_p50", "step_p90")]
+        share = f"{s['attn_share'] * 100:.1f}%" if "attn_share" in s else "n/a"
+        lines.append(f"| {label} | {int(s['cycles'])} | {' | '.join(cells)} | {share} |")
+    steps = {k: df["step_us"].dropna().to_numpy(float) for k, df in frames.items() if "step_us" in df}
+    if steps:
+        p = plots.step_time_distribution(steps, plots_dir / f"{prefix}step_time.png", "us")
+        lines += ["", f"![Emulator step time per arm]({Path(os.path.relpath(p, out_dir)).as_posix()})"]
+    for label, df in frames.items():
+        if "measured_attention_us" in df and "attn_us" in df:
+            both = df[["attn_us", "measured_attention_us"]].dropna()
+            if len(both):
+                p = plots.predicted_vs_measured(both["attn_us"].to_numpy(), both["measured_attention_us"].to_numpy(),
+                                                plots_dir / f"{prefix}attention_pred_vs_meas_{label.replace(':', '_')}.png")
+                lines += ["", f"![Predicted vs measured attention, {label}]"
+                              f"({Path(os.path.relpath(p, out_dir)).as_posix()})"]
+    return lines

@@ -1,0 +1,153 @@
+"""Read a run directory's artifacts into pandas frames.
+
+One row per aiperf record: `records_frame(lines)` turns the parsed lines of
+`profile_export.jsonl` into a flat frame; `profiling_only` drops the warmup;
+`add_match_key` numbers repeated (conversation_id, turn_index) pairs in
+dispatch order. Everything here is pure except the `read_*` functions, which
+only read files. Errors that a user can cause raise `AnalysisError` with one
+line naming the file, what was found and what to do.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class AnalysisError(ValueError):
+    """A run directory or artifact the analysis cannot use; the message is one line for the user."""
+
+
+# aiperf metric tag -> our column. inter_token_latency is aiperf's per-request
+# (latency - TTFT) / (output tokens - 1): the decode time per token (TPOT).
+METRIC_COLUMNS = {
+    "inter_token_latency": "tpot_ms",
+    "time_to_first_token": "ttft_ms",
+    "request_latency": "latency_ms",
+    "output_sequence_length": "osl",
+    "input_sequence_length": "isl",
+}
+
+RECORD_COLUMNS = [
+    "conversation_id", "turn_index", "phase", "start_ns", "end_ns",
+    "cancelled", "error", "ok", *METRIC_COLUMNS.values(),
+]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Parse a JSON-lines file; a malformed line is an error naming its line number."""
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise AnalysisError(f"{path}:{n}: not valid JSON ({e.msg}); the file is truncated or corrupt") from None
+    return out
+
+
+def records_frame(lines: list[dict[str, Any]]) -> "pd.DataFrame":
+    """aiperf 0.13 `MetricRecordInfo` lines -> one row per request (all phases, errors kept)."""
+    import pandas as pd
+
+    rows = []
+    for rec in lines:
+        meta = rec.get("metadata") or {}
+        metrics = rec.get("metrics") or {}
+        err = rec.get("error")
+        row = {
+            "conversation_id": meta.get("conversation_id"),
+            "turn_index": meta.get("turn_index"),
+            "phase": meta.get("benchmark_phase"),
+            "start_ns": meta.get("request_start_ns"),
+            "end_ns": meta.get("request_end_ns"),
+            "cancelled": bool(meta.get("was_cancelled", False)),
+            "error": None if not err else (err.get("type") or err.get("message") or "error"),
+        }
+        for tag, col in METRIC_COLUMNS.items():
+            m = metrics.get(tag)
+            row[col] = m.get("value") if isinstance(m, dict) else None
+        rows.append(row)
+    df = pd.DataFrame(rows, columns=[c for c in RECORD_COLUMNS if c != "ok"])
+    for col in METRIC_COLUMNS.values():
+        df[col] = pd.to_numeric(df[col], errors="coerce")
+    # A cancelled request is also an error in aiperf's export; "ok" means it completed and has a TPOT.
+    df["ok"] = ~df["cancelled"] & df["error"].isna() & df["tpot_ms"].notna()
+    return df[RECORD_COLUMNS]
+
+
+def profiling_only(df: "pd.DataFrame") -> "pd.DataFrame":
+    """Drop warmup records: only the profiling phase is measured."""
+    return df[df["phase"] == "profiling"].reset_index(drop=True)
+
+
+def outcome_counts(df: "pd.DataFrame") -> dict[str, int]:
+    """Requests by outcome: completed, cancelled, failed (errors that were not cancellations)."""
+    cancelled = int(df["cancelled"].sum())
+    failed = int((~df["cancelled"] & df["error"].notna()).sum())
+    # Records with neither error nor TPOT (e.g. one output token) are neither ok nor failed; count them.
+    no_tpot = int((~df["cancelled"] & df["error"].isna() & df["tpot_ms"].isna()).sum())
+    return {"total": len(df), "completed": int(df["ok"].sum()), "cancelled": cancelled,
+            "failed": failed, "no_tpot": no_tpot}
+
+
+def add_match_key(df: "pd.DataFrame") -> "pd.DataFrame":
+    """Add `occurrence`: the k-th time (0-based) this (conversation_id, turn_index) was dispatched.
+
+    Dispatch order is request start time. x_correlation_id is random per run, so
+    it can never pair requests across arms; this key can.
+    """
+    out = df.sort_values("start_ns", kind="stable").copy()
+    out["occurrence"] = out.groupby(["conversation_id", "turn_index"], dropna=False).cumcount()
+    return out.reset_index(drop=True)
+
+
+def window_seconds(df: "pd.DataFrame", phase_window_ns: tuple[int, int] | None = None) -> float:
+    """The measured window: aiperf's profiling phase bounds when known, else the records' span."""
+    if phase_window_ns is not None and phase_window_ns[1] > phase_window_ns[0]:
+        return (phase_window_ns[1] - phase_window_ns[0]) / 1e9
+    if df.empty:
+        return float("nan")
+    return float(df["end_ns"].max() - df["start_ns"].min()) / 1e9
+
+
+def read_phase_window(aiperf_dir: Path) -> tuple[int, int] | None:
+    """(start_ns, end_ns) of the profiling phase from aiperf's phase_manifest.json, if present."""
+    path = Path(aiperf_dir) / "phase_manifest.json"
+    try:
+        phases = json.loads(path.read_text()).get("phases", [])
+    except (OSError, ValueError, AttributeError):
+        return None
+    for ph in phases:
+        if ph.get("phase_kind") == "profiling" and ph.get("start_ns") and ph.get("end_ns"):
+            return int(ph["start_ns"]), int(ph["end_ns"])
+    return None
+
+
+def server_metrics_frame(doc: dict[str, Any]) -> "pd.DataFrame":
+    """aiperf's server_metrics_export.json -> one row per metric: name, kind, value.
+
+    Gauges give their time-average over the profiling phase, counters their
+    rate per second; series (one per label set / endpoint) are summed for
+    counters and averaged for gauges.
+    """
+    import pandas as pd
+
+    rows = []
+    for name, m in (doc.get("metrics") or {}).items():
+        kind = m.get("type")
+        stats = [s.get("stats") or {} for s in m.get("series") or []]
+        if kind == "gauge":
+            vals = [s["avg"] for s in stats if s.get("avg") is not None]
+            if vals:
+                rows.append({"name": name, "kind": "gauge (avg)", "value": sum(vals) / len(vals)})
+        elif kind == "counter":
+            vals = [s["rate"] for s in stats if s.get("rate") is not None]
+            if vals:
+                rows.append({"name": name, "kind": "counter (rate/s)", "value": sum(vals)})
+    return pd.DataFrame(rows, columns=["name", "kind", "value"])

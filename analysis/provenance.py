@@ -1,0 +1,105 @@
+"""The report's provenance block, from manifest.json. Every key is optional: missing -> "unknown"."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+UNKNOWN = "unknown"
+
+
+def _get(d: Any, *path: str, default: Any = UNKNOWN) -> Any:
+    for p in path:
+        if not isinstance(d, dict) or p not in d or d[p] in (None, "", [], {}):
+            return default
+        d = d[p]
+    return d
+
+
+def find_keys(d: Any, words: tuple[str, ...], prefix: str = "") -> dict[str, Any]:
+    """Scalar leaves of a nested dict whose key contains one of `words` (e.g. seeds, trace paths)."""
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            name = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, (dict, list)):
+                out.update(find_keys(v, words, name))
+            elif any(w in str(k).lower() for w in words):
+                out[name] = v
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out.update(find_keys(v, words, f"{prefix}[{i}]"))
+    return out
+
+
+def _parse_time(s: Any) -> datetime | None:
+    if isinstance(s, (int, float)):
+        return datetime.fromtimestamp(float(s))
+    try:
+        return datetime.fromisoformat(str(s).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def duration(started: Any, finished: Any) -> str:
+    a, b = _parse_time(started), _parse_time(finished)
+    if a is None or b is None:
+        return UNKNOWN
+    try:
+        return f"{(b - a).total_seconds():.1f} s"
+    except TypeError:  # one aware, one naive
+        return UNKNOWN
+
+
+def stage_rows(manifest: dict) -> list[tuple[str, str, str, str]]:
+    """(arm_run, stage, status, duration) for each stage the manifest records."""
+    rows = []
+    stages = _get(manifest, "stages", default={})
+    for arm_run, per in (stages.items() if isinstance(stages, dict) else []):
+        for stage, info in (per.items() if isinstance(per, dict) else []):
+            info = info if isinstance(info, dict) else {}
+            rows.append((arm_run, stage, str(info.get("status", UNKNOWN)),
+                         duration(info.get("started"), info.get("finished"))))
+    return rows
+
+
+def _inline(v: Any) -> str:
+    return v if isinstance(v, str) else f"`{json.dumps(v, default=str)}`"
+
+
+def _code(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, indent=1, default=str)
+    return "```\n" + text + "\n```"
+
+
+def provenance_md(manifest: dict) -> list[str]:
+    """Markdown lines for the provenance section."""
+    recipe = _get(manifest, "recipe", default={})
+    plan = _get(manifest, "plan", default={})
+    lines = [
+        f"- git sha: `{_get(manifest, 'git_sha')}`",
+        f"- engine: {_get(recipe, 'engine', default=_get(manifest, 'engine'))}",
+        f"- started: {_get(manifest, 'started')}; finished: {_get(manifest, 'finished')}; "
+        f"wall time: {duration(_get(manifest, 'started'), _get(manifest, 'finished'))}",
+        f"- order: {_get(plan, 'order')}",
+        f"- hosts: {_inline(_get(manifest, 'hosts', default=_get(plan, 'hosts')))}",
+        f"- GPUs: {_inline(_get(manifest, 'gpus', default=_get(plan, 'gpus')))}",
+    ]
+    traces = find_keys(recipe, ("trace", "dataset", "input_file"))
+    seeds = find_keys(manifest, ("seed",))
+    lines.append("- trace: " + (", ".join(f"`{k}` = {v}" for k, v in traces.items()) or UNKNOWN))
+    lines.append("- seeds: " + (", ".join(f"`{k}` = {v}" for k, v in seeds.items()) or UNKNOWN))
+    versions = _get(manifest, "versions")
+    lines += ["", "Versions:", _code(versions) if versions != UNKNOWN else UNKNOWN]
+    env_diff = _get(manifest, "env_diff")
+    lines += ["", "Env diff between arms (the only intended difference):",
+              _code(env_diff) if env_diff != UNKNOWN else UNKNOWN]
+    commands = _get(plan, "commands", default=_get(manifest, "commands"))
+    lines += ["", "Commands:", _code(commands) if commands != UNKNOWN else UNKNOWN]
+    rows = stage_rows(manifest)
+    if rows:
+        lines += ["", "| arm run | stage | status | duration |", "|---|---|---|---|"]
+        lines += [f"| {a} | {s} | {st} | {d} |" for a, s, st, d in rows]
+    else:
+        lines += ["", "Stage durations: unknown"]
+    return lines

@@ -1,0 +1,228 @@
+"""`pipeline report`: RUN_DIR -> report.md + plots/*.png. The only module of analysis/ that writes files.
+
+    write_report(run_dir)                       off vs on of one run -> RUN_DIR/report.md
+    write_report(run_dir, out)                  ... -> out
+    write_report(a_dir, compare=b_dir)          a's `on` vs b's `on` -> B_DIR/compare_<a name>.md
+    write_report(a_dir, compare=b_dir, arms=("on", "off"))   named arms
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from analysis import accuracy, cycles, plots, stats
+from analysis.compare import Comparison, compare as run_compare
+from analysis.load import AnalysisError
+from analysis.provenance import provenance_md
+from analysis.rundir import Run, load_run
+from pipeline.io import write_text_atomic
+from pipeline.paths import RunPaths
+
+ReportError = AnalysisError  # what the CLI catches: one line, no traceback
+
+DEFINITIONS = (
+    "TPOT is aiperf's per-request `inter_token_latency`: (request latency - TTFT) / (output tokens - 1). "
+    "Interactivity is tokens per second per user, defined as 1000 / TPOT[ms]; \"at TPOT p50\" uses the "
+    "median TPOT and \"at TPOT p90\" the 90th-percentile (slow-tail) TPOT. Output throughput is output "
+    "tokens of completed requests divided by the measured window (aiperf's profiling phase), summed over "
+    "repeats. Percentiles interpolate linearly between order statistics. Delta = (on - off) / off. "
+    "95% CIs come from a paired bootstrap that resamples whole sessions (conversation_id) "
+    f"{stats.N_BOOT} times with seed {stats.SEED}. The A/A noise floor, when an arm ran twice, is the "
+    "largest |delta| inside the 95% CI of the same statistic between the two runs of one arm: a delta "
+    "smaller than it cannot be told from run-to-run drift.")
+
+
+def fmt(v: float) -> str:
+    if v is None or not np.isfinite(v):
+        return "n/a"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+
+
+def fmt_delta(pct: float, lo: float, hi: float) -> str:
+    if not np.isfinite(pct):
+        return "n/a"
+    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
+    return f"{pct:+.1f}%{ci}"
+
+
+def fmt_floor(v) -> str:
+    return f"±{v:.1f}%" if v is not None and np.isfinite(v) else "no repeat"
+
+
+def verdict(c: Comparison) -> str:
+    """One line: the matched decode-time-per-token delta (the kernel's direct effect), else TPOT p50."""
+    m = c.matched[c.matched["key"] == "tpot_ms"] if not c.matched.empty else c.matched
+    row = m.iloc[0] if len(m) else c.arm_table[c.arm_table["key"] == "tpot_p50"].iloc[0]
+    what = f"decode time per token (matched, n={row['n']})" if len(m) else "TPOT p50"
+    d = fmt_delta(row["delta_pct"], row["lo"], row["hi"])
+    floor = row.get("floor")
+    head = f"**Verdict:** {c.b_label} vs {c.a_label}: {what} {d}"
+    if not (row["lo"] > 0 or row["hi"] < 0):
+        return f"{head}: no detectable change (the 95% CI includes 0)."
+    word = "faster" if row["delta_pct"] < 0 else "slower"
+    if floor is not None and np.isfinite(floor) and abs(row["delta_pct"]) <= floor:
+        return f"{head}: {word}, but within the A/A noise floor ({fmt_floor(floor)})."
+    tail = f", beyond the A/A noise floor ({fmt_floor(floor)})" if floor is not None and np.isfinite(floor) else ""
+    return f"{head}: {word}; the 95% CI excludes 0{tail}."
+
+
+def load_md(c: Comparison) -> list[str]:
+    lines = ["| arm run | profiling requests | completed | failed | cancelled | no TPOT | warmup excluded "
+             "| window (s) |", "|---|---|---|---|---|---|---|---|"]
+    for r in c.a_runs + c.b_runs:
+        k = r.counts
+        lines.append(f"| {r.name} | {k['total']} | {k['completed']} | {k['failed']} | {k['cancelled']} | "
+                     f"{k['no_tpot']} | {r.warmup_records} | {r.window_s:.1f} |")
+    return lines
+
+
+def arm_table_md(c: Comparison) -> list[str]:
+    lines = [f"| metric | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor |", "|---|---|---|---|---|"]
+    for r in c.arm_table.itertuples():
+        lines.append(f"| {r.metric} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi)} | "
+                     f"{fmt_floor(r.floor)} |")
+    return lines
+
+
+def matched_md(c: Comparison) -> list[str]:
+    k = c.match_counts
+    lines = [f"Matched on (conversation_id, turn_index, k-th occurrence): {k['matched']} pairs completed by both; "
+             f"dispatched in one arm only: {k['only_a']} ({c.a_label}) / {k['only_b']} ({c.b_label}); "
+             f"failed in {c.a_label} only {k['failed_a']}, in {c.b_label} only {k['failed_b']}, "
+             f"in both {k['failed_both']}.", ""]
+    if c.matched.empty:
+        return lines + ["No matched requests: the arms completed no request in common."]
+    lines += [f"| metric | n | before ({c.a_label}, mean) | after ({c.b_label}, mean) | delta [95% CI] | "
+              "median per-request delta | faster / slower | sign test p | A/A noise floor |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in c.matched.itertuples():
+        lines.append(f"| {r.metric} | {r.n} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi)} | "
+                     f"{r.median_req_delta_pct:+.1f}% | {r.faster} / {r.slower} | {r.sign_p:.3g} | "
+                     f"{fmt_floor(getattr(r, 'floor', None))} |")
+    return lines
+
+
+def server_md(c: Comparison) -> list[str]:
+    """Server-side figures from aiperf's server-metrics export (first run of each side), when present."""
+    sa = next((r.server for r in c.a_runs if r.server is not None and not r.server.empty), None)
+    sb = next((r.server for r in c.b_runs if r.server is not None and not r.server.empty), None)
+    if sa is None and sb is None:
+        return ["No aiperf server-metrics export in this run."]
+    import pandas as pd
+
+    empty = pd.DataFrame(columns=["name", "kind", "value"])
+    m = (sa if sa is not None else empty).merge(sb if sb is not None else empty, on=["name", "kind"],
+                                                 how="outer", suffixes=("_a", "_b"))
+    lines = [f"| server metric | kind | {c.a_label} | {c.b_label} |", "|---|---|---|---|"]
+    for r in m.sort_values("name").itertuples():
+        lines.append(f"| {r.name} | {r.kind} | {fmt(r.value_a)} | {fmt(r.value_b)} |")
+    return lines
+
+
+def _series_name(label: str, r) -> str:
+    """"off.2" in a one-run report; "runA:on (on.2)" when comparing runs."""
+    if label == r.arm:
+        return r.name
+    return label if r.name == r.arm else f"{label} ({r.name})"
+
+
+def make_plots(c: Comparison, plots_dir: Path, prefix: str = "") -> dict[str, Path]:
+    a_ok = {r.name: r.records[r.records["ok"]] for r in c.a_runs}
+    b_ok = {r.name: r.records[r.records["ok"]] for r in c.b_runs}
+    tpot = {c.a_label: np.concatenate([f["tpot_ms"].to_numpy() for f in a_ok.values()]),
+            c.b_label: np.concatenate([f["tpot_ms"].to_numpy() for f in b_ok.values()])}
+    over_time = {_series_name(label, r): r.records[r.records["ok"]]
+                 for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)) for r in runs}
+    return {
+        "TPOT CDF per arm": plots.tpot_cdf(tpot, plots_dir / f"{prefix}tpot_cdf.png"),
+        "Matched per-request TPOT delta": plots.delta_histogram(
+            c.request_deltas.to_numpy(), plots_dir / f"{prefix}matched_tpot_delta.png", f"{c.b_label} vs {c.a_label}"),
+        "TPOT over time per arm": plots.tpot_over_time(over_time, plots_dir / f"{prefix}tpot_over_time.png"),
+    }
+
+
+def _rel(p: Path, base: Path) -> str:
+    return Path(os.path.relpath(p, base)).as_posix()
+
+
+def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dict[str, Path],
+            cycle_lines: list[str], out_dir: Path) -> str:
+    engine = (run.manifest.get("recipe") or {}).get("engine") or run.manifest.get("engine")
+    a_paths, b_paths = c.a_runs[0].paths, c.b_runs[0].paths
+    notes = run.notes + (other.notes if other else []) + c.notes
+    parts = [f"# {title}", "", verdict(c), ""]
+    if notes:
+        parts += ["Notes:", *[f"- {n}" for n in notes], ""]
+    parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", DEFINITIONS, "",
+              "## Matched requests", "", *matched_md(c), "", "## Server-side metrics", "", *server_md(c), "",
+              "## Plots", ""]
+    parts += [f"![{name}]({_rel(p, out_dir)})" for name, p in figures.items()] + [""]
+    if cycle_lines:
+        parts += ["## Kernel in the loop", "", *cycle_lines, ""]
+    parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine), ""]
+    parts += ["## Provenance", ""]
+    if other is not None:
+        parts += [f"### {c.a_label}: {run.root}", "", *provenance_md(run.manifest), "",
+                  f"### {c.b_label}: {other.root}", "", *provenance_md(other.manifest)]
+    else:
+        parts += provenance_md(run.manifest)
+    return "\n".join(parts) + "\n"
+
+
+def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None = None,
+                 arms: tuple[str, str] | None = None, n_boot: int = stats.N_BOOT) -> Path:
+    """Analyse RUN_DIR (or RUN_DIR against `compare`) and write the markdown report; returns its path.
+
+    One run: arms default to ("off", "on"). Two runs: RUN_DIR's arms[0] (default "on") is the
+    baseline, `compare`'s arms[1] (default "on") the candidate. Raises ReportError (one line) on
+    bad input.
+    """
+    run = load_run(Path(run_dir))
+    other = load_run(Path(compare)) if compare is not None else None
+    a_arm, b_arm = arms or (("on", "on") if other else ("off", "on"))
+    a_runs = run.runs_of(a_arm)
+    b_runs = (other or run).runs_of(b_arm)
+    for arm, runs, src in ((a_arm, a_runs, run), (b_arm, b_runs, other or run)):
+        if not runs:
+            raise ReportError(f"run dir {src.root}: no arm '{arm}' (arms with exports: "
+                              f"{', '.join(src.arms) or 'none'}); pick one with --arms")
+    if other is not None:
+        a_label, b_label = f"{run.root.name}:{a_arm}", f"{other.root.name}:{b_arm}"
+        target = RunPaths(other.root)
+        out = Path(out) if out else target.root / f"compare_{run.root.name}.md"
+        prefix, title = f"compare_{run.root.name}_", f"A/B report: {a_label} vs {b_label}"
+    else:
+        a_label, b_label = a_arm, b_arm
+        target = RunPaths(run.root)
+        out = Path(out) if out else target.report
+        prefix, title = "", f"A/B report: {run.root.name} ({b_arm} vs {a_arm})"
+    c = run_compare(a_runs, b_runs, a_label, b_label, n_boot=n_boot)
+    figures = make_plots(c, target.plots_dir, prefix)
+    cycle_lines = cycles.cycles_md(c, target.plots_dir, prefix, out.parent)
+    write_text_atomic(out, compose(c, title, run, other, figures, cycle_lines, out.parent))
+    return out
+
+
+def cli_report(run_dirs: list[str], out: str | None = None, arms: str | None = None) -> int:
+    """Entry point for `pipeline report RUN_DIR [B_DIR] [--out FILE] [--arms A,B]`; returns the exit code."""
+    if len(run_dirs) not in (1, 2):
+        print(f"error: pipeline report takes RUN_DIR or A_DIR B_DIR, got {len(run_dirs)} paths", file=sys.stderr)
+        return 2
+    pair = None
+    if arms:
+        parts = arms.split(",")
+        if len(parts) != 2 or not all(parts):
+            print(f"error: --arms: expected two arm names like 'off,on', got {arms!r}", file=sys.stderr)
+            return 2
+        pair = (parts[0], parts[1])
+    try:
+        path = write_report(Path(run_dirs[0]), Path(out) if out else None,
+                            compare=Path(run_dirs[1]) if len(run_dirs) == 2 else None, arms=pair)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0

@@ -1,0 +1,135 @@
+"""A run directory as the analysis sees it: the manifest plus one `ArmRun` per arm-run folder.
+
+Arm runs are named "off", "on", and "off.2", "on.2" ... for repeats (ABBA);
+the manifest's `arm_runs` list says which arm each folder belongs to, and the
+folder name is the fallback. The manifest is read defensively: the report of a
+half-written run should still say what it can.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from analysis.load import (AnalysisError, add_match_key, outcome_counts, profiling_only, read_jsonl,
+                           read_phase_window, records_frame, server_metrics_frame, window_seconds)
+from pipeline.paths import ArmPaths, RunPaths
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+SERVER_METRICS_FILE = "server_metrics_export.json"  # aiperf's own name inside its artifact folder
+
+
+@dataclass
+class ArmRun:
+    name: str                      # folder name: "off", "on.2"
+    arm: str                       # "off" / "on"
+    order: int                     # 1 for the first run of the arm, 2 for its repeat
+    paths: ArmPaths
+    records: "pd.DataFrame"        # profiling phase only, with match key; errors kept (ok=False)
+    counts: dict[str, int]         # outcome_counts of `records`
+    window_s: float                # measured window, seconds
+    server: "pd.DataFrame | None" = None
+    warmup_records: int = 0
+
+
+@dataclass
+class Run:
+    root: Path
+    manifest: dict[str, Any]
+    arm_runs: list[ArmRun]
+    notes: list[str] = field(default_factory=list)   # skipped repeats etc., shown in the report
+
+    def runs_of(self, arm: str) -> list[ArmRun]:
+        return sorted((r for r in self.arm_runs if r.arm == arm), key=lambda r: r.order)
+
+    @property
+    def arms(self) -> list[str]:
+        return list(dict.fromkeys(r.arm for r in sorted(self.arm_runs, key=lambda r: r.order)))
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    paths = RunPaths(Path(root))
+    if not paths.root.is_dir():
+        raise AnalysisError(f"run dir {root}: no such directory")
+    if not paths.manifest.is_file() and not paths.arms_dir.is_dir():
+        raise AnalysisError(f"{root} is not a run directory (no manifest.json and no arms/); "
+                            "pass the folder that `pipeline run` wrote")
+    if not paths.manifest.is_file():
+        return {}
+    try:
+        doc = json.loads(paths.manifest.read_text())
+    except ValueError as e:
+        raise AnalysisError(f"{paths.manifest}: not valid JSON ({e}); the run did not finish writing it") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def arm_run_table(manifest: dict[str, Any], on_disk: list[str]) -> list[dict[str, Any]]:
+    """[{name, arm, order}] from the manifest's `arm_runs`, else from folder names ("on.2" -> on, 2)."""
+    listed = manifest.get("arm_runs") or (manifest.get("plan") or {}).get("arm_runs")
+    if isinstance(listed, list) and listed and all(isinstance(x, dict) and "name" in x for x in listed):
+        return [{"name": str(x["name"]), "arm": str(x.get("arm") or _split(x["name"])[0]),
+                 "order": int(x.get("order") or _split(x["name"])[1])} for x in listed]
+    return [{"name": n, "arm": _split(n)[0], "order": _split(n)[1]} for n in on_disk]
+
+
+def _split(name: str) -> tuple[str, int]:
+    arm, _, k = str(name).partition(".")
+    return arm, int(k) if k.isdigit() else 1
+
+
+def expected_arms(manifest: dict[str, Any]) -> list[str]:
+    """The arms the recipe declared (plan.arms or recipe.arms), defaulting to off/on."""
+    for src in ((manifest.get("plan") or {}).get("arms"), (manifest.get("recipe") or {}).get("arms")):
+        if isinstance(src, dict) and src:
+            return [str(k) for k in src]
+        if isinstance(src, list) and src:
+            return [str(x.get("name") if isinstance(x, dict) else x) for x in src]
+    return ["off", "on"]
+
+
+def load_arm_run(paths: ArmPaths, name: str, arm: str, order: int) -> ArmRun:
+    export = paths.profile_export
+    raw = records_frame(read_jsonl(export))
+    prof = profiling_only(raw)
+    if prof.empty:
+        raise AnalysisError(f"{export}: 0 profiling records ({len(raw)} warmup/other); the load stage "
+                            "measured nothing - check aiperf.log and the benchmark duration")
+    counts = outcome_counts(prof)
+    if counts["completed"] == 0:
+        raise AnalysisError(f"{export}: 0 completed profiling requests ({counts['failed']} failed, "
+                            f"{counts['cancelled']} cancelled); check the server log")
+    server = None
+    sm = paths.aiperf_dir / SERVER_METRICS_FILE
+    if sm.is_file():
+        try:
+            server = server_metrics_frame(json.loads(sm.read_text()))
+        except ValueError:
+            server = None  # an unreadable optional export must not sink the report
+    return ArmRun(name=name, arm=arm, order=order, paths=paths, records=add_match_key(prof), counts=counts,
+                  window_s=window_seconds(prof, read_phase_window(paths.aiperf_dir)), server=server,
+                  warmup_records=int((raw["phase"] == "warmup").sum()))
+
+
+def load_run(root: Path) -> Run:
+    """Read a run directory; each declared arm needs at least one arm run with an aiperf export."""
+    root = Path(root)
+    manifest = read_manifest(root)
+    paths = RunPaths(root)
+    table = arm_run_table(manifest, paths.arm_runs())
+    runs, notes = [], []
+    for row in table:
+        ap = paths.arm(row["name"])
+        if not ap.profile_export.is_file():
+            notes.append(f"arm run `{row['name']}`: no aiperf export at {ap.profile_export}; left out")
+            continue
+        runs.append(load_arm_run(ap, row["name"], row["arm"], row["order"]))
+    present = {r.arm for r in runs}
+    for arm in expected_arms(manifest):
+        if arm not in present:
+            raise AnalysisError(f"run dir {root}: arm '{arm}' has no aiperf export (expected "
+                                f"{paths.arm(arm).profile_export.relative_to(root)}); finish it with "
+                                f"`pipeline run --resume {root}`")
+    return Run(root=root, manifest=manifest, arm_runs=runs, notes=notes)
