@@ -10,10 +10,15 @@ A plan is a fixed-size work list (see notes/vattn_interfaces.md), W = max_work_i
                          contiguous and in KV order
     num_items[1]         number of real items
 
-Every planner first reduces a sequence to (pieces k, base tiles, remainder r): piece p covers tiles
-p*base + min(p, r) .. that + base + (p < r), clipped to L. fixed and length_aware use r = 0 (whole
-segments, the last one short); balanced splits a sequence evenly (r = t mod k), so no sequence rounds
-up to whole segments. A sequence with L = 0 or q_len = 0 gets k = 0.
+Every planner first reduces a sequence to (pieces k, segment tiles s): piece p covers KV positions
+p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE) (whole segments, the last one short). A sequence with L = 0 or
+q_len = 0 gets k = 0.
+
+balanced is the one-wave min-max plan: the smallest piece cap with sum ceil(tiles/cap) <= SLOTS/Hkv
+and no per-sequence cap. It equals length_aware whenever SEG_MAX does not bind, and beats it when
+one long request would need more than SEG_MAX pieces. An even split inside each sequence was tried
+and dropped: the cost model (processor sharing) ran it ~1% slower on the agentic batches, because
+pieces of unequal size across sequences leave a tail of few programs.
 
 Bounds (they define W): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces; length_aware and
 balanced give <= max(n_nonempty, SLOTS/Hkv). balanced has no per-sequence cap: one long sequence
@@ -29,8 +34,9 @@ SEG_MAX = 64  # most pieces per sequence for fixed and length_aware (the MI355X 
 # A piece's fixed cost in KV-tile equivalents: loading Q and writing the fp32 partial
 # (QROWS x D x 4 bytes = 64 KB at q4 x GQA16 x hd256, two 32 KB fp8 K+V tiles' worth).
 PIECE_OVERHEAD_TILES = 2
-# balanced never cuts a piece shorter than its own overhead, so >= half a program's time streams KV.
-MIN_PIECE_TILES = PIECE_OVERHEAD_TILES
+# balanced's floor on its piece cap. 1 (none): with the per-program bandwidth of KERNEL.md's H200
+# wave measurement a shorter piece is a shorter makespan while the wave has free slots.
+MIN_PIECE_TILES = 1
 
 FIELDS = ("work_seq", "work_start", "work_end", "work_part", "seq_part_start", "num_items")
 
@@ -46,7 +52,7 @@ class PlanLists:
     seq_part_start: list[int]
     num_items: list[int]
 
-    def pieces(self) -> list[tuple[int, int, int]]:
+    def pieces(self) -> list[tuple[int, int]]:
         """The real items as (seq, start, end), in work-list order."""
         n = self.num_items[0]
         return list(zip(self.work_seq[:n], self.work_start[:n], self.work_end[:n]))
@@ -90,41 +96,38 @@ def _smallest(lo: int, hi: int, ok) -> int:
     return hi
 
 
-def _split_fixed(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int, int]]:
+def _split_fixed(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
     nseg = max(1, min(SEG_MAX, _pow2floor(slots // (len(tiles) * num_kv_heads))))
     out = []
     for t in tiles:
         seg = _cdiv(t, nseg)  # ceil(L / nseg) rounded up to the tile, in tiles
-        out.append((_cdiv(t, seg), seg, 0) if t else (0, 0, 0))
+        out.append((_cdiv(t, seg), seg) if t else (0, 0))
     return out
 
 
-def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int, int]]:
+def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
     live = [t for t in tiles if t]
     if not live:
-        return [(0, 0, 0)] * len(tiles)
+        return [(0, 0)] * len(tiles)
     budget = max(slot_budget(num_kv_heads, slots), len(live))
 
     def ok(seg: int) -> bool:  # ceil(L / (seg*KV_TILE)) == ceil(tiles / seg)
         return sum(_cdiv(t, seg) for t in live) <= budget and _cdiv(max(live), seg) <= SEG_MAX
 
     seg = _smallest(1, max(live), ok)
-    return [(_cdiv(t, seg), seg, 0) if t else (0, 0, 0) for t in tiles]
+    return [(_cdiv(t, seg), seg) if t else (0, 0) for t in tiles]
 
 
-def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int, int]]:
+def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
     live = [t for t in tiles if t]
     if not live:
-        return [(0, 0, 0)] * len(tiles)
+        return [(0, 0)] * len(tiles)
     budget = max(slot_budget(num_kv_heads, slots), len(live))
-    # The smallest per-piece tile cap that fits one wave; every piece costs <= cap + overhead.
+    # The smallest piece cap that fits one wave, with no per-sequence cap: the min-max piece of any
+    # one-wave plan whose pieces stay inside sequences (the makespan's lower bound for such plans).
     cap = _smallest(1, max(live), lambda c: sum(_cdiv(t, c) for t in live) <= budget)
     cap = max(cap, MIN_PIECE_TILES)
-    out = []
-    for t in tiles:
-        k = _cdiv(t, cap)
-        out.append((k, t // k, t % k) if t else (0, 0, 0))
-    return out
+    return [(_cdiv(t, cap), cap) if t else (0, 0) for t in tiles]
 
 
 _SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced}
@@ -152,12 +155,11 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
     splits = _SPLITTERS[mode](tiles, num_kv_heads, slots) if tiles else []
     width = max_work_items(len(seq_lens), num_kv_heads, slots)
     seq, start, end, part_start = [], [], [], [0]
-    for b, (k, base, rem) in enumerate(splits):
+    for b, (k, seg) in enumerate(splits):
         for p in range(k):
-            first = p * base + min(p, rem)
             seq.append(b)
-            start.append(first * KV_TILE)
-            end.append(min(int(seq_lens[b]), (first + base + (p < rem)) * KV_TILE))
+            start.append(p * seg * KV_TILE)
+            end.append(min(int(seq_lens[b]), (p + 1) * seg * KV_TILE))
         part_start.append(len(seq))
     n = len(seq)
     assert n <= width, f"planner {mode} made {n} pieces > W={width}"  # the bounds in the module docstring

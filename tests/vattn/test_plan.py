@@ -56,10 +56,13 @@ def test_length_aware_seg_max():
 
 
 def test_balanced_hand_worked():
-    # Same batch as length_aware: cap 4 tiles; the 5-tile sequence splits evenly (3 + 2 tiles) instead of 4 + 1.
+    # Same batch as length_aware, where SEG_MAX does not bind: the same cap (4 tiles), the same plan.
     p = plan_python([1000, 100, 300], [4, 4, 4], num_kv_heads=2, slots=16, mode="balanced")
-    assert p.pieces() == [
-        (0, 0, 256), (0, 256, 512), (0, 512, 768), (0, 768, 1000), (1, 0, 100), (2, 0, 192), (2, 192, 300)]
+    la = plan_python([1000, 100, 300], [4, 4, 4], num_kv_heads=2, slots=16, mode="length_aware")
+    assert p == la
+    # 130 tiles on a budget of 100: cap 2 tiles -> 65 pieces (length_aware stops at SEG_MAX = 64 -> 44 pieces)
+    p = plan_python([130 * 64], [1], num_kv_heads=1, slots=100, mode="balanced")
+    assert p.num_items == [65] and all(e - a == 128 for _, a, e in p.pieces())
 
 
 def test_balanced_skewed_fills_the_wave():
@@ -72,12 +75,6 @@ def test_balanced_skewed_fills_the_wave():
     assert max(e - a for _, a, e in la.pieces()) == 61 * KV_TILE
     assert bal.num_items[0] <= 264 and bal.seq_part_start[1] == bal.num_items[0] - 15
     assert max(e - a for _, a, e in bal.pieces()) == 16 * KV_TILE
-
-
-def test_balanced_min_piece():
-    # A 1k sequence alone on 264 slots would be cut into 1-tile pieces; the floor keeps pieces >= MIN_PIECE_TILES.
-    p = plan_python([1024], [1], num_kv_heads=1, slots=264, mode="balanced")
-    assert p.num_items == [16 // MIN_PIECE_TILES]
 
 
 def test_empty_batch_and_all_empty():
@@ -191,23 +188,21 @@ def test_length_aware_is_the_smallest_feasible_segment():
             assert sum(counts) > budget or max(counts) > SEG_MAX
 
 
-def test_balanced_spread_and_wave():
+def test_balanced_is_the_min_max_one_wave_plan():
     for lens, qs, hkv, slots in CASES:
         p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced")
         by_seq = pieces_by_seq(p, len(lens))
         live = [b for b in by_seq if by_seq[b]]
         if not live:
             continue
-        assert p.num_items[0] <= max(slot_budget(hkv, slots), len(live))  # one wave
+        budget = max(slot_budget(hkv, slots), len(live))
+        assert p.num_items[0] <= budget  # one wave
         cap = max(tiles_of(a, e) for b in live for a, e in by_seq[b])
-        for b in live:
-            t = [tiles_of(a, e) for a, e in by_seq[b]]
-            assert max(t) - min(t) <= 1  # even split within a sequence
-            if len(t) > 1:
-                assert 2 * min(t) >= cap - 1  # a split piece is at least about half the largest piece
-        if cap > MIN_PIECE_TILES:  # cap - 1 tiles would not fit the wave
+        for b in live:  # whole cap-sized segments, the last one short
+            assert all(tiles_of(a, e) == cap for a, e in by_seq[b][:-1])
+        if cap > MIN_PIECE_TILES:  # any smaller cap would not fit the wave
             need = sum(-(-(-(-lens[b] // KV_TILE)) // (cap - 1)) for b in live)
-            assert need > max(slot_budget(hkv, slots), len(live))
+            assert need > budget
 
 
 def test_planner_makespans_ordered():
