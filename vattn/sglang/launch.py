@@ -1,0 +1,38 @@
+"""`python -m vattn.sglang.launch <sglang launch_server args>`: register vattn, then run sglang.
+
+The argv reaches sglang's server unchanged: main() does what `python -m sglang.launch_server`
+does (load sglang's plugins, parse, run_server), with vattn registered first.
+
+Why registration happens at import: sglang starts its scheduler processes with the "spawn"
+method, and a spawned child re-imports the parent's __main__ module (this one, as __mp_main__)
+without running its main block. Registering at import puts `vattn` into the child's backend
+registry before the child builds its attention backends. (Installing vattn with the
+`sglang.srt.plugins` entry point does the same for any sglang entry; see vattn.sglang.)
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from vattn.sglang import register
+
+register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from sglang import launch_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    load_plugins()
+    server_args = prepare_server_args(args)
+    try:
+        launch_server.run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main()
