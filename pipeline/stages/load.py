@@ -1,0 +1,277 @@
+"""Load stage: aiperf replays an agentic trace against one arm's server.
+
+The client always runs here, on the controller (the server may be remote): a subprocess in its
+own process group, logged to `arm.aiperf_log`, artifacts in `arm.aiperf_dir`, bounded by a hard
+timeout (aiperf 0.13 once hung after `--request-count` cut sessions mid-way; it ends normally
+with `--benchmark-duration`, so prefer a duration and always bound the run), then the record
+count in profile_export.jsonl is checked.
+
+Records are matched across arms on (conversation_id, turn_index, k-th occurrence), which
+aiperf writes in each record's metadata; x_correlation_id is random per run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from pipeline.paths import ArmPaths
+
+# aiperf's own loader for kv-cache-tester agentic traces (what pipeline.tracegen writes).
+TRACE_DATASET_TYPE = "weka_trace"
+POLL_S = 0.5
+
+
+class LoadError(RuntimeError):
+    """The load stage failed; the message carries the cause and aiperf's log tail."""
+
+
+class LoadSpec(BaseModel):
+    """The recipe's `load:` block: what aiperf replays, how hard, for how long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trace: Path | None = Field(
+        None, description="Directory of agentic traces in aiperf's weka_trace format (one JSON "
+        "per session), e.g. recipes/data/traces/quickstart. Relative paths resolve against the "
+        "recipe's directory when the recipe passes it as context, else the working directory. "
+        "Exactly one of trace / scenario.")
+    scenario: str | None = Field(
+        None, min_length=1, description="aiperf public dataset name (`--public-dataset`, e.g. "
+        "semianalysis-cc-traces-weka-with-subagents); needs a host that can reach the HF hub. "
+        "Exactly one of trace / scenario.")
+    concurrency: int = Field(8, ge=1, le=4096, description="Concurrent requests aiperf keeps "
+                             "in flight (agentic sessions overlap up to this).")
+    benchmark_duration_s: float | None = Field(
+        None, gt=0, le=86_400, description="Profiling window in seconds (preferred over "
+        "request_count: aiperf ends cleanly). Exactly one of benchmark_duration_s / request_count.")
+    request_count: int | None = Field(
+        None, ge=1, le=10_000_000, description="Stop after this many requests instead of a "
+        "window. Exactly one of benchmark_duration_s / request_count.")
+    grace_period_s: float = Field(
+        30.0, ge=0, le=3_600, description="After the window, how long in-flight responses may "
+        "still finish and count (aiperf --benchmark-grace-period).")
+    warmup_requests: int = Field(0, ge=0, le=100_000, description="Requests sent before "
+                                 "profiling starts; not counted in the records.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="aiperf --random-seed: prompt "
+                      "synthesis and sampling; the same in both arms.")
+    timeout_s: float = Field(
+        900.0, gt=0, le=86_400, description="Hard bound on aiperf's wall time, start-up "
+        "included; on expiry its process group is killed. Must exceed the window + grace.")
+    streaming: Literal[True] = Field(True, description="Always stream: TTFT and per-token "
+                                     "latency (TPOT) need it.")
+    ignore_eos: Literal[True] = Field(True, description="Always ignore EOS so every request "
+                                      "decodes its trace's output length in both arms.")
+    gpu_telemetry: bool = Field(False, description="Let aiperf collect DCGM GPU telemetry "
+                                "(needs a DCGM exporter on the server host).")
+    min_records: int = Field(1, ge=1, description="Fewest successful profiling records "
+                             "accepted; fewer fails the stage.")
+    extra_args: list[str] = Field(default_factory=list, description="Appended verbatim to "
+                                  "`aiperf profile` (e.g. ['--use-server-token-count']).")
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_dir(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if v is None:
+            return None
+        base = (info.context or {}).get("base_dir")
+        if base is not None and not v.is_absolute():
+            v = Path(base) / v
+        check_trace_dir(v, field="")  # pydantic's error location already names load.trace
+        return v
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> "LoadSpec":
+        if (self.trace is None) == (self.scenario is None):
+            raise ValueError("set exactly one of trace (a weka_trace directory) or "
+                             f"scenario (an aiperf public dataset); got trace={self.trace}, "
+                             f"scenario={self.scenario!r}")
+        if (self.benchmark_duration_s is None) == (self.request_count is None):
+            raise ValueError("set exactly one of benchmark_duration_s or request_count "
+                             f"(got {self.benchmark_duration_s}, {self.request_count}); prefer "
+                             "benchmark_duration_s")
+        if self.benchmark_duration_s is not None:
+            need = self.benchmark_duration_s + self.grace_period_s
+            if self.timeout_s <= need:
+                raise ValueError(f"timeout_s: {self.timeout_s} must exceed "
+                                 f"benchmark_duration_s + grace_period_s = {need} (plus "
+                                 "aiperf's start-up, ~30 s on 2 cores)")
+        return self
+
+
+def check_trace_dir(path: Path, field: str = "load.trace: ") -> None:
+    """Raise ValueError (prefixed by `field`) unless `path` is a directory of *.json traces."""
+    hint = "generate one with `python -m pipeline.tracegen traces --out DIR` or fix the path"
+    if not path.exists():
+        raise ValueError(f"{field}directory '{path}' does not exist; {hint}")
+    if not path.is_dir():
+        raise ValueError(f"{field}'{path}' is not a directory (a weka_trace directory holds "
+                         f"one JSON file per session); {hint}")
+    if not any(path.glob("*.json")):
+        raise ValueError(f"{field}directory '{path}' holds no *.json trace files; {hint}")
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What one aiperf run produced; saved as JSON by the caller (`arm.stage_result('load')`)."""
+
+    command: list[str]
+    returncode: int | None   # None: killed at timeout_s
+    timed_out: bool
+    records: int             # successful profiling records in profile_export.jsonl
+    errors: int              # failed profiling records
+    duration_s: float        # aiperf wall time, start-up included
+    aiperf_dir: str
+    profile_export: str
+    log: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def aiperf_command(spec: LoadSpec, *, url: str, model: str, tokenizer: str,
+                   artifact_dir: Path) -> list[str]:
+    """The `aiperf profile` argv for one arm (pure: the plan prints it, run_load runs it)."""
+    cmd = [sys.executable, "-m", "aiperf", "profile", "--model", model, "--url", url,
+           "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tokenizer)]
+    if spec.trace is not None:
+        cmd += ["--custom-dataset-type", TRACE_DATASET_TYPE, "--input-file", str(spec.trace)]
+    else:
+        cmd += ["--public-dataset", spec.scenario]
+    cmd += ["--concurrency", str(spec.concurrency)]
+    if spec.benchmark_duration_s is not None:
+        cmd += ["--benchmark-duration", f"{spec.benchmark_duration_s:g}",
+                "--benchmark-grace-period", f"{spec.grace_period_s:g}"]
+    else:
+        cmd += ["--request-count", str(spec.request_count)]
+    if spec.warmup_requests:
+        cmd += ["--warmup-request-count", str(spec.warmup_requests)]
+    cmd += ["--random-seed", str(spec.seed), "--extra-inputs", "ignore_eos:true",
+            "--artifact-dir", str(artifact_dir), "--ui", "none"]
+    if not spec.gpu_telemetry:
+        cmd.append("--no-gpu-telemetry")
+    return cmd + list(spec.extra_args)
+
+
+def count_records(profile_export: Path) -> tuple[int, int]:
+    """(successful, failed) profiling records in an aiperf profile_export.jsonl (0, 0 if absent)."""
+    ok = failed = 0
+    if not profile_export.is_file():
+        return 0, 0
+    with open(profile_export) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line aiperf is still writing
+            if rec.get("metadata", {}).get("benchmark_phase", "profiling") != "profiling":
+                continue
+            if rec.get("error"):
+                failed += 1
+            else:
+                ok += 1
+    return ok, failed
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    if not path.is_file():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _child_env(tokenizer: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if Path(tokenizer).is_dir():
+        # aiperf treats a local tokenizer path as a hub repo id when HF_HUB_OFFLINE is set.
+        env.pop("HF_HUB_OFFLINE", None)
+        env.pop("TRANSFORMERS_OFFLINE", None)
+    return env
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM aiperf's process group (its services are children), SIGKILL what is left."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            # The leader is gone; reap any straggler in the group too.
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        return
+
+
+def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPaths,
+             progress: Callable[[str], None] | None = None,
+             progress_every_s: float = 10.0) -> LoadResult:
+    """Run aiperf for one arm; raise LoadError (with the log tail) unless it left enough records."""
+    if spec.trace is not None:
+        check_trace_dir(Path(spec.trace))
+    if arm.aiperf_dir.exists():
+        shutil.rmtree(arm.aiperf_dir)  # a rerun (--resume) must not count stale records
+    arm.root.mkdir(parents=True, exist_ok=True)
+    cmd = aiperf_command(spec, url=url, model=model, tokenizer=tokenizer,
+                         artifact_dir=arm.aiperf_dir)
+    say = progress or (lambda _msg: None)
+    t0 = time.monotonic()
+    with open(arm.aiperf_log, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=_child_env(tokenizer), start_new_session=True)
+        timed_out, next_say = False, t0 + progress_every_s
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now - t0 > spec.timeout_s:
+                    timed_out = True
+                    _kill_group(proc)
+                    break
+                if now >= next_say:
+                    say(f"aiperf running {now - t0:.0f}s, "
+                        f"{count_records(arm.profile_export)[0]} records so far")
+                    next_say += progress_every_s
+                time.sleep(POLL_S)
+        except BaseException:
+            _kill_group(proc, grace_s=2.0)
+            raise
+    duration = time.monotonic() - t0
+    ok, failed = count_records(arm.profile_export)
+    result = LoadResult(command=cmd, returncode=None if timed_out else proc.returncode,
+                        timed_out=timed_out, records=ok, errors=failed,
+                        duration_s=round(duration, 3), aiperf_dir=str(arm.aiperf_dir),
+                        profile_export=str(arm.profile_export), log=str(arm.aiperf_log))
+    _check(spec, result, arm)
+    say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors"
+        + (f" (killed at timeout_s={spec.timeout_s:g})" if timed_out else ""))
+    return result
+
+
+def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
+    where = f"aiperf log {arm.aiperf_log}, last lines:\n{log_tail(arm.aiperf_log)}"
+    if r.timed_out and r.records < spec.min_records:
+        raise LoadError(f"load: aiperf did not finish within timeout_s={spec.timeout_s:g} and "
+                        f"left {r.records} records (min_records={spec.min_records}); {where}")
+    if not r.timed_out and r.returncode != 0:
+        raise LoadError(f"load: aiperf exited with code {r.returncode} after "
+                        f"{r.duration_s:.0f}s ({r.records} records); {where}")
+    if r.records < spec.min_records:
+        raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
+                        f"({r.errors} failed), below min_records={spec.min_records}; {where}")
