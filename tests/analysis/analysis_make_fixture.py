@@ -1,6 +1,6 @@
 """Build a small but real run directory: real aiperf runs against tests/analysis/stream_server.py.
 
-    python tests/analysis/make_fixture.py OUT_DIR [--slim]
+    python tests/analysis/analysis_make_fixture.py OUT_DIR [--slim]
 
 Arm runs: off (6 ms/token), on (4.5 ms/token, the "faster kernel"), off.2 (repeat of off, for
 the A/A noise floor). Every 11th request gets HTTP 500, so error records are real too.
