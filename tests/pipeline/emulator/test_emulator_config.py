@@ -1,0 +1,96 @@
+"""EmulatorConfig: flags, YAML, presets, and the error messages users see."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from pipeline.emulator.config import ConfigError, EmulatorConfig, config_from_argv, make_parser
+from pipeline.emulator.timing import Arm, make_attention
+
+
+def test_every_field_is_a_described_flag_in_help():
+    help_text = make_parser().format_help()
+    for name, field in EmulatorConfig.model_fields.items():
+        assert field.description, f"{name} has no description"
+        assert "--" + name.replace("_", "-") in help_text
+
+
+def test_help_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "pipeline.emulator", "--help"], capture_output=True, text=True,
+                         cwd=REPO, timeout=60)
+    assert out.returncode == 0 and "--max-running-requests" in out.stdout and "VATTN_PLAN" in out.stdout
+
+
+def test_defaults_are_the_qwen_tp2_preset():
+    cfg = config_from_argv([])
+    assert (cfg.attention_layers, cfg.num_kv_heads, cfg.head_dim, cfg.gqa, cfg.kv_dtype, cfg.page_size,
+            cfg.draft_tokens) == (15, 1, 256, 16, "fp8_e4m3", 16, 3)
+    assert cfg.mean_accept_length() == pytest.approx(1 + 0.8 + 0.8 * 0.6 + 0.8 * 0.6 * 0.45)
+
+
+def test_flags_override_yaml_which_overrides_preset(tmp_path):
+    f = tmp_path / "emu.yaml"
+    f.write_text("max_running_requests: 8\nmodel_preset: qwen3.5-397b-a17b-tp4\nchunked_prefill_size: 4096\n")
+    cfg = config_from_argv(["--config", str(f), "--chunked-prefill-size", "2048", "--disable-prefix-cache",
+                            "--draft-tokens", "2", "--accept-probs", "0.9,0.5"])
+    assert (cfg.max_running_requests, cfg.chunked_prefill_size, cfg.gqa) == (8, 2048, 8)
+    assert cfg.disable_prefix_cache is True and cfg.accept_probs == [0.9, 0.5]
+    assert config_from_argv(["--accept-probs", "0.1", "0.2", "0.3"]).accept_probs == [0.1, 0.2, 0.3]
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--port", "0"], r"port: Input should be greater than or equal to 1 \(got '0'\)"),
+    (["--max-running-requests", "many"], r"max_running_requests: Input should be a valid integer"),
+    (["--draft-tokens", "2"], r"accept_probs: 3 values \[0.8, 0.6, 0.45\] for draft_tokens=2"),
+    (["--accept-probs", "0.5", "1.5", "0.5"], r"accept_probs: \[1.5\] outside \[0, 1\]"),
+    (["--head-dim", "100"], r"head_dim: 100 is not supported; allowed: 64, 128, 256"),
+    (["--kv-dtype", "fp4"], r"kv_dtype: Input should be 'fp8_e4m3' or 'bf16'"),
+    (["--model-preset", "llama-9"], r"model_preset: 'llama-9' not found .* known presets: \['qwen3.5"),
+    (["--config", "/nonexistent.yaml"], r"--config: file '/nonexistent.yaml' not found"),
+])
+def test_bad_config_names_the_field(argv, match):
+    with pytest.raises(ConfigError, match=match):
+        config_from_argv(argv)
+
+
+def test_unknown_yaml_field_is_refused(tmp_path):
+    f = tmp_path / "emu.yaml"
+    f.write_text("max_runing_requests: 8\n")
+    with pytest.raises(ConfigError, match=r"max_runing_requests: Extra inputs are not permitted"):
+        config_from_argv(["--config", str(f)])
+
+
+def test_arm_from_env():
+    assert Arm.from_env({}) == Arm(vattn=False, impl="baseline", planner="fixed")
+    assert Arm.from_env({"VATTN": "0", "VATTN_PLAN": "balanced"}).planner == "fixed"
+    assert Arm.from_env({"VATTN": "1"}) == Arm(vattn=True, impl="vattn", planner="balanced")
+    assert Arm.from_env({"VATTN": "1", "VATTN_PLAN": "length_aware"}).planner == "length_aware"
+    with pytest.raises(ConfigError, match=r"env VATTN: 'yes' is not allowed; set VATTN=0 .* or VATTN=1"):
+        Arm.from_env({"VATTN": "yes"})
+    with pytest.raises(ConfigError, match=r"env VATTN_PLAN: 'greedy' is not allowed; allowed: fixed, length_aware"):
+        Arm.from_env({"VATTN": "1", "VATTN_PLAN": "greedy"})
+
+
+def test_kernel_attention_needs_cuda():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    cfg = config_from_argv(["--attention", "kernel"])
+    with pytest.raises(ConfigError, match="attention: kernel needs a CUDA GPU; use attention: model on CPU"):
+        make_attention(cfg, Arm.from_env({"VATTN": "1"}))
+
+
+@pytest.mark.parametrize("argv,env,match", [
+    (["--max-running-requests", "0"], {}, "emulator config: max_running_requests: Input should be greater than"),
+    ([], {"VATTN": "2"}, "env VATTN: '2' is not allowed"),
+    (["--tokenizer", "/nonexistent"], {}, "tokenizer: '/nonexistent' has no tokenizer.json"),
+])
+def test_cli_exits_2_with_the_message(argv, env, match):
+    out = subprocess.run([sys.executable, "-m", "pipeline.emulator", "--port", "1", *argv], capture_output=True,
+                         text=True, cwd=REPO, env={**os.environ, **env}, timeout=60)
+    assert out.returncode == 2
+    assert match in out.stderr
