@@ -1,0 +1,163 @@
+"""`pipeline report` logic end to end on run directories built from real aiperf exports."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from analysis_records import write_jsonl
+
+from analysis.load import read_jsonl
+from analysis.report import ReportError, cli_report, write_report
+
+FIXTURE = Path(__file__).parent / "data" / "run_small"
+N_BOOT = 300  # the committed fixture is small; fewer replicates keep the suite fast
+PLOTS = ("tpot_cdf.png", "matched_tpot_delta.png", "tpot_over_time.png")
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(FIXTURE, dst)
+    return dst
+
+
+def assert_image(path: Path) -> None:
+    """A PNG that opens, has pixels, and is not one flat colour."""
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    assert float(np.ptp(img[..., :3])) > 0.2, f"{path} is blank"
+
+
+def section(md: str, title: str) -> str:
+    body = md.split(f"## {title}\n", 1)[1]
+    return body.split("\n## ", 1)[0]
+
+
+def check_report(md: str, a: str, b: str) -> None:
+    assert md.startswith("# A/B report")
+    assert "**Verdict:**" in md.splitlines()[2]
+    per_arm = section(md, "Per-arm metrics")
+    assert f"| metric | {a} | {b} | delta [95% CI] | A/A noise floor |" in per_arm
+    for label in ("TPOT p50 (ms)", "TPOT mean (ms)", "TPOT p90 (ms)", "Interactivity at TPOT p50",
+                  "Interactivity at TPOT p90", "TTFT p50 (ms)", "E2E latency p90 (ms)", "Output throughput",
+                  "Requests completed"):
+        assert f"| {label}" in per_arm
+    assert "1000 / TPOT[ms]" in per_arm
+    matched = section(md, "Matched requests")
+    for label in ("Decode time per token (ms)", "Request latency (ms)", "TTFT (ms)"):
+        assert f"| {label} |" in matched
+    assert "| arm run | profiling requests | completed | failed | cancelled |" in section(md, "Load")
+    for s in ("Server-side metrics", "Plots", "Accuracy", "Provenance"):
+        assert f"## {s}\n" in md
+
+
+def test_report_on_real_fixture(run):
+    out = write_report(run, n_boot=N_BOOT)
+    assert out == run / "report.md"
+    md = out.read_text()
+    check_report(md, "off", "on")
+    # The fixture's "on" server is 25% faster per token: the verdict must say faster, CI off zero.
+    assert "faster; the 95% CI excludes 0" in md.splitlines()[2]
+    tpot_row = next(l for l in section(md, "Matched requests").splitlines() if l.startswith("| Decode time"))
+    assert "| 33 | " in tpot_row and "| 33 / 0 |" in tpot_row
+    # off ran twice (off, off.2): the A/A noise floor is filled in.
+    assert "no repeat" not in section(md, "Per-arm metrics")
+    assert "| off.2 | 36 | 33 | 3 | 0 | 0 | 2 |" in section(md, "Load")
+    assert "sglang:spec_accept_length" in section(md, "Server-side metrics")
+    assert section(md, "Accuracy").strip() == "Accuracy: not run."
+    assert "`recipe.load.seed` = 7" in section(md, "Provenance")
+    for name in PLOTS:
+        assert f"(plots/{name})" in md
+        assert_image(run / "plots" / name)
+
+
+def test_report_out_file_links_plots_relative(run, tmp_path):
+    out = write_report(run, tmp_path / "elsewhere" / "r.md", n_boot=N_BOOT)
+    assert "(../run/plots/tpot_cdf.png)" in out.read_text()
+
+
+def test_compare_two_runs_on_arms(run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(FIXTURE, other)
+    out = write_report(run, compare=other, n_boot=N_BOOT)
+    assert out == other / "compare_run.md"
+    md = out.read_text()
+    check_report(md, "run:on", "other:on")
+    assert "### run:on:" in md and "### other:on:" in md
+    # Same exports on both sides: every matched delta is exactly zero.
+    assert "| Decode time per token (ms) | 33 | 5.87 | 5.87 | +0.0% [+0.0, +0.0]" in md
+    assert "no detectable change" in md.splitlines()[2]
+    for name in PLOTS:
+        assert_image(other / "plots" / f"compare_run_{name}")
+    named = write_report(run, tmp_path / "named.md", compare=other, arms=("off", "on"), n_boot=N_BOOT)
+    assert "run:off" in named.read_text().splitlines()[0]
+
+
+def test_accuracy_table_and_emulator_label(run):
+    for arm, correct in (("off", [1, 1, 0, 1]), ("on", [1, 0, 0, 1])):
+        rows = [{"id": f"q{i}", "repeat": 0, "prompt_hash": "h", "output": "x", "extracted": "1", "gold": "1",
+                 "correct": bool(c), "latency_s": 0.1, "finish_reason": "stop", "retried": False, "failed": False}
+                for i, c in enumerate(correct)]
+        write_jsonl(run / "arms" / arm / "accuracy" / "gsm8k.jsonl", rows)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["recipe"]["engine"] = "emulator"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    md = write_report(run, n_boot=N_BOOT).read_text()
+    acc = section(md, "Accuracy")
+    assert "plumbing only: emulator output is filler, accuracy not meaningful" in acc
+    assert "| gsm8k | 75.0% | 50.0% | -25.0 | 4 / 4 | 0 / 0 |" in acc
+
+
+def test_kernel_in_the_loop_section_from_cycle_log(run):
+    for arm, step in (("off", 100.0), ("on", 80.0)):
+        lines = [{"cycle": i, "batch": 4, "attn_us": step / 2, "step_us": step + i % 5,
+                  **({"measured_attention_us": step / 2 + 1} if arm == "on" else {})} for i in range(50)]
+        write_jsonl(run / "arms" / arm / "emulator_cycles.jsonl", lines)
+    md = write_report(run, n_boot=N_BOOT).read_text()
+    k = section(md, "Kernel in the loop")
+    # step 100..104, ten cycles each: mean 102, p50 102, p90 at rank 44.1 of 0..49 -> 104; attn 50/102.
+    assert "| off | 50 | 102.0 | 102.0 | 104.0 | 49.0% |" in k
+    assert_image(run / "plots" / "step_time.png")
+    assert_image(run / "plots" / "attention_pred_vs_meas_on.png")
+
+
+def test_no_cycle_log_means_no_section(run):
+    assert "## Kernel in the loop" not in write_report(run, n_boot=N_BOOT).read_text()
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("drop_on", r"^error: run dir .*: arm 'on' has no aiperf export \(expected arms/on/aiperf/profile_export\.jsonl\)"),
+    ("warmup_only", r"^error: .*arms/on/aiperf/profile_export\.jsonl: 0 profiling records \(2 warmup/other\)"),
+    ("no_manifest", r"^error: .* is not a run directory \(no manifest\.json and no arms/\)"),
+])
+def test_cli_errors_are_one_line(run, capsys, breakage, message):
+    export = run / "arms" / "on" / "aiperf" / "profile_export.jsonl"
+    if breakage == "drop_on":
+        shutil.rmtree(run / "arms" / "on")
+    elif breakage == "warmup_only":
+        write_jsonl(export, [x for x in read_jsonl(export) if x["metadata"]["benchmark_phase"] == "warmup"])
+    else:
+        (run / "manifest.json").unlink()
+        shutil.rmtree(run / "arms")
+    assert cli_report([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert __import__("re").search(message, err), err
+
+
+def test_cli_argument_errors(run, capsys):
+    assert cli_report([str(run)], arms="off") == 2
+    assert "--arms: expected two arm names like 'off,on', got 'off'" in capsys.readouterr().err
+    assert cli_report([str(run), str(run), str(run)]) == 2
+    with pytest.raises(ReportError, match=r"no arm 'base' \(arms with exports: off, on\); pick one with --arms"):
+        write_report(run, arms=("base", "on"), n_boot=N_BOOT)
+
+
+def test_cli_success_prints_path(run, capsys):
+    assert cli_report([str(run)]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "report.md")
