@@ -182,7 +182,9 @@ class SshHost:
 
     def start(self, argv, *, env, log) -> SshProcess:
         log_q = shlex.quote(log)
-        line = (f"mkdir -p $(dirname {log_q}) && setsid nohup {shell_join(argv, env)} "
+        # `env` because nohup execs its argument: a leading VAR=value would be taken as the program.
+        # `;` not `&&`: `a && b &` backgrounds a subshell that holds the SSH channel open until b exits.
+        line = (f"mkdir -p $(dirname {log_q}); setsid nohup env {shell_join(argv, env)} "
                 f">>{log_q} 2>&1 < /dev/null & echo $!")
         r = self._connection().run(line, hide=True, warn=True, in_stream=False)
         if r.exited != 0 or not r.stdout.strip().isdigit():

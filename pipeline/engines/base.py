@@ -16,6 +16,7 @@ class LaunchContext:
     model: str
     tokenizer: str | None
     port: int
+    bind: str                     # address the server listens on: 127.0.0.1 locally, 0.0.0.0 on SSH hosts
     server_args: dict[str, Any] | list[str]
     launch: list[str] | None      # vllm: the command prefix from the recipe
     artifact_dir: str             # where the server may write extra artifacts, on its host

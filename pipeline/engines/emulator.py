@@ -11,7 +11,7 @@ class EmulatorEngine:
     metrics_path = "/metrics"
 
     def command(self, ctx: LaunchContext) -> list[str]:
-        argv = [ctx.python, "-m", "pipeline.emulator", "--host", "0.0.0.0", "--port", str(ctx.port),
+        argv = [ctx.python, "-m", "pipeline.emulator", "--host", ctx.bind, "--port", str(ctx.port),
                 "--model", ctx.model, "--cycle-log", f"{ctx.artifact_dir}/emulator_cycles.jsonl"]
         if ctx.tokenizer:
             argv += ["--tokenizer", ctx.tokenizer]

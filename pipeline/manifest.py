@@ -1,0 +1,100 @@
+"""manifest.json: what was run (recipe, plan, versions, machines) and how far it got (stage status).
+
+Every update rewrites the file atomically under a lock, so concurrent arms never interleave writes and a
+crash leaves the last complete state: `--resume` trusts a stage only when its status is "done".
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import subprocess
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline.hosts import Host
+from pipeline.io import read_json, write_json_atomic
+
+PACKAGES = ("vattn-pipeline", "aiperf", "torch", "triton", "sglang", "vllm", "pydantic", "pandas")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def git_sha() -> str:
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (sha + ("-dirty" if dirty else "")) or "unknown"
+
+
+def gpu_facts(host: Host) -> list[dict]:
+    """GPUs the host reports (name, clocks, memory), or [] where nvidia-smi is absent."""
+    fields = "index,name,uuid,clocks.sm,clocks.max.sm,clocks.mem,memory.total,driver_version"
+    try:
+        r = host.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], timeout=20)
+    except (OSError, Exception):  # missing binary locally raises; remotely it is a non-zero exit
+        return []
+    if r.returncode != 0:
+        return []
+    keys = fields.split(",")
+    return [dict(zip(keys, (v.strip() for v in line.split(",")))) for line in r.stdout.strip().splitlines()]
+
+
+class Manifest:
+    def __init__(self, path: Path, data: dict):
+        self.path, self.data = Path(path), data
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, path: Path, *, recipe: dict, recipe_path: str, plan: dict, hosts: dict) -> "Manifest":
+        data = {"recipe_path": recipe_path, "recipe": recipe, "plan": plan, "env_diff": plan["env_diff"],
+                "arm_runs": [{k: a[k] for k in ("name", "arm", "round", "group", "host", "gpus", "port")}
+                             for a in plan["arm_runs"]],
+                "versions": package_versions(), "git_sha": git_sha(), "hosts": hosts,
+                "created": now(), "finished": None, "stages": {}}
+        m = cls(path, data)
+        m.save()
+        return m
+
+    @classmethod
+    def load(cls, path: Path) -> "Manifest":
+        return cls(path, read_json(path))
+
+    def save(self) -> None:
+        write_json_atomic(self.path, self.data)
+
+    def stage(self, arm_run: str, stage: str) -> dict:
+        return self.data["stages"].get(arm_run, {}).get(stage, {})
+
+    def is_done(self, arm_run: str, stage: str) -> bool:
+        return self.stage(arm_run, stage).get("status") == "done"
+
+    def mark(self, arm_run: str, stage: str, status: str, **extra) -> None:
+        with self._lock:
+            entry = self.data["stages"].setdefault(arm_run, {}).setdefault(stage, {})
+            entry["status"] = status
+            entry["started" if status == "running" else "finished"] = now()
+            entry.update(extra)
+            self.save()
+
+    def set(self, key: str, value) -> None:
+        with self._lock:
+            self.data[key] = value
+            self.save()

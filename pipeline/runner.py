@@ -1,0 +1,169 @@
+"""Execute a RunPlan: per group of arm runs, start servers, replay the load, score accuracy, stop servers.
+
+Each stage's result is saved in the arm's folder and marked done in the manifest before the next stage
+starts, so a crash keeps every finished stage and `--resume` redoes only what is missing.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from pipeline.engines.base import get_engine
+from pipeline.hosts import Host, LocalHost, SshHost
+from pipeline.io import write_json_atomic
+from pipeline.manifest import Manifest, gpu_facts, now
+from pipeline.paths import RunPaths
+from pipeline.plan import ArmRun, RunPlan
+from pipeline.recipe import Recipe
+from pipeline.stages.server import save_result, start_server
+
+
+class RunError(RuntimeError):
+    pass
+
+
+def progress_line(arm_run: str, stage: str, msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {arm_run:<7} {stage:<9} {msg}", flush=True)
+
+
+def make_hosts(recipe: Recipe) -> dict[str, Host]:
+    hosts: dict[str, Host] = {}
+    for name, h in recipe.hosts.items():
+        hosts[name] = (LocalHost() if h.kind == "local" else
+                       SshHost(name, h.address, user=h.user, port=h.port, key=h.key))
+    return hosts
+
+
+def host_facts(recipe: Recipe, hosts: dict[str, Host]) -> dict:
+    """GPU facts per used host; refuses concurrent arms on GPUs of different models."""
+    used = sorted(set(recipe.placement.hosts))
+    facts = {name: {"kind": recipe.hosts[name].kind, "gpus": gpu_facts(hosts[name])} for name in used}
+    return facts
+
+
+def check_matched_gpus(plan: RunPlan, facts: dict) -> None:
+    if plan.mode != "concurrent":
+        return
+    for group in plan.groups():
+        models = set()
+        for a in group:
+            by_index = {g.get("index"): g.get("name") for g in facts[a.host]["gpus"]}
+            models.add(tuple(by_index.get(str(i), "?") for i in a.gpus))
+        if len(models) > 1:
+            raise RunError(f"placement: concurrent arms got GPUs of different models {sorted(models)}; "
+                           f"list same-model GPUs under hosts.<host>.gpus")
+
+
+def _kill_leftover(manifest: Manifest, arm_run: ArmRun) -> None:
+    """A server left running by a killed run would hold the port: stop it if it is still ours."""
+    pid = manifest.stage(arm_run.name, "server").get("pid")
+    if not pid or arm_run.host != "local":
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return
+    if arm_run.argv[-1] in cmdline or " ".join(arm_run.argv[1:3]) in cmdline:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        time.sleep(0.5)
+
+
+def _pending(plan: RunPlan, manifest: Manifest, a: ArmRun) -> list[str]:
+    return [s for s in plan.stages[1:] if not manifest.is_done(a.name, s)]
+
+
+def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: ArmRun,
+            barrier: threading.Barrier | None) -> None:
+    from pipeline.accuracy.stage import run_accuracy
+    from pipeline.stages.load import run_load
+
+    arm = RunPaths(Path(plan.run_dir)).arm(a.name)
+    pending = _pending(plan, manifest, a)
+    engine = get_engine(recipe.engine)
+    _kill_leftover(manifest, a)
+    say = lambda stage: (lambda msg: progress_line(a.name, stage, msg))  # noqa: E731
+    say("server")(f"starting on {a.host} gpus={list(a.gpus) or 'none'} port={a.port}")
+    manifest.mark(a.name, "server", "running")
+    proc, current = None, "server"
+    try:
+        proc, result = start_server(engine, a, host, arm, timeout_s=recipe.server.startup_timeout_s,
+                                    progress=say("server"))
+        manifest.mark(a.name, "server", "done", pid=getattr(proc, "pid", None), startup_s=result.startup_s)
+        save_result(result, arm.stage_result("server"))
+        say("server")(f"healthy after {result.startup_s:.1f}s at {a.url}")
+        if barrier is not None:
+            barrier.wait()  # concurrent arms start their load together
+        for stage in pending:
+            current = stage
+            manifest.mark(a.name, stage, "running")
+            say(stage)("started")
+            t0 = time.monotonic()
+            if stage == "load":
+                res = run_load(recipe.load, url=a.url, model=recipe.model, tokenizer=recipe.tokenizer,
+                               arm=arm, progress=say("load"))
+            else:
+                res = run_accuracy(recipe.accuracy, url=a.url, model=recipe.model, out_dir=arm.accuracy_dir,
+                                   progress=say("accuracy"))
+            write_json_atomic(arm.stage_result(stage), asdict(res))
+            manifest.mark(a.name, stage, "done")
+            say(stage)(f"done in {time.monotonic() - t0:.0f}s")
+    except BaseException as e:
+        manifest.mark(a.name, current, "failed", error=f"{type(e).__name__}: {e}"[:2000])
+        if barrier is not None:
+            barrier.abort()
+        raise
+    finally:
+        if proc is not None:
+            proc.stop()
+            say("server")("stopped")
+        if a.host != "local":
+            host.get(a.artifact_dir, arm.root)  # server log and engine artifacts
+
+
+def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:
+    todo = [a for a in group if _pending(plan, manifest, a)]
+    for a in group:
+        if a not in todo:
+            progress_line(a.name, "-", "all stages done (resume): skipped")
+    if not todo:
+        return
+    if len(todo) == 1:
+        run_arm(recipe, plan, manifest, hosts[todo[0].host], todo[0], None)
+        return
+    barrier = threading.Barrier(len(todo))
+    errors: list[BaseException] = []
+
+    def work(a):
+        try:
+            run_arm(recipe, plan, manifest, hosts[a.host], a, barrier)
+        except BaseException as e:  # reported after both threads finish
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(a,), name=a.name) for a in todo]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
+    if real or errors:
+        raise (real or errors)[0]
+
+
+def execute(recipe: Recipe, plan: RunPlan, manifest: Manifest, hosts: dict[str, Host]) -> None:
+    def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stages unwind and stop their servers
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for group in plan.groups():
+            _run_group(recipe, plan, manifest, hosts, group)
+        manifest.set("finished", now())
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,119 @@
+"""Server stage: start one arm's engine on its host, wait until it serves, record its facts, stop it.
+
+Works the same for every engine (the adapter only names the command and endpoints) and every host.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.engines.base import Engine
+from pipeline.hosts import Host, Process
+from pipeline.io import write_json_atomic
+from pipeline.paths import ArmPaths
+from pipeline.plan import ArmRun
+
+
+class ServerError(RuntimeError):
+    """The server did not come up; the message carries the tail of its log."""
+
+
+@dataclass(frozen=True)
+class ServerResult:
+    url: str
+    command: str
+    host: str
+    gpus: list[int]
+    startup_s: float
+    info: dict
+
+
+def port_in_use(host: Host, port: int) -> bool:
+    """True if something listens on `port` on the host (checked from the host itself)."""
+    probe = ["python3", "-c", "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+             "socket.SO_REUSEADDR, 1)\ntry: s.bind(('0.0.0.0', int(sys.argv[1])))\nexcept OSError: sys.exit(3)",
+             str(port)]
+    if host.name == "local":
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                return True
+        return False
+    return host.run(probe).returncode == 3
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+
+
+def wait_healthy(proc: Process, host: Host, url: str, log: str, timeout_s: float,
+                 progress=lambda msg: None) -> float:
+    """Poll until `url` answers 200; fail fast if the process dies. Returns seconds waited."""
+    t0 = time.monotonic()
+    last_note = t0
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise ServerError(f"server exited with code {code} before becoming healthy; "
+                              f"last lines of {log}:\n{host.read_tail(log)}")
+        try:
+            if _get(url, timeout=2.0)[0] == 200:
+                return time.monotonic() - t0
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        now = time.monotonic()
+        if now - t0 > timeout_s:
+            proc.stop()
+            raise ServerError(f"server not healthy at {url} after {timeout_s:.0f}s "
+                              f"(server.startup_timeout_s); last lines of {log}:\n{host.read_tail(log)}")
+        if now - last_note > 30:
+            progress(f"waiting for {url} ({now - t0:.0f}s)")
+            last_note = now
+        time.sleep(0.5)
+
+
+def fetch_info(engine: Engine, base_url: str) -> dict:
+    for path in engine.info_paths:
+        try:
+            code, body = _get(base_url + path)
+            if code == 200:
+                return json.loads(body)
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+    return {}
+
+
+def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, timeout_s: float,
+                 progress=lambda msg: None) -> tuple[Process, ServerResult]:
+    """Start the server and wait for health. The caller stops the returned process."""
+    if port_in_use(host, arm_run.port):
+        raise ServerError(f"server.port: port {arm_run.port} on host {arm_run.host!r} is in use; pick a free "
+                          f"port in the recipe or stop what listens there")
+    log = f"{arm_run.artifact_dir}/server.log"
+    proc = host.start(arm_run.argv, env=arm_run.env, log=log)
+    try:
+        waited = wait_healthy(proc, host, arm_run.url + engine.health_path, log, timeout_s, progress)
+    except BaseException:
+        proc.stop()
+        if host.name != "local":
+            host.get(log, arm.server_log)
+        raise
+    info = fetch_info(engine, arm_run.url)
+    write_json_atomic(arm.server_info, info)
+    return proc, ServerResult(url=arm_run.url, command=arm_run.command_line, host=arm_run.host,
+                              gpus=list(arm_run.gpus), startup_s=round(waited, 2), info=info)
+
+
+def save_result(result, path: Path) -> None:
+    write_json_atomic(path, asdict(result))
