@@ -103,21 +103,21 @@ def slim(export: Path) -> None:
     export.write_text("\n".join(lines) + "\n")
 
 
-def build(out: Path, slim_records: bool = False) -> Path:
+def build(out: Path, slim_records: bool = False, arm_runs: list[tuple[str, str, int, float]] = ARM_RUNS) -> Path:
     paths = RunPaths(Path(out))
     stages, commands = {}, {}
-    for name, _, _, itl in ARM_RUNS:
+    for name, _, _, itl in arm_runs:
         info = run_arm(paths, name, itl)
         commands[name] = info["command"]
         stages[name] = {"load": {"status": "done", "started": info["started"], "finished": info["finished"]}}
     write_json_atomic(paths.manifest, {
         "recipe": {"name": "analysis-fixture", "engine": "stream_server", "load": {"seed": 7, "trace": "synthetic"}},
-        "plan": {"arms": ["off", "on"], "order": "off, on, off.2", "commands": commands},
-        "arm_runs": [{"name": n, "arm": a, "order": o} for n, a, o, _ in ARM_RUNS],
+        "plan": {"arms": ["off", "on"], "order": ", ".join(n for n, *_ in arm_runs), "commands": commands},
+        "arm_runs": [{"name": n, "arm": a, "order": o} for n, a, o, _ in arm_runs],
         "env_diff": {"STREAM_ITL_MS": {"off": "6.0", "on": "4.5"}},
         "versions": {"aiperf": "0.13.0", "python": sys.version.split()[0]},
         "git_sha": "fixture", "started": stages["off"]["load"]["started"],
-        "finished": stages["off.2"]["load"]["finished"], "stages": stages,
+        "finished": stages[arm_runs[-1][0]]["load"]["finished"], "stages": stages,
     })
     if slim_records:
         slim_run(paths.root)

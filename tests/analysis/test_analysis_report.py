@@ -161,3 +161,21 @@ def test_cli_argument_errors(run, capsys):
 def test_cli_success_prints_path(run, capsys):
     assert cli_report([str(run)]) == 0
     assert capsys.readouterr().out.strip() == str(run / "report.md")
+
+
+@pytest.fixture(scope="session")
+def live_run(tmp_path_factory) -> Path:
+    """A fresh run dir: real aiperf against two real local streaming servers (off 6 ms/token, on 4.5)."""
+    from analysis_make_fixture import ARM_RUNS, build
+
+    return build(tmp_path_factory.mktemp("live") / "run", arm_runs=ARM_RUNS[:2])
+
+
+@pytest.mark.slow
+def test_report_on_live_aiperf_run(live_run):
+    md = write_report(live_run, n_boot=N_BOOT).read_text()
+    check_report(md, "off", "on")
+    assert "faster; the 95% CI excludes 0" in md.splitlines()[2]
+    assert "| no repeat |" in section(md, "Per-arm metrics")     # no arm ran twice: no A/A floor
+    for name in PLOTS:
+        assert_image(live_run / "plots" / name)
