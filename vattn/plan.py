@@ -34,9 +34,9 @@ SEG_MAX = 64  # most pieces per sequence for fixed and length_aware (the MI355X 
 # A piece's fixed cost in KV-tile equivalents: loading Q and writing the fp32 partial
 # (QROWS x D x 4 bytes = 64 KB at q4 x GQA16 x hd256, two 32 KB fp8 K+V tiles' worth).
 PIECE_OVERHEAD_TILES = 2
-# balanced's floor on its piece cap. 1 (none): with the per-program bandwidth of KERNEL.md's H200
-# wave measurement a shorter piece is a shorter makespan while the wave has free slots.
-MIN_PIECE_TILES = 1
+# balanced's floor on its piece cap: a piece reads at least as much KV as its overhead costs. Without
+# it a lone 16k request would become 250 one-tile pieces, each writing a 64 KB partial for 32 KB of KV.
+MIN_PIECE_TILES = PIECE_OVERHEAD_TILES
 
 FIELDS = ("work_seq", "work_start", "work_end", "work_part", "seq_part_start", "num_items")
 
@@ -105,16 +105,27 @@ def _split_fixed(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[
     return out
 
 
+def _smallest_cap(live: list[int], budget: int, per_seq_max: int | None) -> int:
+    """Smallest cap c (tiles) with sum ceil(t/c) <= budget (and ceil(max t / c) <= per_seq_max).
+
+    Bracketed first so the bisection takes a few steps: sum ceil(t/c) >= sum(t)/c gives the lower end, and
+    sum ceil(t/c) <= sum(t)/c + n gives a feasible upper end when budget > n.
+    """
+    total, longest, n = sum(live), max(live), len(live)
+    lo = max(1, _cdiv(total, budget))
+    hi = longest if budget <= n else min(longest, max(lo, _cdiv(total, budget - n)))
+    if per_seq_max is not None:
+        lo = max(lo, _cdiv(longest, per_seq_max))
+        hi = max(hi, lo)
+    return _smallest(lo, hi, lambda c: sum([-(-t // c) for t in live]) <= budget)  # hot: the cost model
+
+
 def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
     live = [t for t in tiles if t]
     if not live:
         return [(0, 0)] * len(tiles)
     budget = max(slot_budget(num_kv_heads, slots), len(live))
-
-    def ok(seg: int) -> bool:  # ceil(L / (seg*KV_TILE)) == ceil(tiles / seg)
-        return sum(_cdiv(t, seg) for t in live) <= budget and _cdiv(max(live), seg) <= SEG_MAX
-
-    seg = _smallest(1, max(live), ok)
+    seg = _smallest_cap(live, budget, SEG_MAX)  # ceil(L / (seg*KV_TILE)) == ceil(tiles / seg)
     return [(_cdiv(t, seg), seg) if t else (0, 0) for t in tiles]
 
 
@@ -125,8 +136,7 @@ def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int) -> list[tup
     budget = max(slot_budget(num_kv_heads, slots), len(live))
     # The smallest piece cap that fits one wave, with no per-sequence cap: the min-max piece of any
     # one-wave plan whose pieces stay inside sequences (the makespan's lower bound for such plans).
-    cap = _smallest(1, max(live), lambda c: sum(_cdiv(t, c) for t in live) <= budget)
-    cap = max(cap, MIN_PIECE_TILES)
+    cap = max(_smallest_cap(live, budget, None), MIN_PIECE_TILES)
     return [(_cdiv(t, cap), cap) if t else (0, 0) for t in tiles]
 
 
@@ -137,9 +147,22 @@ def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"q_lens: got {len(q_lens)} entries for {len(seq_lens)} seq_lens; need one per sequence")
     for name, vals in (("seq_lens", seq_lens), ("q_lens", q_lens)):
+        if set(map(type, vals)) <= {int} and min(vals, default=0) >= 0:
+            continue  # the common case, checked at C speed (the cost model plans every decode cycle)
         for i, v in enumerate(vals):
             if int(v) != v or v < 0:
                 raise ValueError(f"{name}[{i}]: got {v!r}; must be an int >= 0")
+
+
+def plan_splits(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int,
+                mode: str) -> list[tuple[int, int]]:
+    """Per sequence (pieces k, segment tiles s): piece p covers KV p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE)."""
+    if mode not in PLANNERS:
+        raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
+    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
+    _check_lens(seq_lens, q_lens)
+    tiles = [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
+    return _SPLITTERS[mode](tiles, num_kv_heads, slots) if tiles else []
 
 
 def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str) -> PlanLists:
@@ -147,12 +170,7 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
 
     seq_lens[b]: KV length L incl. the new tokens; q_lens[b]: query tokens (0 = absent from this call).
     """
-    if mode not in PLANNERS:
-        raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
-    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
-    _check_lens(seq_lens, q_lens)
-    tiles = [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
-    splits = _SPLITTERS[mode](tiles, num_kv_heads, slots) if tiles else []
+    splits = plan_splits(seq_lens, q_lens, num_kv_heads=num_kv_heads, slots=slots, mode=mode)
     width = max_work_items(len(seq_lens), num_kv_heads, slots)
     seq, start, end, part_start = [], [], [], [0]
     for b, (k, seg) in enumerate(splits):

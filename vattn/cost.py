@@ -1,0 +1,241 @@
+"""Cost model: the time of one attention layer call for a batch, from a hardware profile.
+
+vattn: the plan's pieces (plan_splits, the core of plan_python) run as Hkv programs each on SLOTS resident slots. Programs
+that run together share the wave bandwidth (processor sharing): each streams at
+min(slot_boost x fair share, wave bandwidth / active programs), so a slot that idles early hands
+some bandwidth to the rest but a lone program cannot take the whole device. Programs past one wave
+wait for a free slot in launch order. Total = plan + launches + makespan + reduce.
+
+baseline: the engine's default kernel, fitted as fixed_us + KV bytes / tbps (or + work / rate) per
+(kv_dtype, phase) from measured tables; profiles cite each figure's source.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from vattn.plan import KV_TILE, PLANNERS, plan_splits
+
+KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
+PHASES = ("verify", "decode", "any")  # decode: every live sequence has q_len 1; any: one fit for both
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+
+
+@dataclass(frozen=True)
+class VattnModel:
+    wave_tbps: float  # KV TB/s of the main kernel when every slot is busy (solved from `calibration`)
+    slot_boost: float  # most a program speeds up when slots idle, as a multiple of its fair share
+    piece_latency_us: float  # per-program prologue (Q load, pipeline fill), paid once per piece
+    launch_us: float  # per kernel launch inside a CUDA graph (plan, main, reduce)
+    plan_us: float
+    reduce_fixed_us: float
+    reduce_tbps: float  # the reduce's bandwidth over fp32 partials
+    page_efficiency: dict[int, float]  # gather efficiency by page size, relative to the calibration's
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    kv_dtype: str
+    phase: str
+    fixed_us: float
+    tbps: float = 0.0  # KV bytes / time beyond fixed_us (0: no bytes term)
+    gelems_per_s: float = 0.0  # sum(L x Hq x D) / time beyond fixed_us (0: no compute term)
+    gqa_factor: dict[int, float] = field(default_factory=dict)  # measured time multiplier by GQA
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    name: str
+    device: str
+    sms: int
+    slots_per_sm: int
+    read_ceiling_tbps: float
+    vattn: VattnModel
+    baseline: str  # name of the default entry in `baselines` (what vattn replaces)
+    baselines: dict[str, tuple[BaselineEntry, ...]]
+
+    @property
+    def slots(self) -> int:
+        return self.sms * self.slots_per_sm
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+def _need(d: dict, key: str, where: str):
+    if key not in d:
+        raise ValueError(f"{where}.{key}: missing; see configs/hardware/h200.yaml for the fields")
+    return d[key]
+
+
+def _build(raw: dict, source: str) -> tuple[HardwareProfile, dict | None]:
+    vraw = dict(_need(raw, "vattn", source))
+    calibration = vraw.pop("calibration", None)
+    if calibration is None and "wave_tbps" not in vraw:
+        raise ValueError(f"{source}.vattn: needs wave_tbps or a calibration point")
+    vraw.setdefault("wave_tbps", 1.0)  # placeholder until solved from the calibration point
+    try:
+        vattn = VattnModel(**vraw)
+    except TypeError as e:
+        raise ValueError(f"{source}.vattn: {e}") from None
+    baselines = {}
+    for name, entries in _need(raw, "baselines", source).items():
+        try:
+            baselines[name] = tuple(BaselineEntry(**e) for e in entries)
+        except TypeError as e:
+            raise ValueError(f"{source}.baselines.{name}: {e}") from None
+    prof = HardwareProfile(
+        name=str(_need(raw, "name", source)), device=str(_need(raw, "device", source)),
+        sms=int(_need(raw, "sms", source)), slots_per_sm=int(_need(raw, "slots_per_sm", source)),
+        read_ceiling_tbps=float(_need(raw, "read_ceiling_tbps", source)), vattn=vattn,
+        baseline=str(_need(raw, "baseline", source)), baselines=baselines)
+    if prof.baseline not in baselines:
+        raise ValueError(f"{source}.baseline: got {prof.baseline!r}; allowed: {', '.join(baselines)}")
+    return prof, calibration
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """"h200", "mi355x" (configs/hardware/<name>.yaml) or a path to a profile YAML."""
+    import yaml
+
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONFIG_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise ValueError(f"profile: got {name_or_path!r}; no file {path}; known: {', '.join(known)} or a path")
+    prof, calibration = _build(yaml.safe_load(path.read_text()), path.name)
+    return prof if calibration is None else calibrate(prof, **calibration)
+
+
+def calibrate(prof: HardwareProfile, *, batch: int, seq_len: int, q_len: int, planner: str, tbps: float,
+              num_kv_heads: int, head_dim: int, gqa: int, kv_dtype: str, page_size: int) -> HardwareProfile:
+    """Solve wave_tbps so that a uniform batch runs at `tbps` of KV bytes, plan + main + reduce."""
+    lens, qs = [seq_len] * batch, [q_len] * batch
+    shape = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, gqa=gqa, kv_dtype=kv_dtype, page_size=page_size)
+    target_us = kv_bytes(lens, qs, num_kv_heads, head_dim, kv_dtype) / (tbps * 1e6)
+    lo, hi = 0.01, 100.0  # TB/s; predicted time falls as wave_tbps rises
+    for _ in range(60):
+        mid = math.sqrt(lo * hi)
+        trial = replace(prof, vattn=replace(prof.vattn, wave_tbps=mid))
+        if predict_attention_us(lens, qs, impl="vattn", planner=planner, profile=trial, **shape) > target_us:
+            lo = mid
+        else:
+            hi = mid
+    if hi >= 99.0:
+        raise ValueError(f"calibration: {tbps} TB/s is out of reach: the fixed overheads alone exceed "
+                         f"{target_us:.1f} us")
+    if hi > prof.read_ceiling_tbps:
+        raise ValueError(f"calibration: {tbps} TB/s at {batch} x {seq_len} needs a {hi:.2f} TB/s wave, above the "
+                         f"read ceiling {prof.read_ceiling_tbps}; lower the profile's fixed costs")
+    return replace(prof, vattn=replace(prof.vattn, wave_tbps=hi))
+
+
+# -- prediction ------------------------------------------------------------------------------------
+
+def kv_bytes(seq_lens, q_lens, num_kv_heads: int, head_dim: int, kv_dtype: str) -> int:
+    """KV bytes the call must read: sequences with q_len 0 are absent."""
+    tokens = sum(L for L, q in zip(seq_lens, q_lens) if q)
+    return tokens * num_kv_heads * head_dim * 2 * KV_BYTES[kv_dtype]
+
+
+def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: float, boost: float) -> float:
+    """Processor-sharing makespan of programs given as runs (bytes each, count) in launch order per head.
+
+    The grid is (W, Hkv) with the item index fastest, so the launch order is `runs` once per head.
+    Every running program streams at the same rate, so completions follow a shared byte clock.
+    """
+    cap = boost * wave / slots
+    rate = lambda n: min(cap, wave / n)  # bytes/us per program with n running
+    programs = sum([c for _, c in runs]) * copies
+    if programs <= slots:  # one wave: all start at 0, finish in order of size
+        t, done, active = 0.0, 0.0, programs
+        for w, c in sorted(runs):
+            t += (w - done) / (cap if cap * active < wave else wave / active)
+            done, active = w, active - c * copies
+        return t
+    queue = [run for _ in range(copies) for run in runs][::-1]  # popped from the end, in launch order
+    running: list[tuple[float, int]] = []  # (byte clock at which they finish, count)
+    t, clock, active, free = 0.0, 0.0, 0, slots
+    while True:
+        while free and queue:  # fill free slots in launch order
+            w, c = queue.pop()
+            take = min(c, free)
+            heapq.heappush(running, (clock + w, take))
+            if take < c:
+                queue.append((w, c - take))
+            free, active = free - take, active + take
+        if not running:
+            return t
+        finish, c = heapq.heappop(running)
+        t += (finish - clock) / rate(active)
+        clock, active, free = finish, active - c, free + c
+
+
+def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size) -> float:
+    v = prof.vattn
+    if page_size not in v.page_efficiency:
+        raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
+    splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=prof.slots, mode=planner)
+    wave = v.wave_tbps * 1e6 * v.page_efficiency[page_size]  # bytes/us
+    token_bytes = head_dim * 2 * KV_BYTES[kv_dtype] / v.page_efficiency[page_size]
+    latency = v.piece_latency_us * wave / prof.slots  # a prologue costs its slot's fair share of time
+    runs, reduce_bytes = [], 0
+    for (pieces, seg), L, q in zip(splits, seq_lens, q_lens):
+        if not pieces:
+            continue
+        out_bytes = q * gqa * head_dim * 2  # one program's output rows
+        part_bytes = q * gqa * (head_dim + 1) * 4  # fp32 O + lse, written by main and read by reduce
+        extra = latency + (part_bytes if pieces > 1 else out_bytes)
+        seg_tokens = seg * KV_TILE
+        if pieces > 1:
+            reduce_bytes += hkv * (pieces * part_bytes + out_bytes)
+            runs.append((seg_tokens * token_bytes + extra, pieces - 1))
+        runs.append(((L - (pieces - 1) * seg_tokens) * token_bytes + extra, 1))
+    makespan = _makespan_us(runs, hkv, prof.slots, wave, v.slot_boost) if runs else 0.0
+    reduce_us = v.reduce_fixed_us + reduce_bytes / (v.reduce_tbps * 1e6)
+    return v.plan_us + 3 * v.launch_us + makespan + reduce_us
+
+
+def _predict_baseline(seq_lens, q_lens, name, prof, hkv, head_dim, gqa, kv_dtype) -> float:
+    live_q = [q for L, q in zip(seq_lens, q_lens) if q and L]
+    phase = "decode" if live_q and max(live_q) == 1 else "verify"
+    entries = prof.baselines[name]
+    found = [e for e in entries if e.kv_dtype == kv_dtype and e.phase in (phase, "any")]
+    if not found:
+        have = ", ".join(f"{e.kv_dtype}/{e.phase}" for e in entries)
+        raise ValueError(f"kv_dtype/phase: got {kv_dtype}/{phase}; profile {prof.name} baseline {name} was "
+                         f"measured for {have}")
+    e = found[0]
+    t = e.fixed_us
+    if e.tbps:
+        t += kv_bytes(seq_lens, q_lens, hkv, head_dim, kv_dtype) / (e.tbps * 1e6)
+    if e.gelems_per_s:
+        t += sum(L for L, q in zip(seq_lens, q_lens) if q) * hkv * gqa * head_dim / (e.gelems_per_s * 1e3)
+    return t * e.gqa_factor.get(gqa, 1.0)
+
+
+def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, planner: str,
+                         profile: HardwareProfile, num_kv_heads: int, head_dim: int, gqa: int,
+                         kv_dtype: str, page_size: int) -> float:
+    """Time (us) of ONE attention layer call for this batch.
+
+    impl: "vattn" (with `planner`), "baseline" (the profile's default engine path) or a baseline's name.
+    planner: one of PLANNERS (ignored by baselines). kv_dtype: fp8 (= fp8_e4m3), bf16 or fp16.
+    """
+    if kv_dtype not in KV_BYTES:
+        raise ValueError(f"kv_dtype: got {kv_dtype!r}; allowed: {', '.join(KV_BYTES)}")
+    for name, value in (("num_kv_heads", num_kv_heads), ("head_dim", head_dim), ("gqa", gqa)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: got {value!r}; must be an int >= 1")
+    kv_dtype = "fp8" if kv_dtype == "fp8_e4m3" else kv_dtype
+    if impl == "vattn":
+        if planner not in PLANNERS:
+            raise ValueError(f"planner: got {planner!r}; allowed: {', '.join(PLANNERS)}")
+        return _predict_vattn(seq_lens, q_lens, planner, profile, num_kv_heads, head_dim, gqa, kv_dtype,
+                              page_size)
+    name = profile.baseline if impl == "baseline" else impl
+    if name not in profile.baselines:
+        raise ValueError(f"impl: got {impl!r}; allowed: vattn, baseline, {', '.join(profile.baselines)}")
+    return _predict_baseline(seq_lens, q_lens, name, profile, num_kv_heads, head_dim, gqa, kv_dtype)
