@@ -1,0 +1,80 @@
+"""One chat completion with timeouts and bounded retries; never raises for a server fault.
+
+A request that still fails after its retries comes back as a `Reply` with `failed=True`
+and the last error, so the caller records it instead of losing the question.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+_BACKOFF_CAP_S = 30.0
+# 429 and 5xx are the server saying "not now"; other 4xx mean the request itself is
+# wrong and repeating it cannot help.
+_RETRY_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
+
+
+@dataclass(frozen=True)
+class Reply:
+    output: str | None
+    finish_reason: str | None
+    latency_s: float        # the successful (or last) attempt only
+    attempts: int
+    failed: bool
+    error: str | None
+
+
+def chat_url(url: str) -> str:
+    """Accept a server root, a `/v1` base or the full endpoint."""
+    url = url.rstrip("/")
+    if url.endswith("/chat/completions"):
+        return url
+    if url.endswith("/v1"):
+        return url + "/chat/completions"
+    return url + "/v1/chat/completions"
+
+
+class _Retryable(Exception):
+    pass
+
+
+async def _attempt(session: aiohttp.ClientSession, url: str, body: dict,
+                   timeout_s: float) -> tuple[str, str | None]:
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with session.post(url, json=body, timeout=timeout) as resp:
+            text = await resp.text()
+            if resp.status in _RETRY_STATUS:
+                raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
+            if resp.status != 200:
+                raise ValueError(f"HTTP {resp.status}: {text[:200]}")
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        raise _Retryable(f"{type(e).__name__}: {e}") from None
+    try:
+        choice = json.loads(text)["choices"][0]
+        content = choice["message"].get("content")
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+        raise ValueError(f"malformed response ({type(e).__name__}): {text[:200]}") from None
+    return content or "", choice.get("finish_reason")
+
+
+async def chat(session: aiohttp.ClientSession, url: str, body: dict, *, timeout_s: float,
+               retries: int, backoff_s: float) -> Reply:
+    """POST one chat request; retry connection errors, timeouts, 408/429/5xx."""
+    error = None
+    for attempt in range(1, retries + 2):
+        start = time.perf_counter()
+        try:
+            output, finish = await _attempt(session, url, body, timeout_s)
+            return Reply(output, finish, time.perf_counter() - start, attempt, False, None)
+        except _Retryable as e:
+            error = str(e)
+        except ValueError as e:
+            return Reply(None, None, time.perf_counter() - start, attempt, True, str(e))
+        if attempt <= retries:
+            await asyncio.sleep(min(backoff_s * 2 ** (attempt - 1), _BACKOFF_CAP_S))
+    return Reply(None, None, time.perf_counter() - start, retries + 1, True, error)

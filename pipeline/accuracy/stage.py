@@ -1,0 +1,219 @@
+"""The accuracy stage: ask every (question, repeat) of each task, score, record, summarise.
+
+Resumable: answered records already in the output file are kept and not asked again;
+failed ones (and a line torn by a crash) are asked again. Each answer is appended and
+flushed as it arrives, so a crash loses at most the requests in flight.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from pipeline.accuracy import gpqa, gsm8k
+from pipeline.accuracy.records import prompt_hash, read_records, summarize, write_records
+from pipeline.accuracy.spec import AccuracySpec, TaskSpec
+from pipeline.io import write_json_atomic
+from pipeline.paths import ArmPaths
+
+Progress = Callable[[str], None]
+
+
+class ResumeError(ValueError):
+    """The output folder holds records from a different evaluation."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task: str
+    records_path: str
+    summary_path: str
+    n_questions: int
+    repeats: int
+    n_records: int
+    n_failed: int
+    n_retried: int
+    n_invalid: int
+    accuracy: float | None            # gsm8k: flexible extraction; failed count as wrong
+    accuracy_strict: float | None     # gsm8k only
+    invalid_rate: float | None
+    n_reused: int                     # records taken from an earlier (resumed) run
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class AccuracyResult:
+    tasks: tuple[TaskResult, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class _Job:
+    order: int
+    id: str
+    repeat: int
+    messages: list[dict]
+    gold: str
+    hash: str
+
+
+def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
+                 progress: Progress | None = None) -> AccuracyResult:
+    """Run every task of `spec` against the OpenAI-compatible server at `url`.
+
+    out_dir is the arm folder: records go to ArmPaths(out_dir).accuracy_records(task),
+    i.e. out_dir/accuracy/<task>.jsonl, summaries beside them. Synchronous (runs its own
+    event loop); call it from a worker thread if the caller already runs one.
+    """
+    paths = ArmPaths(Path(out_dir))
+    results = []
+    for i, task in enumerate(spec.tasks):
+        jobs, n_questions = _plan(task, f"accuracy.tasks[{i}].data")
+        results.append(_run_task(task, jobs, n_questions, url=url, model=model,
+                                 paths=paths, progress=progress or (lambda _: None)))
+    return AccuracyResult(tuple(results))
+
+
+def _plan(task: TaskSpec, where: str) -> tuple[list[_Job], int]:
+    jobs = []
+    if task.name == "gsm8k":
+        questions, shots = gsm8k.load(task, where)
+        for q in questions:
+            for r in range(task.repeats):
+                msgs = gsm8k.messages(q, shots)
+                jobs.append(_Job(len(jobs), q.id, r, msgs, q.gold, prompt_hash(msgs)))
+    else:
+        questions = gpqa.load(task, where)
+        for q in questions:
+            for r in range(task.repeats):
+                msgs, gold = gpqa.messages(q, r, task.seed)
+                jobs.append(_Job(len(jobs), q.id, r, msgs, gold, prompt_hash(msgs)))
+    ids = [q.id for q in questions]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise ValueError(f"{where}: question id '{dup}' appears more than once; "
+                         "ids must be unique to pair arms and resume")
+    return jobs, len(questions)
+
+
+def _resume(path: Path, jobs: list[_Job], model: str) -> tuple[dict, list[dict]]:
+    """(answered records of this plan by key, records outside the plan kept as they are)."""
+    planned = {(j.id, j.repeat): j for j in jobs}
+    kept, extra = {}, []
+    for rec in read_records(path):
+        key = (str(rec["id"]), rec["repeat"])
+        job = planned.get(key)
+        if job is None:
+            extra.append(rec)
+            continue
+        if rec.get("prompt_hash") != job.hash:
+            raise ResumeError(
+                f"{path}: record id={key[0]} repeat={key[1]} was asked with a different prompt "
+                f"(hash {rec.get('prompt_hash')}, now {job.hash}): the data, shots or seed "
+                "changed; use a new output folder or delete the file")
+        if rec.get("model", model) != model:
+            raise ResumeError(f"{path}: records were made with model '{rec['model']}', this run "
+                              f"asks '{model}'; use a new output folder or delete the file")
+        if not rec["failed"]:
+            kept[key] = rec
+    return kept, extra
+
+
+def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, model: str,
+              paths: ArmPaths, progress: Progress) -> TaskResult:
+    start = time.perf_counter()
+    path = paths.accuracy_records(task.name)
+    kept, extra = _resume(path, jobs, model)
+    todo = [j for j in jobs if (j.id, j.repeat) not in kept]
+    # Rewrite first: drops failed and torn lines, so the append below starts clean.
+    write_records(path, [*kept.values(), *extra])
+    progress(f"{task.name}: {n_questions} questions x {task.repeats} repeats; "
+             f"{len(kept)} already answered, asking {len(todo)}")
+    new = asyncio.run(_ask_all(task, todo, url, model, path, progress)) if todo else []
+    records = {**kept, **{(r["id"], r["repeat"]): r for r in new}}
+    ordered = [records[(j.id, j.repeat)] for j in jobs]
+    write_records(path, [*ordered, *extra])
+    summary = summarize(task.name, ordered, model=model, n_questions=n_questions,
+                        repeats=task.repeats)
+    write_json_atomic(paths.accuracy_summary(task.name), summary)
+    return TaskResult(
+        task=task.name, records_path=str(path), summary_path=str(paths.accuracy_summary(task.name)),
+        n_questions=n_questions, repeats=task.repeats, n_records=len(ordered),
+        n_failed=summary["n_failed"], n_retried=summary["n_retried"],
+        n_invalid=summary["n_invalid"], accuracy=summary["accuracy"],
+        accuracy_strict=summary.get("accuracy_strict"), invalid_rate=summary["invalid_rate"],
+        n_reused=len(kept), wall_s=time.perf_counter() - start)
+
+
+async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, path: Path,
+                   progress: Progress) -> list[dict]:
+    import aiohttp
+
+    from pipeline.accuracy.client import chat, chat_url
+
+    queue: asyncio.Queue[_Job] = asyncio.Queue()
+    for job in todo:
+        queue.put_nowait(job)
+    done: list[dict] = []
+    every = max(1, len(todo) // 20)
+    t0 = time.perf_counter()
+    endpoint = chat_url(url)
+
+    async def worker(session: aiohttp.ClientSession, fh) -> None:
+        while not queue.empty():
+            job = queue.get_nowait()
+            reply = await chat(session, endpoint, _body(task, job, model),
+                               timeout_s=task.timeout_s, retries=task.retries,
+                               backoff_s=task.retry_backoff_s)
+            rec = _record(task.name, job, reply, model)
+            # One event loop thread: whole lines, never interleaved.
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            fh.flush()
+            done.append(rec)
+            if len(done) % every == 0 or len(done) == len(todo):
+                n_failed = sum(r["failed"] for r in done)
+                n_retried = sum(r["retried"] for r in done)
+                rate = len(done) / max(time.perf_counter() - t0, 1e-9)
+                progress(f"{task.name}: {len(done)}/{len(todo)} answered, {n_failed} failed, "
+                         f"{n_retried} retried, {rate:.1f}/s")
+
+    connector = aiohttp.TCPConnector(limit=task.concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        with open(path, "a") as fh:
+            await asyncio.gather(*(worker(session, fh)
+                                   for _ in range(min(task.concurrency, len(todo)))))
+    return done
+
+
+def _body(task: TaskSpec, job: _Job, model: str) -> dict:
+    body = {"model": model, "messages": job.messages, "max_tokens": task.max_tokens,
+            "temperature": task.temperature, **task.extra_body}
+    if task.temperature > 0:
+        # Same sampling seed per (question, repeat) in both arms.
+        digest = hashlib.sha256(f"{task.seed}:{job.id}:{job.repeat}".encode()).digest()
+        body.setdefault("seed", int.from_bytes(digest[:4], "big") >> 1)
+    return body
+
+
+def _record(task: str, job: _Job, reply, model: str) -> dict:
+    rec = {"id": job.id, "repeat": job.repeat, "prompt_hash": job.hash, "output": reply.output,
+           "extracted": None, "gold": job.gold, "correct": False,
+           "latency_s": round(reply.latency_s, 4), "finish_reason": reply.finish_reason,
+           "retried": reply.attempts > 1, "failed": reply.failed, "attempts": reply.attempts,
+           "error": reply.error, "model": model}
+    if task == "gsm8k":
+        rec.update(extracted_strict=None, correct_strict=False)
+        if not reply.failed:
+            s = gsm8k.score(reply.output, job.gold)
+            rec.update(extracted=s.extracted, correct=s.correct,
+                       extracted_strict=s.extracted_strict, correct_strict=s.correct_strict)
+    elif not reply.failed:
+        s = gpqa.score(reply.output, job.gold)
+        rec.update(extracted=s.extracted, correct=s.correct)
+    return rec
