@@ -24,7 +24,9 @@ from pipeline.emulator.timing import Arm, StepTimer, make_attention
 from pipeline.emulator.tokens import load_tokens
 
 log = logging.getLogger("pipeline.emulator")
-BIG_PROMPT_CHARS = 200_000  # tokenize larger prompts in a thread so the engine loop keeps its deadlines
+# Tokenize and hash larger prompts in a thread so the engine loop keeps its deadlines.
+BIG_PROMPT_CHARS = 200_000
+BIG_PROMPT_TOKENS = 32_768
 ENGINE = web.AppKey("engine", Engine)
 INFO = web.AppKey("info", dict)
 
@@ -90,20 +92,21 @@ class Api:
 
     async def _generate(self, request: web.Request, ids: list[int], p, chat: bool) -> web.StreamResponse:
         max_new, reason = self._budget(len(ids), p)
-        req = self.engine.new_request(ids, max_new, reason)
+        if len(ids) > BIG_PROMPT_TOKENS:  # block hashing of a long prompt off the event loop
+            req = await asyncio.to_thread(self.engine.new_request, ids, max_new, reason)
+        else:
+            req = self.engine.new_request(ids, max_new, reason)
         del ids
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.engine.submit(req)
         try:
             if p.stream:
                 return await self._stream(request, req, rid, p, chat)
-            texts = self.tokens.word_texts
-            parts: list[str] = []
             while req.finish_reason is None:
                 await req.event.wait()
                 req.event.clear()
-            parts = [texts[i] for i in req.out]
-            return web.json_response(self._full(req, rid, "".join(parts), chat))
+            texts = self.tokens.word_texts
+            return web.json_response(self._full(req, rid, "".join(texts[i] for i in req.out), chat))
         finally:
             self.engine.abort(req)  # no-op once finished; frees the slot if the client went away
 
@@ -115,7 +118,7 @@ class Api:
         # Pre-built halves of one token's chunk: only the text changes between tokens.
         pre = "data: " + head + (',"choices":[{"index":0,"delta":{"content":' if chat else ',"choices":[{"index":0,"text":')
         post = ('},"logprobs":null,"finish_reason":null}]}\n\n' if chat else ',"logprobs":null,"finish_reason":null}]}\n\n')
-        texts = self.tokens.word_texts
+        texts = self.tokens.word_json
         if chat:
             await resp.write(f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
                              f'"logprobs":null,"finish_reason":null}}]}}\n\n'.encode())
@@ -123,7 +126,7 @@ class Api:
             await req.event.wait()
             req.event.clear()
             if req.out:
-                await resp.write("".join(pre + json.dumps(texts[i]) + post for i in req.out).encode())
+                await resp.write("".join(pre + texts[i] + post for i in req.out).encode())
                 req.out.clear()
             if req.finish_reason is not None:
                 break

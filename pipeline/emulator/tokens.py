@@ -10,6 +10,7 @@ gets one token per word (checked for every word when the vocab is loaded), so it
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 from pathlib import Path
@@ -42,11 +43,15 @@ class Tokens:
         self._role_ids: dict[str, list[int]] = {}
         self.words = list(FALLBACK_WORDS)
         self.word_ids = [self._word_id(w) for w in self.words]
-        self.word_texts = [" " + w for w in self.words]
+        self._set_texts()
         self.rng = random.Random(seed)
 
     def encode(self, text: str) -> list[int]:
         return [hash(w) for w in text.split()]
+
+    def _set_texts(self) -> None:
+        self.word_texts = [" " + w for w in self.words]
+        self.word_json = [json.dumps(t) for t in self.word_texts]  # escaped once, streamed many times
 
     def _word_id(self, word: str) -> int:
         return hash(word)
@@ -86,7 +91,7 @@ class HfTokens(Tokens):
         self.tok = Tokenizer.from_file(str(path))
         super().__init__(seed)
         self.words, self.word_ids = self._output_words(seed)
-        self.word_texts = [" " + w for w in self.words]
+        self._set_texts()
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
