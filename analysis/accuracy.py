@@ -31,23 +31,28 @@ def arm_accuracy(arm: ArmPaths, task: str) -> dict[str, Any] | None:
     if rec.is_file():
         rows = read_jsonl(rec)
         if rows:
+            # A failed record counts as wrong: the denominator is every question asked (as the summary does).
             correct = [bool(r.get("correct")) for r in rows]
-            return {"accuracy": sum(correct) / len(correct), "n": len(rows),
-                    "questions": len({r.get("id") for r in rows}),
-                    "repeats": len({r.get("repeat") for r in rows}),
-                    "failed": sum(bool(r.get("failed")) for r in rows), "source": "records"}
+            out = {"accuracy": sum(correct) / len(correct), "n": len(rows),
+                   "questions": len({r.get("id") for r in rows}),
+                   "repeats": len({r.get("repeat") for r in rows}),
+                   "failed": sum(bool(r.get("failed")) for r in rows), "source": "records"}
+            if all("correct_strict" in r for r in rows):
+                out["strict"] = sum(bool(r["correct_strict"]) for r in rows) / len(rows)
+            return out
     summ = arm.accuracy_summary(task)
     if summ.is_file():
         try:
             doc = json.loads(summ.read_text())
         except ValueError:
             return None
-        acc = next((doc[k] for k in ("accuracy", "score", "mean_accuracy") if isinstance(doc.get(k), (int, float))),
-                   None)
-        if acc is not None:
-            return {"accuracy": float(acc), "n": doc.get("n", doc.get("total", "?")),
-                    "questions": doc.get("questions", "?"), "repeats": doc.get("repeats", "?"),
-                    "failed": doc.get("failed", "?"), "source": "summary"}
+        acc = doc.get("accuracy") if isinstance(doc, dict) else None
+        if isinstance(acc, (int, float)):
+            out = {"accuracy": float(acc), "n": doc.get("n_records", "?"), "questions": doc.get("n_questions", "?"),
+                   "repeats": doc.get("repeats", "?"), "failed": doc.get("n_failed", "?"), "source": "summary"}
+            if isinstance(doc.get("accuracy_strict"), (int, float)):
+                out["strict"] = float(doc["accuracy_strict"])
+            return out
     return None
 
 
@@ -67,6 +72,13 @@ def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> str:
     return str(result)
 
 
+def _cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "not run"
+    strict = f" (strict {r['strict'] * 100:.1f}%)" if "strict" in r else ""
+    return f"{r['accuracy'] * 100:.1f}%{strict}"
+
+
 def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: str | None) -> list[str]:
     tasks = sorted(set(tasks_of(a)) | set(tasks_of(b)))
     if not tasks:
@@ -78,8 +90,7 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
               "|---|---|---|---|---|---|---|"]
     for t in tasks:
         ra, rb = arm_accuracy(a, t), arm_accuracy(b, t)
-        fa = f"{ra['accuracy'] * 100:.1f}%" if ra else "not run"
-        fb = f"{rb['accuracy'] * 100:.1f}%" if rb else "not run"
+        fa, fb = _cell(ra), _cell(rb)
         dd = f"{(rb['accuracy'] - ra['accuracy']) * 100:+.1f}" if ra and rb else "-"
         n = f"{ra['n'] if ra else '-'} / {rb['n'] if rb else '-'}"
         failed = f"{ra['failed'] if ra else '-'} / {rb['failed'] if rb else '-'}"

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+from pipeline.paths import RunPaths
 
 UNKNOWN = "unknown"
 
@@ -72,15 +76,39 @@ def _code(v: Any) -> str:
     return "```\n" + text + "\n```"
 
 
-def provenance_md(manifest: dict) -> list[str]:
-    """Markdown lines for the provenance section."""
+def commands(manifest: dict, root: Path | None) -> dict[str, Any]:
+    """Server command per arm run (plan.arm_runs argv, with its env) and aiperf command (load_result.json)."""
+    out: dict[str, Any] = {}
+    plan = _get(manifest, "plan", default={})
+    if isinstance(_get(plan, "commands", default=None), dict):
+        out.update(plan["commands"])
+    for a in _get(plan, "arm_runs", default=[]) if isinstance(_get(plan, "arm_runs", default=[]), list) else []:
+        if isinstance(a, dict) and a.get("argv"):
+            env = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (a.get("env") or {}).items())
+            out[f"{a.get('name')} server"] = (env + " " if env else "") + shlex.join(map(str, a["argv"]))
+    if root is not None:
+        paths = RunPaths(root)
+        for name in paths.arm_runs():
+            res = paths.arm(name).stage_result("load")
+            try:
+                cmd = json.loads(res.read_text()).get("command")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if cmd:
+                out[f"{name} load"] = shlex.join(map(str, cmd)) if isinstance(cmd, list) else str(cmd)
+    return out
+
+
+def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
+    """Markdown lines for the provenance section; `root` (the run dir) adds the recorded aiperf commands."""
     recipe = _get(manifest, "recipe", default={})
     plan = _get(manifest, "plan", default={})
+    started = _get(manifest, "started", default=_get(manifest, "created"))
     lines = [
         f"- git sha: `{_get(manifest, 'git_sha')}`",
         f"- engine: {_get(recipe, 'engine', default=_get(manifest, 'engine'))}",
-        f"- started: {_get(manifest, 'started')}; finished: {_get(manifest, 'finished')}; "
-        f"wall time: {duration(_get(manifest, 'started'), _get(manifest, 'finished'))}",
+        f"- started: {started}; finished: {_get(manifest, 'finished')}; "
+        f"wall time: {duration(started, _get(manifest, 'finished'))}",
         f"- order: {_get(plan, 'order')}",
         f"- hosts: {_inline(_get(manifest, 'hosts', default=_get(plan, 'hosts')))}",
         f"- GPUs: {_inline(_get(manifest, 'gpus', default=_get(plan, 'gpus')))}",
@@ -94,8 +122,8 @@ def provenance_md(manifest: dict) -> list[str]:
     env_diff = _get(manifest, "env_diff")
     lines += ["", "Env diff between arms (the only intended difference):",
               _code(env_diff) if env_diff != UNKNOWN else UNKNOWN]
-    commands = _get(plan, "commands", default=_get(manifest, "commands"))
-    lines += ["", "Commands:", _code(commands) if commands != UNKNOWN else UNKNOWN]
+    cmds = commands(manifest, root)
+    lines += ["", "Commands:", "\n".join(f"- {k}: `{v}`" for k, v in cmds.items()) if cmds else UNKNOWN]
     rows = stage_rows(manifest)
     if rows:
         lines += ["", "| arm run | stage | status | duration |", "|---|---|---|---|"]

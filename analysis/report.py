@@ -165,10 +165,10 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine), ""]
     parts += ["## Provenance", ""]
     if other is not None:
-        parts += [f"### {c.a_label}: {run.root}", "", *provenance_md(run.manifest), "",
-                  f"### {c.b_label}: {other.root}", "", *provenance_md(other.manifest)]
+        parts += [f"### {c.a_label}: {run.root}", "", *provenance_md(run.manifest, run.root), "",
+                  f"### {c.b_label}: {other.root}", "", *provenance_md(other.manifest, other.root)]
     else:
-        parts += provenance_md(run.manifest)
+        parts += provenance_md(run.manifest, run.root)
     return "\n".join(parts) + "\n"
 
 

@@ -71,7 +71,7 @@ def arm_run_table(manifest: dict[str, Any], on_disk: list[str]) -> list[dict[str
     listed = manifest.get("arm_runs") or (manifest.get("plan") or {}).get("arm_runs")
     if isinstance(listed, list) and listed and all(isinstance(x, dict) and "name" in x for x in listed):
         return [{"name": str(x["name"]), "arm": str(x.get("arm") or _split(x["name"])[0]),
-                 "order": int(x.get("order") or _split(x["name"])[1])} for x in listed]
+                 "order": int(x.get("order") or x.get("round") or _split(x["name"])[1])} for x in listed]
     return [{"name": n, "arm": _split(n)[0], "order": _split(n)[1]} for n in on_disk]
 
 

@@ -1,0 +1,45 @@
+"""analysis.accuracy: per-arm accuracy from per-question records, summary fallback, "not run"."""
+from __future__ import annotations
+
+import json
+
+from analysis_records import write_jsonl
+
+from analysis.accuracy import accuracy_md, arm_accuracy, tasks_of
+from pipeline.paths import ArmPaths
+
+
+def q(i, correct, failed=False, strict=None, repeat=0):
+    r = {"id": f"q{i}", "repeat": repeat, "correct": correct, "failed": failed}
+    if strict is not None:
+        r["correct_strict"] = strict
+    return r
+
+
+def test_records_failed_count_as_wrong_and_strict(tmp_path):
+    arm = ArmPaths(tmp_path / "off")
+    write_jsonl(arm.accuracy_records("gsm8k"), [q(0, True, strict=True), q(1, True, strict=False),
+                                                 q(2, False, failed=True, strict=False), q(3, False, strict=False)])
+    got = arm_accuracy(arm, "gsm8k")
+    assert got["accuracy"] == 0.5 and got["strict"] == 0.25 and got["failed"] == 1 and got["n"] == 4
+
+
+def test_repeats_and_summary_fallback(tmp_path):
+    arm = ArmPaths(tmp_path / "on")
+    write_jsonl(arm.accuracy_records("gpqa"), [q(0, True, repeat=0), q(0, False, repeat=1), q(1, True, repeat=0),
+                                                q(1, True, repeat=1)])
+    assert arm_accuracy(arm, "gpqa") | {} == {"accuracy": 0.75, "n": 4, "questions": 2, "repeats": 2, "failed": 0,
+                                              "source": "records"}
+    arm.accuracy_summary("other").write_text(json.dumps({"accuracy": 0.4, "n_records": 10, "n_failed": 1,
+                                                         "n_questions": 5, "repeats": 2}))
+    assert tasks_of(arm) == ["gpqa", "other"]
+    assert arm_accuracy(arm, "other")["accuracy"] == 0.4 and arm_accuracy(arm, "other")["source"] == "summary"
+
+
+def test_table_not_run_and_one_sided(tmp_path):
+    a, b = ArmPaths(tmp_path / "off"), ArmPaths(tmp_path / "on")
+    assert accuracy_md(a, b, "off", "on", "sglang") == ["Accuracy: not run."]
+    write_jsonl(b.accuracy_records("gsm8k"), [q(0, True, strict=True), q(1, False, strict=False)])
+    lines = accuracy_md(a, b, "off", "on", "sglang")
+    assert lines[-1] == "| gsm8k | not run | 50.0% (strict 50.0%) | - | - / 2 | - / 0 | - |"
+    assert not any("plumbing only" in line for line in lines)
