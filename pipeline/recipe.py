@@ -184,7 +184,12 @@ def merged_recipe_dict(path: Path) -> dict:
             known = sorted(str(p.relative_to(CONFIGS_DIR))[:-5] for p in CONFIGS_DIR.rglob("*.yaml"))
             raise RecipeError(f"presets[{i}]: unknown preset {name!r}; available: {known}")
         merged = deep_merge(merged, _read_yaml(preset_path, f"presets[{i}]"))
-    return deep_merge(merged, raw)
+    merged = deep_merge(merged, raw)
+    if isinstance(merged.get("arms"), dict):
+        # YAML 1.1 reads the bare keys `off:` / `on:` as booleans; they can only mean the arm names here.
+        merged["arms"] = {({False: "off", True: "on"}.get(k, k) if isinstance(k, bool) else k): v
+                          for k, v in merged["arms"].items()}
+    return merged
 
 
 def _format_errors(e: ValidationError) -> str:
