@@ -239,4 +239,5 @@ def serve(cfg: EmulatorConfig) -> None:
              cfg.model, info["arm"], cfg.attention, cfg.hardware, cfg.attention_layers, cfg.num_kv_heads,
              cfg.head_dim, cfg.gqa, cfg.kv_dtype, cfg.page_size, cfg.draft_tokens)
     web.run_app(app, host=cfg.host, port=cfg.port, access_log=log if cfg.log_level == "debug" else None,
-                print=lambda msg: log.info("%s", msg), shutdown_timeout=5)
+                print=lambda msg: log.info("%s", msg), shutdown_timeout=5,
+                handler_cancellation=True)  # a client that hangs up frees its batch slot (see _generate)

@@ -119,3 +119,26 @@ def test_chunked_prefill_splits_a_long_prompt(emulator):
     emu.stop()
     chunks = [line["prefill_tokens"] for line in emu.cycles() if line["prefill_tokens"]]
     assert chunks == [1000, 1000, 1000, 1000, 500]
+
+
+def test_non_streaming_client_timeout_frees_the_slot(emulator):
+    emu = emulator("--time-scale", "0.1")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 100000, "ignore_eos": True}
+    try:
+        httpx.post(emu.url + "/v1/chat/completions", json=body, timeout=0.5)
+    except httpx.TimeoutException:
+        pass
+    deadline = time.monotonic() + 10
+    while metric(emu, "sglang:num_running_reqs") > 0:
+        assert time.monotonic() < deadline, "the abandoned request still holds its slot"
+        time.sleep(0.05)
+
+
+def test_sigint_is_a_clean_shutdown_too(emulator):
+    import signal
+
+    emu = emulator("--time-scale", "0.05")
+    emu.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=9)
+    emu.proc.send_signal(signal.SIGINT)
+    assert emu.proc.wait(timeout=15) == 0
+    assert sum(line["emitted"] for line in emu.cycles()) == 9
