@@ -190,3 +190,123 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
         seq_part_start=part_start,
         num_items=[n],
     )
+
+
+# -- GPU planners: one single-program Triton launch, fixed-size outputs, no host sync ---------------
+# The kernel body names `tl`, bound in this module's globals at first use: importing vattn.plan (the
+# cost model, the emulator) must not import triton. Its `tl.constexpr` annotations stay unevaluated
+# strings (from __future__ import annotations), which triton.jit reads as constexpr. Built per interpreter mode, since triton.jit
+# decides between compiling and interpreting when it wraps the function.
+
+_MODE_IDS = {mode: i for i, mode in enumerate(PLANNERS)}
+
+
+def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, work_part, seq_part_start,
+                      num_items, batch, width, budget, nseg,
+                      MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr,
+                      TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr):
+    # seq_lens: [B] int32; cu_seqlens_q: [B+1] int32; work_*: [W] int32; seq_part_start: [B+1]; num_items: [1]
+    offs = tl.arange(0, BLOCK_B)
+    in_b = offs < batch
+    seq_len = tl.load(seq_lens + offs, mask=in_b, other=0)
+    q_len = tl.load(cu_seqlens_q + offs + 1, mask=in_b, other=0) - tl.load(cu_seqlens_q + offs, mask=in_b, other=0)
+    tiles = tl.where(q_len > 0, (seq_len + TILE - 1) // TILE, 0)
+    # -- segment length (tiles) of every sequence --
+    if MODE == 0:  # fixed: nseg segments per sequence (nseg depends on the shape only, computed on the host)
+        seg = (tiles + nseg - 1) // nseg
+    else:  # length_aware / balanced: the smallest cap that fits the budget, bisected in 32 fixed steps
+        live = tl.sum((tiles > 0).to(tl.int32), 0)
+        cap_budget = tl.maximum(live, budget)
+        lo = tl.maximum((tl.sum(tiles, 0) + cap_budget - 1) // cap_budget, 1)
+        if MODE == 1:
+            lo = tl.maximum(lo, (tl.max(tiles, 0) + SEG_CAP - 1) // SEG_CAP)
+        hi = tl.maximum(tl.max(tiles, 0), lo)
+        for _ in range(32):  # > log2 of any tile count an int32 length allows
+            mid = (lo + hi) // 2
+            fits = tl.sum((tiles + mid - 1) // mid, 0) <= cap_budget
+            hi = tl.where(fits, mid, hi)
+            lo = tl.where(fits, lo, mid + 1)
+        if MODE == 2:
+            hi = tl.maximum(hi, MIN_CAP)
+        seg = tl.zeros_like(tiles) + hi
+    seg = tl.maximum(seg, 1)  # sequences without tiles get no pieces; keep the division defined
+    pieces = tl.where(tiles > 0, (tiles + seg - 1) // seg, 0)
+    # -- partial rows: sequence b owns rows starts[b] .. ends[b]-1 --
+    ends = tl.cumsum(pieces, 0)
+    starts = ends - pieces
+    tl.store(seq_part_start + offs, starts, mask=offs == 0)
+    tl.store(seq_part_start + offs + 1, ends, mask=in_b)
+    tl.store(num_items, tl.sum(pieces, 0))
+    # -- work items: item w belongs to the sequence whose row range holds w --
+    for w0 in range(0, width, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        hit = (starts[None, :] <= w[:, None]) & (w[:, None] < ends[None, :])  # [BLOCK_W, BLOCK_B]
+        real = tl.sum(hit.to(tl.int32), 1) > 0
+        seq = tl.sum(tl.where(hit, offs[None, :], 0), 1)
+        first = tl.sum(tl.where(hit, starts[None, :], 0), 1)
+        seg_tokens = tl.sum(tl.where(hit, seg[None, :], 0), 1) * TILE
+        start = (w - first) * seg_tokens
+        end = tl.minimum(tl.sum(tl.where(hit, seq_len[None, :], 0), 1), start + seg_tokens)
+        m = w < width
+        tl.store(work_seq + w, tl.where(real, seq, -1), mask=m)
+        tl.store(work_start + w, tl.where(real, start, 0), mask=m)
+        tl.store(work_end + w, tl.where(real, end, 0), mask=m)
+        tl.store(work_part + w, tl.where(real, w, -1), mask=m)
+
+
+_KERNELS: dict = {}
+
+
+def _plan_kernel():
+    import triton
+    import triton.language
+
+    interpret = bool(triton.knobs.runtime.interpret)
+    if interpret not in _KERNELS:
+        globals()["tl"] = triton.language
+        _KERNELS[interpret] = triton.jit(_plan_kernel_body)
+    return _KERNELS[interpret]
+
+
+def _check_out(out: dict, batch: int, width: int, device) -> None:
+    import torch
+
+    want = {f: (width,) for f in FIELDS[:4]} | {"seq_part_start": (batch + 1,), "num_items": (1,)}
+    if not isinstance(out, dict) or set(out) != set(want):
+        got = sorted(out) if isinstance(out, dict) else type(out).__name__
+        raise ValueError(f"out: got {got}; expected a dict with keys {', '.join(FIELDS)}")
+    for name, shape in want.items():
+        t = out[name]
+        if t.dtype != torch.int32 or tuple(t.shape) != shape or t.device != device or not t.is_contiguous():
+            raise ValueError(f"out[{name!r}]: got {t.dtype} {tuple(t.shape)} on {t.device}; expected contiguous "
+                             f"int32 {shape} on {device} (W = max_work_items(B={batch}, ...) = {width})")
+
+
+def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str, out: dict) -> None:
+    """The planner as one Triton launch writing into `out` (keys FIELDS); equals plan_python exactly.
+
+    seq_lens: [B] int32, cu_seqlens_q: [B+1] int32, on one device. Shapes and dtypes are checked on the
+    host, values never read: no sync, so the launch can be captured in a CUDA graph and replayed with
+    new lengths. Under TRITON_INTERPRET=1 it runs on CPU tensors.
+    """
+    import torch
+
+    if mode not in PLANNERS:
+        raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
+    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
+    batch = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+    if batch < 0 or seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
+        raise ValueError(f"seq_lens: got {seq_lens.dtype} {tuple(seq_lens.shape)}; expected contiguous int32 [B]")
+    if (cu_seqlens_q.dtype != torch.int32 or tuple(cu_seqlens_q.shape) != (batch + 1,)
+            or cu_seqlens_q.device != seq_lens.device or not cu_seqlens_q.is_contiguous()):
+        raise ValueError(f"cu_seqlens_q: got {cu_seqlens_q.dtype} {tuple(cu_seqlens_q.shape)} on "
+                         f"{cu_seqlens_q.device}; expected contiguous int32 [{batch + 1}] on {seq_lens.device}")
+    width = max_work_items(batch, num_kv_heads, slots)
+    _check_out(out, batch, width, seq_lens.device)
+    nseg = max(1, min(SEG_MAX, _pow2floor(slots // (max(batch, 1) * num_kv_heads))))
+    block_b = max(16, 1 << max(batch - 1, 0).bit_length())
+    _plan_kernel()[(1,)](
+        seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
+        out["seq_part_start"], out["num_items"], batch, width, slot_budget(num_kv_heads, slots), nseg,
+        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(128, 8192 // block_b)),
+        TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES)

@@ -221,3 +221,141 @@ def test_width_depends_only_on_shape():
     assert max_work_items(16, 8, 264) == 33
     assert max_work_items(64, 8, 264) == 64
     assert max_work_items(0, 1, 1) == 1
+
+
+# -- the Triton twin: same plans, one launch, no host sync ------------------------------------------
+
+def run_gpu(lens, qs, hkv, slots, mode, device="cpu"):
+    import itertools
+
+    import torch
+
+    from vattn.plan import FIELDS, plan_gpu
+
+    width = max_work_items(len(lens), hkv, slots)
+    out = {f: torch.full((width,), 77, dtype=torch.int32, device=device) for f in FIELDS[:4]}
+    out["seq_part_start"] = torch.full((len(lens) + 1,), 77, dtype=torch.int32, device=device)
+    out["num_items"] = torch.full((1,), 77, dtype=torch.int32, device=device)
+    cu = torch.tensor([0] + list(itertools.accumulate(qs)), dtype=torch.int32, device=device)
+    plan_gpu(torch.tensor(lens, dtype=torch.int32, device=device), cu, num_kv_heads=hkv, slots=slots, mode=mode,
+             out=out)
+    return {f: t.tolist() for f, t in out.items()}
+
+
+GPU_EDGE_CASES = [
+    ([1000, 100, 0, 5], [1, 4, 2, 0], 1, 16),  # hand-worked fixed case: L = 0, q_len = 0
+    ([1000, 100, 300], [4, 4, 4], 2, 16),
+    ([130 * 64], [1], 1, 1000),  # SEG_MAX binds for length_aware
+    ([248_000] + [5] * 15, [4] * 16, 1, 264),  # the skewed batch
+    ([], [], 1, 8),
+    ([0, 7], [3, 0], 4, 264),
+    ([64, 65, 63, 1], [1, 1, 1, 1], 8, 8),  # B * Hkv > SLOTS
+]
+
+
+INTERPRETER_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_plan import CASES, GPU_EDGE_CASES, run_gpu
+from vattn.plan import PLANNERS
+print(json.dumps({m: [run_gpu(*case, m) for case in GPU_EDGE_CASES + CASES[:6]] for m in PLANNERS}))
+"""
+
+
+def test_plan_gpu_equals_python_under_interpreter():
+    # In a fresh process: TRITON_INTERPRET must be set before triton is first imported (its own helpers,
+    # e.g. the scan behind tl.cumsum, are wrapped at import), and this session may have imported it.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT, str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    for mode in PLANNERS:
+        for case, plan in zip(GPU_EDGE_CASES + CASES[:6], got[mode]):
+            lens, qs, hkv, slots = case
+            assert plan == plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode).__dict__, (mode, case)
+
+
+def test_plan_gpu_checks_its_arguments():
+    torch = pytest.importorskip("torch")
+    from vattn.plan import plan_gpu
+
+    lens, cu = torch.tensor([5, 6], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"seq_lens: got torch.int64 \(2,\); expected contiguous int32 \[B\]"):
+        plan_gpu(lens.long(), cu, num_kv_heads=1, slots=8, mode="fixed", out={})
+    with pytest.raises(ValueError, match=r"cu_seqlens_q: got torch.int32 \(2,\) on cpu; expected contiguous int32 \[3\]"):
+        plan_gpu(lens, cu[:2], num_kv_heads=1, slots=8, mode="fixed", out={})
+    with pytest.raises(ValueError, match=r"out: got \[\]; expected a dict with keys work_seq, work_start"):
+        plan_gpu(lens, cu, num_kv_heads=1, slots=8, mode="fixed", out={})
+    out = {f: torch.zeros(8, dtype=torch.int32) for f in ("work_seq", "work_start", "work_end", "work_part")}
+    out.update(seq_part_start=torch.zeros(3, dtype=torch.int32), num_items=torch.zeros(1, dtype=torch.int32))
+    out["work_end"] = torch.zeros(7, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"out\['work_end'\]: got torch.int32 \(7,\) on cpu; expected contiguous "
+                                         r"int32 \(8,\) on cpu \(W = max_work_items\(B=2, ...\) = 8\)"):
+        plan_gpu(lens, cu, num_kv_heads=1, slots=8, mode="fixed", out=out)
+    with pytest.raises(ValueError, match=r"mode: got 'lean'"):
+        plan_gpu(lens, cu, num_kv_heads=1, slots=8, mode="lean", out=out)
+
+
+def cuda_available():
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", PLANNERS)
+def test_plan_gpu_equals_python_on_cuda(mode):
+    rng = random.Random(7)
+    cases = GPU_EDGE_CASES + CASES
+    for _ in range(40):  # larger batches than the CPU cases: B up to 256, L up to 2M
+        batch = rng.randint(41, 256)
+        cases.append(([rng.choice([0, rng.randint(1, 2_000_000), rng.randint(1, 5000)]) for _ in range(batch)],
+                      [rng.randint(0, 8) for _ in range(batch)], rng.choice([1, 2, 8]), rng.choice([132, 264, 528])))
+    for lens, qs, hkv, slots in cases:
+        want = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode)
+        assert run_gpu(lens, qs, hkv, slots, mode, device="cuda") == want.__dict__, (lens, qs, hkv, slots)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("mode", PLANNERS)
+def test_plan_gpu_replays_in_a_cuda_graph(mode):
+    import itertools
+
+    import torch
+
+    from vattn.plan import FIELDS, plan_gpu
+
+    batch, hkv, slots = 20, 1, 264
+    width = max_work_items(batch, hkv, slots)
+    out = {f: torch.zeros(width, dtype=torch.int32, device="cuda") for f in FIELDS[:4]}
+    out["seq_part_start"] = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    out["num_items"] = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lens = torch.full((batch,), 1000, dtype=torch.int32, device="cuda")
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * 4
+    plan_gpu(lens, cu, num_kv_heads=hkv, slots=slots, mode=mode, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan_gpu(lens, cu, num_kv_heads=hkv, slots=slots, mode=mode, out=out)
+    rng = random.Random(3)
+    for _ in range(5):  # new lengths written in place, then replay: the plan follows
+        new_lens = [248_000] + [rng.choice([0, rng.randint(1, 150_000)]) for _ in range(batch - 1)]
+        new_qs = [rng.randint(0, 4) for _ in range(batch)]
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        cu.copy_(torch.tensor([0] + list(itertools.accumulate(new_qs)), dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = plan_python(new_lens, new_qs, num_kv_heads=hkv, slots=slots, mode=mode)
+        assert {f: t.tolist() for f, t in out.items()} == want.__dict__
