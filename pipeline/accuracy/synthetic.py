@@ -46,7 +46,7 @@ def _gsm_boxes(rng: random.Random) -> tuple[str, list[str], Decimal]:
 def _gsm_money(rng: random.Random) -> tuple[str, list[str], Decimal]:
     name = rng.choice(_NAMES)
     n, cents = rng.randint(3, 9), rng.choice([25, 50, 75, 40, 15])
-    price = Decimal(rng.randint(2, 12)) + Decimal(cents) / 100
+    price = (Decimal(rng.randint(2, 12)) + Decimal(cents) / 100).quantize(Decimal("0.01"))
     cost = price * n
     paid = next(Decimal(b) for b in (20, 50, 100, 200) if b > cost)
     q = (f"{name} buys {n} notebooks at ${price} each and pays with a ${paid} bill. "

@@ -1,0 +1,92 @@
+"""`pipeline eval`: one accuracy task against any OpenAI-compatible endpoint.
+
+    pipeline eval --url http://127.0.0.1:30000 --model M --task gsm8k --limit 200 --out ev
+
+Builds the same `AccuracySpec` the recipe's `accuracy:` section holds, then calls the
+stage. Imports nothing heavy until it runs, so `pipeline --help` stays instant.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pipeline.accuracy.spec import TASK_NAMES
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", required=True,
+                        help="server root, /v1 base or full /v1/chat/completions URL")
+    parser.add_argument("--model", required=True, help="model name sent in each request")
+    parser.add_argument("--task", required=True, choices=TASK_NAMES)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="local JSONL/parquet in the published field names "
+                             "(default: the HF hub)")
+    parser.add_argument("--shots-data", type=Path, default=None,
+                        help="gsm8k: file of solved problems for the shots")
+    parser.add_argument("--limit", type=int, default=None, help="first N questions only")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="asks per question (gsm8k 1, gpqa_diamond 8)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="completion budget (gsm8k 2048, gpqa_diamond 8192)")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--retries", type=int, default=3)
+    parser.add_argument("--extra-body", type=json.loads, default=None, metavar="JSON",
+                        help='merged into each request, e.g. '
+                             '\'{"chat_template_kwargs": {"enable_thinking": false}}\'')
+    parser.add_argument("--out", type=Path, default=Path("eval"),
+                        help="output folder; records in OUT/accuracy/<task>.jsonl; "
+                             "rerunning with the same OUT resumes (default: ./eval)")
+
+
+def spec_from_args(args: argparse.Namespace):
+    from pipeline.accuracy.spec import AccuracySpec
+
+    task = {"name": args.task, "data": args.data, "shots_data": args.shots_data,
+            "limit": args.limit, "repeats": args.repeats, "concurrency": args.concurrency,
+            "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
+            "timeout_s": args.timeout, "retries": args.retries,
+            "extra_body": args.extra_body or {}}
+    return AccuracySpec(tasks=[{k: v for k, v in task.items() if v is not None}])
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Run the task; print one summary line per task to stdout, progress to stderr.
+    Returns 0, or 1 with a one-line error for bad data, bad flags or a foreign out folder."""
+    from pydantic import ValidationError
+
+    from pipeline.accuracy.stage import run_accuracy
+
+    try:
+        spec = spec_from_args(args)
+        result = run_accuracy(spec, url=args.url, model=args.model, out_dir=args.out,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(x) for x in first["loc"])
+        print(f"pipeline eval: error: {field}: {first['msg']} (got {first.get('input')!r})",
+              file=sys.stderr)
+        return 1
+    except ValueError as e:   # DataError, ResumeError: already one line with the fix
+        print(f"pipeline eval: error: {e}", file=sys.stderr)
+        return 1
+    for t in result.tasks:
+        strict = f" (strict {t.accuracy_strict:.4f})" if t.accuracy_strict is not None else ""
+        acc = f"{t.accuracy:.4f}" if t.accuracy is not None else "n/a"
+        inv = f"{t.invalid_rate:.2%}" if t.invalid_rate is not None else "n/a"
+        print(f"{t.task}: accuracy {acc}{strict} over {t.n_records} answers "
+              f"({t.n_questions} questions x {t.repeats}); invalid {inv}; failed {t.n_failed}; "
+              f"retried {t.n_retried}; records {t.records_path}")
+    return 0
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pipeline eval",
+                                     description="Accuracy of an OpenAI-compatible endpoint "
+                                                 "on GSM8K or GPQA-diamond.")
+    add_eval_arguments(parser)
+    return run_eval(parser.parse_args(argv))

@@ -1,0 +1,223 @@
+"""Paired comparison of two arms' accuracy records (pure functions, no files).
+
+Both arms answer the same questions with the same prompts, so every test here pairs
+question by question; an unpaired test (two proportions) would waste that and report
+p-values far too large. Inputs are the records of `accuracy/<task>.jsonl` as a list of
+dicts or a pandas DataFrame. Records that failed (no answer after retries) in either arm
+are excluded from the pair and counted, never scored as wrong.
+
+GSM8K (one answer per question): exact McNemar on the discordant pairs.
+GPQA (R repeats per question): the per-question mean correctness differs between arms by
+d_i in {-1, ..., -1/R, 0, 1/R, ..., 1}; we test mean(d) = 0 with a paired sign-flip
+permutation test. Why not Wilcoxon signed-rank: d_i is coarse (R+1 values per sign) with
+many exact zeros and ties, where Wilcoxon needs zero/tie corrections and its normal
+approximation, and it tests a rank location shift rather than the accuracy delta we
+report. The sign-flip test uses the delta itself as statistic and is exact under the null
+that the kernel changes nothing (each question's two arm means are then exchangeable);
+enumerated exactly up to 16 non-zero d_i, otherwise a seeded Monte Carlo.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+_EXACT_MAX_NONZERO = 16   # 2^16 sign patterns x 16: ~8 MB
+
+
+@dataclass(frozen=True)
+class Discordant:
+    id: str
+    repeat: int | None      # None for per-question means (GPQA)
+    off: float              # correctness (0/1) or mean correctness over repeats
+    on: float
+    off_extracted: Any = None
+    on_extracted: Any = None
+    gold: Any = None
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    column: str
+    n_pairs: int
+    both_correct: int
+    off_only: int           # b: off correct, on wrong
+    on_only: int            # c: on correct, off wrong
+    both_wrong: int
+    accuracy_off: float | None
+    accuracy_on: float | None
+    delta: float | None     # on - off
+    p_value: float          # exact two-sided
+    n_excluded_failed: int
+    n_unmatched: int
+    discordant: tuple[Discordant, ...]
+
+
+@dataclass(frozen=True)
+class RepeatsResult:
+    column: str
+    n_questions: int
+    mean_off: float | None
+    mean_on: float | None
+    delta: float | None     # mean over questions of (on - off)
+    ci_low: float | None    # 95% paired bootstrap over questions
+    ci_high: float | None
+    p_value: float
+    method: str
+    n_nonzero: int
+    n_excluded_failed: int
+    n_unmatched: int
+    discordant: tuple[Discordant, ...]   # questions whose means differ, largest |diff| first
+
+
+@dataclass(frozen=True)
+class DivergenceResult:
+    n_pairs: int
+    n_identical: int
+    n_differ: int
+    fraction_differ: float | None
+    median_first_diff_char: float | None  # how far into the output the arms part ways
+    diverged: tuple[tuple[str, int, int], ...]  # (id, repeat, first differing char)
+
+
+def _rows(records: Any) -> list[dict]:
+    if hasattr(records, "to_dict"):
+        return records.to_dict("records")
+    return list(records)
+
+
+def _by_key(records: Any) -> dict[tuple[str, int], dict]:
+    return {(str(r["id"]), int(r["repeat"])): r for r in _rows(records)}
+
+
+def _paired(off: Any, on: Any) -> tuple[list[tuple[dict, dict]], int, int]:
+    """(answered pairs in off's order, pairs excluded as failed, unmatched keys)."""
+    a, b = _by_key(off), _by_key(on)
+    pairs, failed = [], 0
+    for key, ra in a.items():
+        rb = b.get(key)
+        if rb is None:
+            continue
+        if ra["failed"] or rb["failed"]:
+            failed += 1
+        else:
+            pairs.append((ra, rb))
+    return pairs, failed, len(a.keys() ^ b.keys())
+
+
+def mcnemar_exact_p(b: int, c: int) -> float:
+    """Exact two-sided McNemar p: 2 * P(X <= min(b, c)), X ~ Binomial(b + c, 1/2), capped at 1."""
+    if b < 0 or c < 0:
+        raise ValueError(f"discordant counts must be >= 0, got b={b}, c={c}")
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def mcnemar(off: Any, on: Any, *, column: str = "correct") -> McNemarResult:
+    """Exact McNemar on per-question correctness (one record per question and arm).
+    column: 'correct' (GSM8K flexible) or 'correct_strict'."""
+    pairs, failed, unmatched = _paired(off, on)
+    repeated = {ra["id"] for ra, _ in pairs if int(ra["repeat"]) != 0}
+    if repeated:
+        raise ValueError(f"mcnemar: question {sorted(repeated)[0]!r} has repeats > 0; McNemar "
+                         "needs one answer per question, use paired_repeats for repeated tasks")
+    cells = {(True, True): 0, (True, False): 0, (False, True): 0, (False, False): 0}
+    discordant = []
+    for ra, rb in pairs:
+        x, y = bool(ra[column]), bool(rb[column])
+        cells[(x, y)] += 1
+        if x != y:
+            ext = "extracted_strict" if column == "correct_strict" else "extracted"
+            discordant.append(Discordant(str(ra["id"]), int(ra["repeat"]), float(x), float(y),
+                                         ra.get(ext), rb.get(ext), ra.get("gold")))
+    n = len(pairs)
+    b, c = cells[(True, False)], cells[(False, True)]
+    acc_off = (cells[(True, True)] + b) / n if n else None
+    acc_on = (cells[(True, True)] + c) / n if n else None
+    return McNemarResult(column, n, cells[(True, True)], b, c, cells[(False, False)], acc_off,
+                         acc_on, (acc_on - acc_off) if n else None, mcnemar_exact_p(b, c),
+                         failed, unmatched, tuple(discordant))
+
+
+def sign_flip_p(diffs: Sequence[float], *, n_resamples: int = 100_000,
+                seed: int = 0) -> tuple[float, str]:
+    """Two-sided paired sign-flip p-value for mean(diffs) = 0, and the method used."""
+    import numpy as np
+
+    d = np.asarray([x for x in diffs if x != 0], dtype=float)
+    if d.size == 0:
+        return 1.0, "exact sign-flip"
+    observed = abs(d.sum()) - 1e-9   # tolerance: sums of k/R fractions are inexact
+    if d.size <= _EXACT_MAX_NONZERO:
+        # Every sign pattern, as bits of 0..2^n-1.
+        bits = (np.arange(2 ** d.size)[:, None] >> np.arange(d.size)) & 1
+        sums = np.abs(((1 - 2 * bits) * d).sum(axis=1))
+        return float((sums >= observed).mean()), "exact sign-flip"
+    rng = np.random.default_rng(seed)
+    hits, done = 0, 0
+    while done < n_resamples:
+        k = min(10_000, n_resamples - done)
+        signs = rng.choice([-1.0, 1.0], size=(k, d.size))
+        hits += int((np.abs(signs @ d) >= observed).sum())
+        done += k
+    # +1: the observed labelling is one of the permutations; keeps p > 0.
+    return (hits + 1) / (n_resamples + 1), f"monte-carlo sign-flip (n={n_resamples}, seed={seed})"
+
+
+def _bootstrap_ci(d: list[float], seed: int, n: int = 10_000) -> tuple[float, float]:
+    import numpy as np
+
+    arr = np.asarray(d, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, arr.size, size=(n, arr.size))
+    means = arr[idx].mean(axis=1)
+    return float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+
+
+def paired_repeats(off: Any, on: Any, *, column: str = "correct", n_resamples: int = 100_000,
+                   seed: int = 0) -> RepeatsResult:
+    """Paired test on per-question mean correctness over repeats (GPQA)."""
+    pairs, failed, unmatched = _paired(off, on)
+    per_q: dict[str, list[list[float]]] = {}
+    for ra, rb in pairs:
+        acc = per_q.setdefault(str(ra["id"]), [[], []])
+        acc[0].append(float(bool(ra[column])))
+        acc[1].append(float(bool(rb[column])))
+    ids = list(per_q)
+    m_off = [sum(per_q[q][0]) / len(per_q[q][0]) for q in ids]
+    m_on = [sum(per_q[q][1]) / len(per_q[q][1]) for q in ids]
+    diffs = [b - a for a, b in zip(m_off, m_on)]
+    p, method = sign_flip_p(diffs, n_resamples=n_resamples, seed=seed)
+    n = len(ids)
+    ci = _bootstrap_ci(diffs, seed) if n else (None, None)
+    disc = sorted((Discordant(q, None, a, b) for q, a, b in zip(ids, m_off, m_on) if a != b),
+                  key=lambda x: -abs(x.on - x.off))
+    return RepeatsResult(column, n, sum(m_off) / n if n else None, sum(m_on) / n if n else None,
+                         sum(diffs) / n if n else None, ci[0], ci[1], p, method,
+                         sum(x != 0 for x in diffs), failed, unmatched, tuple(disc))
+
+
+def _first_diff(a: str, b: str) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def output_divergence(off: Any, on: Any) -> DivergenceResult:
+    """How many paired outputs differ at all. Under greedy decoding a bit-identical kernel
+    gives zero; a numerically different one diverges somewhere, and the first differing
+    character says whether that happens early (changes the reasoning) or late."""
+    pairs, _, _ = _paired(off, on)
+    diverged = tuple((str(ra["id"]), int(ra["repeat"]), _first_diff(ra["output"], rb["output"]))
+                     for ra, rb in pairs if ra["output"] != rb["output"])
+    offsets = sorted(x[2] for x in diverged)
+    median = None
+    if offsets:
+        mid = len(offsets) // 2
+        median = float(offsets[mid]) if len(offsets) % 2 else (offsets[mid - 1] + offsets[mid]) / 2
+    n = len(pairs)
+    return DivergenceResult(n, n - len(diverged), len(diverged),
+                            len(diverged) / n if n else None, median, diverged)

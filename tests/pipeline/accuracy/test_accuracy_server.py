@@ -1,0 +1,125 @@
+"""End to end against a real local HTTP server with a known error pattern: the extracted
+accuracies must equal the truth exactly, failures are counted and nothing is lost."""
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from acc_server import AnswerServer, load_jsonl
+from pipeline.accuracy.spec import AccuracySpec
+from pipeline.accuracy.stage import ResumeError, run_accuracy
+from pipeline.paths import ArmPaths
+
+DATA = Path(__file__).resolve().parents[3] / "recipes" / "data" / "accuracy"
+GSM = DATA / "gsm8k_synthetic.jsonl"
+GPQA = DATA / "gpqa_synthetic.jsonl"
+FAST = {"retries": 3, "retry_backoff_s": 0.01, "timeout_s": 10, "concurrency": 8}
+
+
+def gsm_server(**pattern) -> AnswerServer:
+    return AnswerServer(load_jsonl(GSM), **pattern)
+
+
+def spec(**task) -> AccuracySpec:
+    return AccuracySpec(tasks=[{**FAST, **task}])
+
+
+def test_gsm8k_known_pattern_exact(tmp_path):
+    pattern = dict(wrong={"syn-gsm-test-001", "syn-gsm-test-007"}, invalid={"syn-gsm-test-002"},
+                   loose={"syn-gsm-test-003", "syn-gsm-test-010"}, fail={"syn-gsm-test-004"},
+                   flaky={"syn-gsm-test-005", "syn-gsm-test-006"})
+    lines = []
+    with gsm_server(**pattern) as srv:
+        res = run_accuracy(spec(name="gsm8k", data=GSM), url=srv.url, model="m",
+                           out_dir=tmp_path, progress=lines.append)
+        assert srv.requests_by_id["syn-gsm-test-004"] == 4   # 1 try + 3 retries
+        assert srv.requests_by_id["syn-gsm-test-005"] == 2
+        assert not any("train" in k for k in srv.requests_by_id)  # shots never asked
+    (t,) = res.tasks
+    # 40 test questions: flexible misses wrong(2)+invalid(1)+failed(1); strict also loose(2).
+    assert (t.n_questions, t.n_records) == (40, 40)
+    assert t.accuracy == 36 / 40 and t.accuracy_strict == 34 / 40
+    assert (t.n_failed, t.n_retried, t.n_invalid) == (1, 3, 1)
+    summary = json.loads(Path(t.summary_path).read_text())
+    assert summary["n_invalid_strict"] == 3 and summary["invalid_rate"] == 1 / 40
+    recs = {r["id"]: r for r in map(json.loads, ArmPaths(tmp_path).accuracy_records("gsm8k")
+                                    .read_text().splitlines())}
+    assert len(recs) == 40
+    failed = recs["syn-gsm-test-004"]
+    assert failed["failed"] and failed["retried"] and failed["output"] is None
+    assert "500" in failed["error"] and failed["correct"] is False
+    wrong = recs["syn-gsm-test-001"]
+    assert wrong["extracted"] == str(int(wrong["gold"]) + 1) and not wrong["correct"]
+    assert recs["syn-gsm-test-005"]["retried"] and recs["syn-gsm-test-005"]["correct"]
+    assert recs["syn-gsm-test-003"]["correct"] and recs["syn-gsm-test-003"]["extracted_strict"] is None
+    assert {"id", "repeat", "prompt_hash", "output", "extracted", "gold", "correct", "latency_s",
+            "finish_reason", "retried", "failed"} <= set(failed)
+    assert lines and lines[-1].startswith("gsm8k: 40/40 answered, 1 failed, 3 retried")
+
+
+def test_gpqa_known_pattern_exact_with_repeats(tmp_path):
+    pattern = dict(wrong={"syn-gpqa-001"}, invalid={"syn-gpqa-002"}, fail={"syn-gpqa-003"},
+                   flaky={"syn-gpqa-004"})
+    with AnswerServer(gpqa_rows=load_jsonl(GPQA), **pattern) as srv:
+        res = run_accuracy(spec(name="gpqa_diamond", data=GPQA, repeats=3), url=srv.url,
+                           model="m", out_dir=tmp_path)
+    (t,) = res.tasks
+    assert (t.n_questions, t.repeats, t.n_records) == (24, 3, 72)
+    assert t.accuracy == 63 / 72            # 3 ids x 3 repeats wrong, invalid or failed
+    assert (t.n_failed, t.n_retried, t.n_invalid) == (3, 6, 3)
+    recs = [json.loads(x) for x in Path(t.records_path).read_text().splitlines()]
+    # The option order changes with the repeat: gold letters are not all equal per question.
+    golds = {}
+    for r in recs:
+        golds.setdefault(r["id"], set()).add(r["gold"])
+    assert sum(len(g) > 1 for g in golds.values()) >= 12
+    assert all(r["extracted"] == r["gold"] for r in recs if r["id"] == "syn-gpqa-004")
+
+
+def test_resume_asks_only_missing_and_failed(tmp_path):
+    task = dict(name="gsm8k", data=GSM, limit=12)
+    with gsm_server(fail={"syn-gsm-test-004"}) as srv:
+        first = run_accuracy(spec(**task), url=srv.url, model="m", out_dir=tmp_path).tasks[0]
+        assert first.n_failed == 1 and first.accuracy == 11 / 12
+    path = Path(first.records_path)
+    lines = path.read_text().splitlines()
+    # A crash mid-run: 7 whole lines and a torn one survive.
+    path.write_text("\n".join(lines[:7]) + "\n" + lines[7][:25])
+    with gsm_server() as srv:   # the server has recovered
+        again = run_accuracy(spec(**task), url=srv.url, model="m", out_dir=tmp_path).tasks[0]
+        asked = set(srv.requests_by_id)
+    kept = {json.loads(x)["id"] for x in lines[:7]} - {"syn-gsm-test-004"}
+    assert asked == {f"syn-gsm-test-{i:03d}" for i in range(12)} - kept
+    assert again.n_reused == len(kept) and again.n_records == 12
+    assert again.accuracy == 1.0 and again.n_failed == 0
+    with gsm_server() as srv:
+        third = run_accuracy(spec(**task), url=srv.url, model="m", out_dir=tmp_path).tasks[0]
+        assert not srv.requests_by_id and third.n_reused == 12
+
+
+def test_resume_refuses_records_of_another_prompt(tmp_path):
+    with gsm_server() as srv:
+        run_accuracy(spec(name="gsm8k", data=GSM, limit=3), url=srv.url, model="m",
+                     out_dir=tmp_path)
+        with pytest.raises(ResumeError, match=r"different prompt .*use a new output folder"):
+            run_accuracy(spec(name="gsm8k", data=GSM, limit=3, num_shots=2), url=srv.url,
+                         model="m", out_dir=tmp_path)
+        with pytest.raises(ResumeError, match="made with model 'm', this run asks 'other'"):
+            run_accuracy(spec(name="gsm8k", data=GSM, limit=3), url=srv.url, model="other",
+                         out_dir=tmp_path)
+
+
+def test_unreachable_server_counts_every_question_failed(tmp_path):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()   # nothing listens here now
+    task = spec(name="gsm8k", data=GSM, limit=5, retries=1)
+    (t,) = run_accuracy(task, url=f"http://127.0.0.1:{port}/v1", model="m",
+                        out_dir=tmp_path).tasks
+    assert (t.n_records, t.n_failed, t.n_retried, t.accuracy) == (5, 5, 5, 0.0)
+    recs = [json.loads(x) for x in Path(t.records_path).read_text().splitlines()]
+    assert all(r["attempts"] == 2 and "ClientConnectorError" in r["error"] for r in recs)
