@@ -1,7 +1,7 @@
 """Cost model: the time of one attention layer call for a batch, from a hardware profile.
 
-vattn: the plan's pieces (plan_splits, the core of plan_python) run as Hkv programs each on SLOTS resident slots. Programs
-that run together share the wave bandwidth (processor sharing): each streams at
+vattn: the plan's pieces (plan_splits, the core of plan_python) run as Hkv programs each on SLOTS
+resident slots. Programs that run together share the wave bandwidth (processor sharing): each streams at
 min(slot_boost x fair share, wave bandwidth / active programs), so a slot that idles early hands
 some bandwidth to the rest but a lone program cannot take the whole device. Programs past one wave
 wait for a free slot in launch order. Total = plan + launches + makespan + reduce.
@@ -85,6 +85,10 @@ def _build(raw: dict, source: str) -> tuple[HardwareProfile, dict | None]:
             baselines[name] = tuple(BaselineEntry(**e) for e in entries)
         except TypeError as e:
             raise ValueError(f"{source}.baselines.{name}: {e}") from None
+        for i, e in enumerate(baselines[name]):
+            if e.phase not in PHASES or e.kv_dtype not in KV_BYTES:
+                raise ValueError(f"{source}.baselines.{name}[{i}]: got phase {e.phase!r}, kv_dtype {e.kv_dtype!r}; "
+                                 f"allowed: phase {', '.join(PHASES)}; kv_dtype {', '.join(KV_BYTES)}")
     prof = HardwareProfile(
         name=str(_need(raw, "name", source)), device=str(_need(raw, "device", source)),
         sms=int(_need(raw, "sms", source)), slots_per_sm=int(_need(raw, "slots_per_sm", source)),

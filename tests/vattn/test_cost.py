@@ -192,6 +192,13 @@ def test_profile_errors(tmp_path):
     broken.write_text(text.replace("baseline: flashinfer", "baseline: fa3"))
     with pytest.raises(ValueError, match=r"broken.yaml.baseline: got 'fa3'; allowed: flashinfer, sglang_triton"):
         load_profile(str(broken))
+    broken.write_text(text.replace("phase: decode", "phase: extend"))
+    with pytest.raises(ValueError, match=r"broken.yaml.baselines.flashinfer\[1\]: got phase 'extend', kv_dtype 'fp8'; "
+                                         r"allowed: phase verify, decode, any"):
+        load_profile(str(broken))
+    broken.write_text(text.replace("  plan_us: 2.0", "  plan_seconds: 2.0"))
+    with pytest.raises(ValueError, match=r"broken.yaml.vattn: .*unexpected keyword argument 'plan_seconds'"):
+        load_profile(str(broken))
 
 
 def test_profile_is_frozen():
