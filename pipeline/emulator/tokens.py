@@ -5,6 +5,10 @@ then the tokens of "assistant:" (the generation prompt). Messages are encoded on
 concatenated, so the next turn's prompt (earlier messages + the assistant's reply + a new message)
 starts with exactly this turn's prompt + reply: the prefix cache sees real chat-template behaviour.
 
+Agentic clients resend the whole conversation every turn, so long messages' ids are memoised (LRU,
+MEMO_TOKENS ids in all): a turn tokenizes only its new messages, as a real engine's radix cache would
+skip recomputing them. Only the count and ids matter, so this changes no result.
+
 Each generated token is one vocab word sent as " word": a client re-tokenizing the concatenated text
 gets one token per word (checked for every word when the vocab is loaded), so its count equals usage.
 """
@@ -13,6 +17,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
+from array import array
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,8 @@ FALLBACK_WORDS = (
 _WORD = re.compile(r"^[a-z]{2,12}$")
 _MARKERS = ("\u0120", "\u2581")  # byte-level BPE's space mark, SentencePiece's space mark
 MAX_OUTPUT_WORDS = 2048
+MEMO_MIN_CHARS = 4096        # shorter messages are cheaper to encode than to look up
+MEMO_TOKENS = 8_000_000      # ids kept by the message memo (4 bytes each)
 
 
 class TokenizerError(ValueError):
@@ -41,13 +50,17 @@ class Tokens:
 
     def __init__(self, seed: int = 0):
         self._role_ids: dict[str, list[int]] = {}
+        self._memo: OrderedDict[str, array] = OrderedDict()
+        self._memo_tokens = 0
+        self._lock = threading.Lock()  # chat_ids runs in worker threads for long prompts
         self.words = list(FALLBACK_WORDS)
         self.word_ids = [self._word_id(w) for w in self.words]
         self._set_texts()
         self.rng = random.Random(seed)
 
     def encode(self, text: str) -> list[int]:
-        return [hash(w) for w in text.split()]
+        # hash() of a str fits a C long; & keeps it in array("i")'s 32 bits for the memo
+        return [hash(w) & 0x7FFFFFFF for w in text.split()]
 
     def _set_texts(self) -> None:
         self.word_texts = [" " + w for w in self.words]
@@ -63,8 +76,25 @@ class Tokens:
         ids: list[int] = []
         for role, content in messages:
             ids += self._role(role)
-            ids += self.encode(content)
+            ids += self._encode_memo(content)
         return ids + self._role("assistant")
+
+    def _encode_memo(self, text: str) -> list[int]:
+        if len(text) < MEMO_MIN_CHARS:
+            return self.encode(text)
+        with self._lock:
+            hit = self._memo.get(text)
+            if hit is not None:
+                self._memo.move_to_end(text)
+                return hit.tolist()
+        ids = self.encode(text)
+        with self._lock:
+            if text not in self._memo:
+                self._memo[text] = array("i", ids)
+                self._memo_tokens += len(ids)
+            while self._memo_tokens > MEMO_TOKENS and self._memo:
+                self._memo_tokens -= len(self._memo.popitem(last=False)[1])
+        return ids
 
     def _role(self, role: str) -> list[int]:
         if role not in self._role_ids:

@@ -118,3 +118,18 @@ def test_step_timer_plain_decode_has_no_draft_calls():
     rec = Recorder()
     ct = StepTimer(cfg, rec).cycle([50], [1], [])
     assert rec.calls == [([50], [1])] and ct.draft_us == 0.0
+
+
+def test_long_messages_are_memoised_with_a_token_capacity(wordlevel_dir, monkeypatch):
+    import pipeline.emulator.tokens as tokens_mod
+
+    monkeypatch.setattr(tokens_mod, "MEMO_MIN_CHARS", 10)
+    monkeypatch.setattr(tokens_mod, "MEMO_TOKENS", 2500)
+    t = HfTokens(str(wordlevel_dir))
+    long1, long2 = "alpha beta " * 600, "gamma " * 1000
+    first = t.chat_ids([("user", long1)])
+    assert t.chat_ids([("user", long1)]) == first and t._memo_tokens == 1200
+    t.chat_ids([("user", long2)])                     # 1200 + 1000 ids: both fit
+    t.chat_ids([("user", "delta " * 500)])            # 2700 > 2500: the least recent (long1) goes
+    assert long1 not in t._memo and long2 in t._memo and t._memo_tokens == 1500
+    assert t.chat_ids([("user", long1)]) == first     # re-encoded, same ids
