@@ -48,7 +48,8 @@ def _hook_draft_factory() -> None:
                 backend_map[NAME] = backend_map["triton"]
             else:
                 backend_map[NAME] = lambda: (NAME, _draft_backend(self.draft_model_runner))
-        return original(self, backend_name, backend_map, error_template, stamps_children)
+        # through the attribute, not the closure, so tests can stand in for sglang's method
+        return _create_backend.__wrapped__(self, backend_name, backend_map, error_template, stamps_children)
 
     _create_backend._vattn_hook = True
     _create_backend.__wrapped__ = original
