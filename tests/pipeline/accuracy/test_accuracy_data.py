@@ -1,0 +1,136 @@
+"""Spec validation, dataset loading (local files, offline hub) and the synthetic generator."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline.accuracy import gpqa, gsm8k, synthetic
+from pipeline.accuracy.data import DataError
+from pipeline.accuracy.spec import AccuracySpec, TaskSpec
+
+DATA = Path(__file__).resolve().parents[3] / "recipes" / "data" / "accuracy"
+GSM, GPQA = DATA / "gsm8k_synthetic.jsonl", DATA / "gpqa_synthetic.jsonl"
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_spec_defaults_per_task():
+    g, q = TaskSpec(name="gsm8k"), TaskSpec(name="gpqa_diamond")
+    assert (g.num_shots, g.repeats, g.max_tokens, g.temperature) == (5, 1, 2048, 0.0)
+    assert (q.num_shots, q.repeats, q.max_tokens) == (0, 8, 8192)
+
+
+def test_spec_errors_name_the_field():
+    with pytest.raises(ValidationError, match="num_shots: 3 for gpqa_diamond; it is zero-shot"):
+        TaskSpec(name="gpqa_diamond", num_shots=3)
+    with pytest.raises(ValidationError, match=r"tasks\[1\].name: 'gsm8k' appears twice"):
+        AccuracySpec(tasks=[{"name": "gsm8k"}, {"name": "gsm8k"}])
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        AccuracySpec(tasks=[{"name": "gsm8k", "shots": 5}])
+    with pytest.raises(ValidationError, match="Input should be 'gsm8k' or 'gpqa_diamond'"):
+        TaskSpec(name="mmlu")
+
+
+def test_offline_without_file_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    with pytest.raises(DataError, match=r"^accuracy.tasks\[0\].data: no local data file and the HF "
+                                        r"hub is unreachable \(dataset Idavidrein/gpqa/gpqa_diamond\)"
+                                        r"; provide a local file .*`pipeline eval --data FILE`"):
+        gpqa.load(TaskSpec(name="gpqa_diamond"), "accuracy.tasks[0].data")
+
+
+def test_offline_cli_prints_one_line_and_fails(tmp_path):
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"}
+    env.pop("HF_HUB_OFFLINE", None)
+    env.pop("HF_DATASETS_OFFLINE", None)
+    proc = subprocess.run([sys.executable, "-m", "pipeline.accuracy", "--url", "http://127.0.0.1:1",
+                           "--model", "m", "--task", "gsm8k", "--out", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("pipeline eval: error: accuracy.tasks[0].data: no local data "
+                                  "file and the HF hub is unreachable (dataset openai/gsm8k/main)")
+    assert "--data FILE" in proc.stderr
+
+
+def test_cli_flag_error_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pipeline.accuracy", "--url", "http://x",
+                           "--model", "m", "--task", "gsm8k", "--data", str(GSM),
+                           "--repeats", "0", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == ("pipeline eval: error: tasks.0.repeats: Input should be greater than "
+                           "or equal to 1 (got 0)\n")
+
+
+def test_local_file_errors(tmp_path):
+    spec = TaskSpec(name="gsm8k", data=tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match=r"^w: file not found: .*nope.jsonl$"):
+        gsm8k.load(spec, "w")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"Question": "q", "answer": "#### 1"}) + "\n")
+    with pytest.raises(DataError, match=r"w: row 0 of .*bad.jsonl lacks field\(s\) \['question'\]"):
+        gsm8k.load(TaskSpec(name="gsm8k", data=bad), "w")
+    csv = tmp_path / "x.csv"
+    csv.write_text("a,b\n")
+    with pytest.raises(DataError, match=r"w: unsupported file type '.csv'"):
+        gpqa.load(TaskSpec(name="gpqa_diamond", data=csv), "w")
+
+
+def test_shots_without_split_come_from_first_rows_and_are_excluded(tmp_path):
+    rows = [r for r in map(json.loads, GSM.read_text().splitlines()) if r["split"] == "test"]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n"
+                             for r in rows))
+    evals, shots = gsm8k.load(TaskSpec(name="gsm8k", data=plain, limit=10), "w")
+    assert [s.id for s in shots] == ["0", "1", "2", "3", "4"]
+    assert [q.id for q in evals] == [str(i) for i in range(5, 15)]
+    # Split-tagged file: shots from train, all 40 test rows evaluated.
+    evals, shots = gsm8k.load(TaskSpec(name="gsm8k", data=GSM), "w")
+    assert len(evals) == 40 and all(s.id.startswith("syn-gsm-train") for s in shots)
+
+
+def test_parquet_equals_jsonl(tmp_path):
+    import pandas as pd
+
+    pq = tmp_path / "gpqa.parquet"
+    pd.read_json(GPQA, lines=True).to_parquet(pq)
+    a = gpqa.load(TaskSpec(name="gpqa_diamond", data=GPQA), "w")
+    b = gpqa.load(TaskSpec(name="gpqa_diamond", data=pq), "w")
+    assert a == b and len(a) == 24
+
+
+def test_shuffle_is_deterministic_and_seeded():
+    (q,) = gpqa.load(TaskSpec(name="gpqa_diamond", data=GPQA, limit=1), "w")
+    assert gpqa.messages(q, 3, 0) == gpqa.messages(q, 3, 0)
+    orders = {tuple(gpqa.shuffled_options(q, r, 0)[0]) for r in range(16)}
+    assert len(orders) > 4
+    assert [gpqa.shuffled_options(q, r, 0) for r in range(8)] != \
+        [gpqa.shuffled_options(q, r, 1) for r in range(8)]
+
+
+def test_synthetic_is_deterministic_and_matches_committed_files(tmp_path):
+    assert synthetic.gsm8k_rows(3, 2, 5) == synthetic.gsm8k_rows(3, 2, 5)
+    assert synthetic.gsm8k_rows(3, 2, 5) != synthetic.gsm8k_rows(4, 2, 5)
+    synthetic.main(["--out", str(tmp_path)])
+    for name in ("gsm8k_synthetic.jsonl", "gpqa_synthetic.jsonl"):
+        assert (tmp_path / name).read_text() == (DATA / name).read_text()
+    golds = [gsm8k.gold_of(r["answer"], "w", r["id"])
+             for r in synthetic.gsm8k_rows(0, 8, 40)]
+    assert any("." in g for g in golds) and any(g.startswith("-") for g in golds)
+    assert any(int(float(g)) >= 1000 for g in golds)
