@@ -150,8 +150,7 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
     The grid is (W, Hkv) with the item index fastest, so the launch order is `runs` once per head.
     Every running program streams at the same rate, so completions follow a shared byte clock.
     """
-    cap = boost * wave / slots
-    rate = lambda n: min(cap, wave / n)  # bytes/us per program with n running
+    cap = boost * wave / slots  # bytes/us per program with n running: min(cap, wave / n)
     programs = sum([c for _, c in runs]) * copies
     if programs <= slots:  # one wave: all start at 0, finish in order of size
         t, done, active = 0.0, 0.0, programs
@@ -159,22 +158,19 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
             t += (w - done) / (cap if cap * active < wave else wave / active)
             done, active = w, active - c * copies
         return t
-    queue = [run for _ in range(copies) for run in runs][::-1]  # popped from the end, in launch order
-    running: list[tuple[float, int]] = []  # (byte clock at which they finish, count)
-    t, clock, active, free = 0.0, 0.0, 0, slots
-    while True:
-        while free and queue:  # fill free slots in launch order
-            w, c = queue.pop()
-            take = min(c, free)
-            heapq.heappush(running, (clock + w, take))
-            if take < c:
-                queue.append((w, c - take))
-            free, active = free - take, active + take
-        if not running:
-            return t
-        finish, c = heapq.heappop(running)
-        t += (finish - clock) / rate(active)
-        clock, active, free = finish, active - c, free + c
+    order = [w for _ in range(copies) for w, c in runs for _ in range(c)]  # launch order
+    running = order[:slots]  # byte clock at which each running program finishes
+    heapq.heapify(running)
+    t, clock, active = 0.0, 0.0, slots
+    for w in order[slots:]:  # a program ends, the next in launch order takes its slot
+        finish = running[0]
+        t += (finish - clock) / (cap if cap * active < wave else wave / active)
+        clock = finish
+        heapq.heapreplace(running, clock + w)
+    for finish in sorted(running):  # the queue is empty: the rest drain as in one wave
+        t += (finish - clock) / (cap if cap * active < wave else wave / active)
+        clock, active = finish, active - 1
+    return t
 
 
 def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size) -> float:
