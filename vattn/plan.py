@@ -14,10 +14,13 @@ Every planner first reduces a sequence to (pieces k, segment tiles s): piece p c
 p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE) (whole segments, the last one short). A sequence with L = 0 or
 q_len = 0 gets k = 0.
 
-balanced is the one-wave min-max plan: the smallest piece cap with sum ceil(tiles/cap) <= SLOTS/Hkv
-and no per-sequence cap. It equals length_aware whenever SEG_MAX does not bind, and beats it when
-one long request would need more than SEG_MAX pieces. An even split inside each sequence was tried
-and dropped: the cost model (processor sharing) ran it ~1% slower on the agentic batches, because
+balanced is the one-wave min-max plan: the smallest piece cap (>= MIN_PIECE_TILES) with
+sum ceil(tiles/cap) <= SLOTS/Hkv and no per-sequence cap. It equals length_aware whenever SEG_MAX does
+not bind, and beats it when one long request would need more than SEG_MAX pieces. Why not stream-K
+chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
+boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
+pieces has a smaller largest piece than this one. An even split inside each sequence was tried and
+dropped: the cost model (processor sharing) ran it ~1% slower on the agentic batches, because
 pieces of unequal size across sequences leave a tail of few programs.
 
 Bounds (they define W): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces; length_aware and
