@@ -2,7 +2,7 @@
 
     spec.py       AccuracySpec (the recipe's `accuracy:` section)
     stage.py      run_accuracy(spec, url=, model=, out_dir=) -> AccuracyResult
-    command.py    `pipeline eval` (add_eval_arguments, run_eval, eval_main)
+    cli.py        `pipeline eval` (add_eval_arguments, run_eval, eval_main)
     compare.py    paired tests between arms (McNemar, sign-flip, output divergence)
     gsm8k.py, gpqa.py   prompts and answer extraction; data.py datasets; client.py HTTP
     synthetic.py  the project's own synthetic items

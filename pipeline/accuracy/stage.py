@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.accuracy import gpqa, gsm8k
-from pipeline.accuracy.records import prompt_hash, read_records, summarize, write_records
+from pipeline.accuracy.records import (prompt_hash, read_records, records_path, summarize,
+                                       summary_path, write_records)
 from pipeline.accuracy.spec import AccuracySpec, TaskSpec
 from pipeline.io import write_json_atomic
-from pipeline.paths import ArmPaths
 
 Progress = Callable[[str], None]
 
@@ -67,16 +67,16 @@ def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
                  progress: Progress | None = None) -> AccuracyResult:
     """Run every task of `spec` against the OpenAI-compatible server at `url`.
 
-    out_dir is the arm folder: records go to ArmPaths(out_dir).accuracy_records(task),
-    i.e. out_dir/accuracy/<task>.jsonl, summaries beside them. Synchronous (runs its own
-    event loop); call it from a worker thread if the caller already runs one.
+    out_dir is the arm's accuracy folder (ArmPaths.accuracy_dir): records go to
+    out_dir/<task>.jsonl (= ArmPaths.accuracy_records(task)), summaries to
+    out_dir/<task>.summary.json. Synchronous (runs its own event loop); call it from a
+    worker thread if the caller already runs one.
     """
-    paths = ArmPaths(Path(out_dir))
     results = []
     for i, task in enumerate(spec.tasks):
         jobs, n_questions = _plan(task, f"accuracy.tasks[{i}].data")
         results.append(_run_task(task, jobs, n_questions, url=url, model=model,
-                                 paths=paths, progress=progress or (lambda _: None)))
+                                 out_dir=Path(out_dir), progress=progress or (lambda _: None)))
     return AccuracyResult(tuple(results))
 
 
@@ -126,9 +126,9 @@ def _resume(path: Path, jobs: list[_Job], model: str) -> tuple[dict, list[dict]]
 
 
 def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, model: str,
-              paths: ArmPaths, progress: Progress) -> TaskResult:
+              out_dir: Path, progress: Progress) -> TaskResult:
     start = time.perf_counter()
-    path = paths.accuracy_records(task.name)
+    path, spath = records_path(out_dir, task.name), summary_path(out_dir, task.name)
     kept, extra = _resume(path, jobs, model)
     todo = [j for j in jobs if (j.id, j.repeat) not in kept]
     # Rewrite first: drops failed and torn lines, so the append below starts clean.
@@ -141,9 +141,9 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
     write_records(path, [*ordered, *extra])
     summary = summarize(task.name, ordered, model=model, n_questions=n_questions,
                         repeats=task.repeats)
-    write_json_atomic(paths.accuracy_summary(task.name), summary)
+    write_json_atomic(spath, summary)
     return TaskResult(
-        task=task.name, records_path=str(path), summary_path=str(paths.accuracy_summary(task.name)),
+        task=task.name, records_path=str(path), summary_path=str(spath),
         n_questions=n_questions, repeats=task.repeats, n_records=len(ordered),
         n_failed=summary["n_failed"], n_retried=summary["n_retried"],
         n_invalid=summary["n_invalid"], accuracy=summary["accuracy"],

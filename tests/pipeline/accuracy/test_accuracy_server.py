@@ -31,10 +31,10 @@ def test_gsm8k_known_pattern_exact(tmp_path):
     pattern = dict(wrong={"syn-gsm-test-001", "syn-gsm-test-007"}, invalid={"syn-gsm-test-002"},
                    loose={"syn-gsm-test-003", "syn-gsm-test-010"}, fail={"syn-gsm-test-004"},
                    flaky={"syn-gsm-test-005", "syn-gsm-test-006"})
-    lines = []
+    lines, arm = [], ArmPaths(tmp_path)
     with gsm_server(**pattern) as srv:
         res = run_accuracy(spec(name="gsm8k", data=GSM), url=srv.url, model="m",
-                           out_dir=tmp_path, progress=lines.append)
+                           out_dir=arm.accuracy_dir, progress=lines.append)
         assert srv.requests_by_id["syn-gsm-test-004"] == 4   # 1 try + 3 retries
         assert srv.requests_by_id["syn-gsm-test-005"] == 2
         assert not any("train" in k for k in srv.requests_by_id)  # shots never asked
@@ -43,9 +43,12 @@ def test_gsm8k_known_pattern_exact(tmp_path):
     assert (t.n_questions, t.n_records) == (40, 40)
     assert t.accuracy == 36 / 40 and t.accuracy_strict == 34 / 40
     assert (t.n_failed, t.n_retried, t.n_invalid) == (1, 3, 1)
-    summary = json.loads(Path(t.summary_path).read_text())
+    # The files are where the run-directory layout (pipeline/paths.py) says.
+    assert (t.records_path, t.summary_path) == (str(arm.accuracy_records("gsm8k")),
+                                                str(arm.accuracy_summary("gsm8k")))
+    summary = json.loads(arm.accuracy_summary("gsm8k").read_text())
     assert summary["n_invalid_strict"] == 3 and summary["invalid_rate"] == 1 / 40
-    recs = {r["id"]: r for r in map(json.loads, ArmPaths(tmp_path).accuracy_records("gsm8k")
+    recs = {r["id"]: r for r in map(json.loads, arm.accuracy_records("gsm8k")
                                     .read_text().splitlines())}
     assert len(recs) == 40
     failed = recs["syn-gsm-test-004"]

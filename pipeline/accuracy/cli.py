@@ -39,7 +39,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help='merged into each request, e.g. '
                              '\'{"chat_template_kwargs": {"enable_thinking": false}}\'')
     parser.add_argument("--out", type=Path, default=Path("eval"),
-                        help="output folder; records in OUT/accuracy/<task>.jsonl; "
+                        help="output folder; records in OUT/<task>.jsonl; "
                              "rerunning with the same OUT resumes (default: ./eval)")
 
 
