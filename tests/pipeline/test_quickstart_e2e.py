@@ -1,0 +1,114 @@
+"""End to end, no doubles: the README's quickstart A/B (real emulator servers, real aiperf, real accuracy
+client, real report), and a run killed between arms that `--resume` finishes without redoing the first arm."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _pipeline(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", *args]
+
+
+def _records(arm_dir: Path) -> list[dict]:
+    lines = (arm_dir / "aiperf" / "profile_export.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _median_tpot(records: list[dict]) -> float:
+    return statistics.median(r["metrics"]["inter_token_latency"]["value"] for r in records
+                             if "inter_token_latency" in r.get("metrics", {}))
+
+
+def test_quickstart_ab_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    p = subprocess.run(_pipeline("run", str(REPO / "recipes/quickstart.yaml"), "--out", str(out)),
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert elapsed < 600, f"quickstart took {elapsed:.0f}s; the README promises well under 10 minutes"
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["env_diff"] == {"VATTN": ["0", "1"], "VATTN_PLAN": [None, "balanced"]}
+    off, on = manifest["plan"]["arm_runs"]
+    # Same command but for the arm's own artifact folder; the env differs only in the kernel switch.
+    assert [a.replace("/arms/off/", "/arms/on/") for a in off["argv"]] == on["argv"]
+    assert {k: v for k, v in off["env"].items() if not k.startswith("VATTN")} == \
+           {k: v for k, v in on["env"].items() if not k.startswith("VATTN")}
+    assert all(s["status"] == "done" for arm in manifest["stages"].values() for s in arm.values())
+
+    off_records, on_records = _records(out / "arms/off"), _records(out / "arms/on")
+    assert len(off_records) >= 5 and len(on_records) >= 5
+    # The emulator's `on` arm models vattn's balanced split against the fixed-split baseline on skewed
+    # agentic batches, so its per-token latency must be lower.
+    assert _median_tpot(on_records) < _median_tpot(off_records)
+
+    for arm in ("off", "on"):
+        assert (out / f"arms/{arm}/accuracy/gsm8k.jsonl").stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert "TPOT" in report and "Accuracy" in report and "not meaningful" in report
+    assert len(list((out / "plots").glob("*.png"))) >= 3
+
+
+def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(1)
+    raise AssertionError("timed out waiting for the run to reach the kill point")
+
+
+def test_kill_between_arms_then_resume(tmp_path):
+    recipe = yaml.safe_load((REPO / "recipes/quickstart.yaml").read_text())
+    recipe["load"].update(benchmark_duration_s=20, grace_period_s=10, timeout_s=200)
+    recipe.pop("accuracy")
+    for key in ("tokenizer",):
+        recipe[key] = str(REPO / "recipes" / recipe[key])
+    recipe["load"]["trace"] = str(REPO / "recipes" / recipe["load"]["trace"])
+    recipe["server"]["port"] = 30500
+    path = tmp_path / "short.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+
+    proc = subprocess.Popen(_pipeline("run", str(path), "--out", str(out)), cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    manifest_path = out / "manifest.json"
+
+    def on_arm_started() -> bool:
+        if not manifest_path.exists():
+            return False
+        stages = json.loads(manifest_path.read_text())["stages"]
+        return stages.get("on", {}).get("server", {}).get("status") in ("running", "done")
+
+    _wait_for(on_arm_started, 400, proc)
+    off_result = (out / "arms/off/load_result.json").read_text()
+    off_mtime = (out / "arms/off/aiperf/profile_export.jsonl").stat().st_mtime
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) != 0
+    stages = json.loads(manifest_path.read_text())["stages"]
+    assert stages["off"]["load"]["status"] == "done" and stages["on"].get("load", {}).get("status") != "done"
+
+    p = subprocess.run(_pipeline("run", "--resume", str(out)), cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "off     -         all stages done (resume): skipped" in p.stdout
+    assert (out / "arms/off/load_result.json").read_text() == off_result
+    assert (out / "arms/off/aiperf/profile_export.jsonl").stat().st_mtime == off_mtime
+    assert len(_records(out / "arms/on")) >= 1
+    assert json.loads(manifest_path.read_text())["stages"]["on"]["load"]["status"] == "done"
+    assert not os.path.exists(out / "arms/on.2")
