@@ -7,6 +7,7 @@ Patterns, by question id (GPQA: applied to every repeat of the id):
     loose      gsm8k: the right number without '#### ' (strict misses, flexible hits)
     fail       HTTP 500 on every attempt (failed after retries)
     flaky      HTTP 500 on the first attempt of each prompt, then the right answer
+    slow       the first attempt of each prompt stalls `slow_s` seconds (client timeout)
 """
 from __future__ import annotations
 
@@ -30,11 +31,11 @@ def load_jsonl(path: Path) -> list[dict]:
 
 class AnswerServer:
     def __init__(self, gsm_rows=(), gpqa_rows=(), *, wrong=(), invalid=(), loose=(), fail=(),
-                 flaky=()):
+                 flaky=(), slow=(), slow_s=5.0):
         self.gsm = {r["question"]: r for r in gsm_rows}
         self.gpqa = list(gpqa_rows)
         self.wrong, self.invalid, self.loose = set(wrong), set(invalid), set(loose)
-        self.fail, self.flaky = set(fail), set(flaky)
+        self.fail, self.flaky, self.slow, self.slow_s = set(fail), set(flaky), set(slow), slow_s
         self.attempts: Counter = Counter()      # prompt text -> requests seen
         self.requests_by_id: Counter = Counter()
         self.port = 0
@@ -71,7 +72,10 @@ class AnswerServer:
         qid, text = self._gpqa_reply(content) if is_gpqa else self._gsm_reply(content)
         self.attempts[content] += 1
         self.requests_by_id[qid] += 1
-        if qid in self.fail or (qid in self.flaky and self.attempts[content] == 1):
+        first = self.attempts[content] == 1
+        if qid in self.slow and first:
+            await asyncio.sleep(self.slow_s)
+        if qid in self.fail or (qid in self.flaky and first):
             return web.Response(status=500, text="injected failure")
         return web.json_response({
             "id": "x", "object": "chat.completion", "model": body["model"],
