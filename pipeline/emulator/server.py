@@ -9,6 +9,7 @@ import platform
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,9 +25,10 @@ from pipeline.emulator.timing import Arm, StepTimer, make_attention
 from pipeline.emulator.tokens import load_tokens
 
 log = logging.getLogger("pipeline.emulator")
-# Tokenize and hash larger prompts in a thread so the engine loop keeps its deadlines.
-BIG_PROMPT_CHARS = 200_000
-BIG_PROMPT_TOKENS = 32_768
+# Tokenize and hash larger prompts on one worker thread (tokenizers releases the GIL), so the engine
+# loop keeps its deadlines; one thread, so on a 2-core machine the loop keeps a core.
+BIG_PROMPT_CHARS = 16_000
+BIG_PROMPT_TOKENS = 16_384
 ENGINE = web.AppKey("engine", Engine)
 INFO = web.AppKey("info", dict)
 
@@ -53,6 +55,10 @@ async def errors(request: web.Request, handler):
 class Api:
     def __init__(self, cfg: EmulatorConfig, engine: Engine):
         self.cfg, self.engine, self.tokens = cfg, engine, engine.tokens
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await read_body(request)
@@ -60,7 +66,7 @@ class Api:
         msgs = chat_messages(body)
         p = params(body)
         big = sum(len(c) for _, c in msgs) > BIG_PROMPT_CHARS
-        ids = await asyncio.to_thread(self.tokens.chat_ids, msgs) if big else self.tokens.chat_ids(msgs)
+        ids = await self._off_loop(self.tokens.chat_ids, msgs) if big else self.tokens.chat_ids(msgs)
         return await self._generate(request, ids, p, chat=True)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -71,7 +77,7 @@ class Api:
         if isinstance(prompt, list):
             ids = prompt
         elif len(prompt) > BIG_PROMPT_CHARS:
-            ids = await asyncio.to_thread(self.tokens.encode, prompt)
+            ids = await self._off_loop(self.tokens.encode, prompt)
         else:
             ids = self.tokens.encode(prompt)
         return await self._generate(request, ids, p, chat=False)
@@ -93,7 +99,7 @@ class Api:
     async def _generate(self, request: web.Request, ids: list[int], p, chat: bool) -> web.StreamResponse:
         max_new, reason = self._budget(len(ids), p)
         if len(ids) > BIG_PROMPT_TOKENS:  # block hashing of a long prompt off the event loop
-            req = await asyncio.to_thread(self.engine.new_request, ids, max_new, reason)
+            req = await self._off_loop(self.engine.new_request, ids, max_new, reason)
         else:
             req = self.engine.new_request(ids, max_new, reason)
         del ids
@@ -113,6 +119,13 @@ class Api:
     async def _stream(self, request, req: Request, rid: str, p, chat: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        try:
+            await self._stream_tokens(resp, req, rid, p, chat)
+        except ConnectionResetError:  # the client hung up mid-stream (e.g. at a benchmark's end)
+            pass
+        return resp
+
+    async def _stream_tokens(self, resp, req: Request, rid: str, p, chat: bool) -> None:
         head = json.dumps({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                            "created": int(time.time()), "model": self.cfg.model})[:-1]
         # Pre-built halves of one token's chunk: only the text changes between tokens.
@@ -136,7 +149,6 @@ class Api:
             tail += f'data: {head},"choices":[],"usage":{json.dumps(self._usage(req))}}}\n\n'
         await resp.write((tail + "data: [DONE]\n\n").encode())
         await resp.write_eof()
-        return resp
 
     def _usage(self, req: Request) -> dict[str, Any]:
         return {"prompt_tokens": req.prompt_len, "completion_tokens": req.generated,
