@@ -221,3 +221,49 @@ def output_divergence(off: Any, on: Any) -> DivergenceResult:
     n = len(pairs)
     return DivergenceResult(n, n - len(diverged), len(diverged),
                             len(diverged) / n if n else None, median, diverged)
+
+
+@dataclass(frozen=True)
+class TaskComparison:
+    task: str
+    test: McNemarResult | RepeatsResult   # McNemar with one answer per question, else sign-flip
+    strict: McNemarResult | None          # gsm8k's `#### N` extraction, one answer per question
+    divergence: DivergenceResult
+
+    def cell(self) -> str:
+        """One markdown table cell (no '|'): the test, its p-value, discordance, divergence."""
+        t = self.test
+        if isinstance(t, McNemarResult):
+            head = (f"McNemar exact p={t.p_value:.3g} (off-only {t.off_only}, "
+                    f"on-only {t.on_only}, n={t.n_pairs})")
+        else:
+            ci = (f", 95% CI [{t.ci_low * 100:+.1f}, {t.ci_high * 100:+.1f}] pp"
+                  if t.ci_low is not None else "")
+            head = (f"paired sign-flip p={t.p_value:.3g}{ci}; {len(t.discordant)} of "
+                    f"{t.n_questions} questions differ")
+        if self.strict is not None:
+            head += f"; strict p={self.strict.p_value:.3g}"
+        d = self.divergence
+        excluded = t.n_excluded_failed + t.n_unmatched
+        tail = f"; {excluded} unpaired/failed excluded" if excluded else ""
+        return f"{head}; outputs differ {d.n_differ}/{d.n_pairs}{tail}"
+
+    def __str__(self) -> str:
+        return self.cell()
+
+
+def compare_records(task: str, off: Any, on: Any, *, seed: int = 0) -> TaskComparison:
+    """The report's paired comparison of one task between two arms."""
+    off, on = _rows(off), _rows(on)
+    repeated = any(int(r["repeat"]) > 0 for r in (*off, *on))
+    test = paired_repeats(off, on, seed=seed) if repeated else mcnemar(off, on)
+    strict = (mcnemar(off, on, column="correct_strict")
+              if task == "gsm8k" and not repeated else None)
+    return TaskComparison(task, test, strict, output_divergence(off, on))
+
+
+def compare_files(task: str, off_path: Any, on_path: Any, *, seed: int = 0) -> TaskComparison:
+    """compare_records over two arms' accuracy/<task>.jsonl files."""
+    from pipeline.accuracy.records import read_records
+
+    return compare_records(task, read_records(off_path), read_records(on_path), seed=seed)

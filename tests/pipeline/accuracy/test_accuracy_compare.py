@@ -1,13 +1,15 @@
 """Paired comparisons on tables small enough to check by hand."""
 from __future__ import annotations
 
+import json
 from math import comb
 
 import pandas as pd
 import pytest
 
-from pipeline.accuracy.compare import (mcnemar, mcnemar_exact_p, output_divergence,
-                                       paired_repeats, sign_flip_p)
+from pipeline.accuracy.compare import (RepeatsResult, compare_files, compare_records, mcnemar,
+                                       mcnemar_exact_p, output_divergence, paired_repeats,
+                                       sign_flip_p)
 
 
 @pytest.mark.parametrize("b, c, want", [
@@ -105,3 +107,27 @@ def test_output_divergence():
     assert (r.n_pairs, r.n_identical, r.n_differ) == (3, 1, 2)
     assert r.diverged == (("b", 0, 3), ("c", 0, 3))
     assert r.median_first_diff_char == 3.0 and r.fraction_differ == pytest.approx(2 / 3)
+
+
+def test_compare_records_picks_the_test_and_formats_a_cell():
+    off, on = _gsm_arms()
+    for r in (*off, *on):
+        r["correct_strict"] = r["correct"]
+    c = compare_records("gsm8k", off, on)
+    assert c.test == mcnemar(off, on) and c.strict.p_value == pytest.approx(0.125)
+    assert c.cell() == ("McNemar exact p=0.125 (off-only 1, on-only 6, n=12); strict p=0.125; "
+                        "outputs differ 7/12; 2 unpaired/failed excluded")
+    assert "|" not in str(c)
+    rep_off = [_rec("a", True, repeat=k) for k in range(2)]
+    rep_on = [_rec("a", k == 0, repeat=k) for k in range(2)]
+    g = compare_records("gpqa_diamond", rep_off, rep_on)
+    assert isinstance(g.test, RepeatsResult) and g.strict is None
+    assert g.cell().startswith("paired sign-flip p=1, 95% CI [-50.0, -50.0] pp; 1 of 1 questions differ")
+
+
+def test_compare_files_reads_jsonl(tmp_path):
+    off, on = _gsm_arms()
+    pa, pb = tmp_path / "off.jsonl", tmp_path / "on.jsonl"
+    pa.write_text("".join(json.dumps(r) + "\n" for r in off))
+    pb.write_text("".join(json.dumps(r) + "\n" for r in on))
+    assert compare_files("gpqa_diamond", pa, pb).test == mcnemar(off, on)
