@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -171,6 +171,10 @@ def build_config(data: dict[str, Any]) -> EmulatorConfig:
 def _help(name: str, field) -> str:
     bounds = [f"{k} {getattr(m, k)}" for m in field.metadata for k in ("ge", "gt", "le", "lt")
               if getattr(m, k, None) is not None]
+    if get_origin(field.annotation) is Literal:
+        bounds.append("choices: " + " | ".join(map(str, get_args(field.annotation))))
+    if name in SHAPE_FIELDS:
+        bounds.append("set by model_preset")
     extra = f" [{', '.join(bounds)}]" if bounds else ""
     default = EmulatorConfig.model_fields[name].default
     return f"{field.description}{extra} (default: {default})".replace("%", "%%")

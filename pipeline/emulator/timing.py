@@ -68,7 +68,10 @@ class CostModelAttention:
         from vattn import cost
 
         self._predict = cost.predict_attention_us
-        self.profile = cost.load_profile(cfg.hardware)
+        try:
+            self.profile = cost.load_profile(cfg.hardware)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"hardware: {cfg.hardware!r}: {e}") from None
         self._kw = dict(impl=arm.impl, planner=arm.planner, profile=self.profile, num_kv_heads=cfg.num_kv_heads,
                         head_dim=cfg.head_dim, gqa=cfg.gqa, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size)
 

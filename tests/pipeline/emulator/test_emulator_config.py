@@ -88,6 +88,7 @@ def test_kernel_attention_needs_cuda():
     (["--max-running-requests", "0"], {}, "emulator config: max_running_requests: Input should be greater than"),
     ([], {"VATTN": "2"}, "env VATTN: '2' is not allowed"),
     (["--tokenizer", "/nonexistent"], {}, "tokenizer: '/nonexistent' has no tokenizer.json"),
+    (["--hardware", "tpu9"], {}, "hardware: 'tpu9': "),
 ])
 def test_cli_exits_2_with_the_message(argv, env, match):
     out = subprocess.run([sys.executable, "-m", "pipeline.emulator", "--port", "1", *argv], capture_output=True,
