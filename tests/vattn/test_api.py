@@ -1,0 +1,178 @@
+"""vattn's public API: host-side checks (messages pinned), package surface, dispatch.
+
+No kernel launches here (test_kernel.py runs them): every case raises before launch, so it
+runs on a CPU workspace (allowed under TRITON_INTERPRET=1, set per test) or on the GPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import vattn
+import vattn.kernel  # noqa: F401  decorate the kernels now, in this process's real mode
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.fixture
+def dev(monkeypatch):
+    if torch.cuda.is_available():
+        return "cuda"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets a CPU workspace pass the device check
+    return "cpu"
+
+
+def ws_for(dev, **kw):
+    args = dict(head_dim=128, num_q_heads=8, num_kv_heads=2, kv_dtype=FP8, q_dtype=torch.bfloat16, page_size=16,
+                max_q_len=4, max_batch=4, device=dev, slots=8)
+    args.update(kw)
+    return vattn.Workspace(**args)
+
+
+def inputs(dev, batch=2, kv_dtype=FP8):
+    i32 = dict(dtype=torch.int32, device=dev)
+    return dict(
+        q=torch.zeros(batch * 4, 8, 128, dtype=torch.bfloat16, device=dev),
+        k_cache=torch.zeros(10, 16, 2, 128, device=dev).to(kv_dtype),
+        v_cache=torch.zeros(10, 16, 2, 128, device=dev).to(kv_dtype),
+        block_tables=torch.zeros(batch, 5, **i32),
+        seq_lens=torch.full((batch,), 40, **i32),
+        cu_seqlens_q=torch.arange(0, 4 * batch + 1, 4, **i32),
+        k_descale=torch.ones(1, device=dev) if kv_dtype == FP8 else None,
+        v_descale=torch.ones(1, device=dev) if kv_dtype == FP8 else None,
+        softmax_scale=0.1,
+    )
+
+
+def planned(dev, **ws_kw):
+    ws = ws_for(dev, **ws_kw)
+    x = inputs(dev, kv_dtype=ws.kv_dtype)
+    pl = vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws)
+    return x, pl
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(head_dim=96), r"head_dim: got 96; supported: 64, 128, 256"),
+    (dict(page_size=8), r"page_size: got 8; supported: 1, 16, 64"),
+    (dict(num_q_heads=40), r"num_q_heads: got 40; supported: a multiple of num_kv_heads=2, 1\.\.16 q heads"),
+    (dict(num_q_heads=9), r"num_q_heads: got 9; supported: a multiple of num_kv_heads=2"),
+    (dict(max_q_len=9), r"max_q_len: got 9; supported: 1\.\.8"),
+    (dict(kv_dtype=torch.float32), r"kv_dtype: got torch.float32; supported: torch.float8_e4m3fn, torch.bfloat16"),
+    (dict(q_dtype=FP8), r"q_dtype: got torch.float8_e4m3fn; supported: torch.bfloat16, torch.float16"),
+    (dict(slots=0), r"slots: got 0; supported: an int >= 1"),
+])
+def test_workspace_rejects(dev, kw, match):
+    with pytest.raises(ValueError, match=match):
+        ws_for(dev, **kw)
+
+
+def test_plan_rejects(dev):
+    ws = ws_for(dev)
+    x = inputs(dev)
+    lens, cu = x["seq_lens"], x["cu_seqlens_q"]
+    cases = [
+        (dict(mode="greedy"), r"mode: got 'greedy'; supported: fixed, length_aware, balanced"),
+        (dict(num_kv_heads=4), r"num_kv_heads: got 4; supported: the workspace's num_kv_heads=2"),
+        (dict(page_size=64), r"page_size: got 64; supported: the workspace's page_size=16"),
+        (dict(seq_lens=lens.long()), r"seq_lens.dtype: got torch.int64; supported: torch.int32"),
+        (dict(seq_lens=lens.view(1, 2)), r"seq_lens.shape: got \(1, 2\); supported: 1-D int32"),
+        (dict(cu_seqlens_q=cu[:2]), r"cu_seqlens_q.shape: got \(2,\); supported: \[3\] int32"),
+        (dict(seq_lens=torch.zeros(5, dtype=torch.int32, device=dev), cu_seqlens_q=torch.zeros(
+            6, dtype=torch.int32, device=dev)), r"seq_lens.shape: got \(5,\); supported: batch <= the workspace's "
+         r"max_batch=4"),
+        (dict(workspace="ws"), r"workspace: got str; supported: a vattn.Workspace"),
+    ]
+    for kw, match in cases:
+        args = dict(seq_lens=lens, cu_seqlens_q=cu, num_kv_heads=2, page_size=16, mode="balanced", workspace=ws)
+        args.update(kw)
+        with pytest.raises(ValueError, match=match):
+            vattn.plan(**args)
+
+
+def test_plan_debug_reads_values(dev):
+    ws = ws_for(dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match=r"q_len of sequence 1 .*: got 5; supported: 0\.\.4 \(the workspace's "
+                       r"max_q_len\)"):
+        vattn.plan(torch.tensor([9, 9], **i32), torch.tensor([0, 1, 6], **i32), num_kv_heads=2, page_size=16,
+                   workspace=ws, debug=True)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\]: got 2; supported: 0 \(empty\) or >= its q_len 3"):
+        vattn.plan(torch.tensor([2, 9], **i32), torch.tensor([0, 3, 4], **i32), num_kv_heads=2, page_size=16,
+                   workspace=ws, debug=True)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda x, d: dict(q=x["q"].float()), r"q.dtype: got torch.float32; supported: the workspace's q_dtype"),
+    (lambda x, d: dict(q=x["q"][:, :4]), r"q.shape: got \(8, 4, 128\); supported: \[T, 8, 128\]"),
+    (lambda x, d: dict(q=x["q"][0]), r"q.shape: got \(8, 128\); supported: 3 dimensions"),
+    (lambda x, d: dict(q=x["q"].transpose(1, 2).contiguous().transpose(1, 2)),
+     r"q.stride: got \(1024, 1, 8\); supported: unit stride in the last dimension"),
+    (lambda x, d: dict(k_cache=x["k_cache"].to(torch.bfloat16)),
+     r"k_cache.dtype: got torch.bfloat16; supported: the workspace's kv_dtype torch.float8_e4m3fn"),
+    (lambda x, d: dict(v_cache=torch.zeros(10, 64, 2, 128, device=d).to(FP8)),
+     r"v_cache.shape: got \(10, 64, 2, 128\); supported: \[num_pages, 16, 2, 128\]"),
+    (lambda x, d: dict(v_cache=x["v_cache"][:5]), r"v_cache.shape: got \(5, 16, 2, 128\); supported: the same "
+     r"num_pages as k_cache \(10\)"),
+    (lambda x, d: dict(block_tables=x["block_tables"].long()),
+     r"block_tables: got torch.int64 \(2, 5\); supported: int32 \[B=2, max_pages\]"),
+    (lambda x, d: dict(seq_lens=x["seq_lens"][:1]), r"seq_lens.shape: got \(1,\); supported: \[2\] int32"),
+    (lambda x, d: dict(k_descale=None), r"k_descale: got None; supported: a \[1\] float32 device tensor with fp8"),
+    (lambda x, d: dict(v_descale=torch.ones(2, device=d)),
+     r"v_descale: got torch.float32 numel=2; supported: a \[1\] float32 device tensor"),
+    (lambda x, d: dict(softmax_scale=-1.0), r"softmax_scale: got -1.0; supported: a Python float > 0"),
+    (lambda x, d: dict(out=torch.empty(8, 8, 128, device=d)),
+     r"out: got torch.float32 \(8, 8, 128\) strides .*; supported: torch.bfloat16 \(8, 8, 128\)"),
+    (lambda x, d: dict(plan=None), r"plan: got NoneType; supported: a vattn.Plan from vattn.plan"),
+])
+def test_attention_rejects(dev, change, match):
+    x, pl = planned(dev)
+    args = dict(x, plan=pl)
+    args.update(change(x, dev))
+    with pytest.raises(ValueError, match=match):
+        vattn.attention(**args)
+
+
+def test_attention_rejects_descales_with_bf16_kv(dev):
+    x, pl = planned(dev, kv_dtype=torch.bfloat16)
+    x["k_descale"] = torch.ones(1, device=dev)
+    with pytest.raises(ValueError, match=r"k_descale: got a tensor; supported: None with torch.bfloat16 KV"):
+        vattn.attention(**x, plan=pl)
+
+
+def test_attention_debug_checks_pages_and_token_count(dev):
+    x, pl = planned(dev)
+    x["block_tables"][1, 2] = 10  # sequence 1 (40 tokens) uses pages 0..2: id 10 is past the pool
+    with pytest.raises(ValueError, match=r"block_tables: got page ids in \[0, 10\]; supported: ids in \[0, 10\)"):
+        vattn.attention(**x, plan=pl, debug=True)
+    x["block_tables"][1, 2] = 0
+    x["seq_lens"][0] = 81  # needs 6 pages; the table holds 5
+    with pytest.raises(ValueError, match=r"seq_lens: got \[81, 40\]; supported: <= block_tables.shape\[1\] \* "
+                       r"page_size = 80"):
+        vattn.attention(**x, plan=pl, debug=True)
+
+
+def test_package_surface_is_lazy_and_names_are_the_api():
+    code = ("import sys, vattn; assert 'triton' not in sys.modules and 'torch' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton'))[:5];"
+            "from vattn.plan import plan_python; from vattn.reference import reference;"
+            "assert callable(vattn.plan) and vattn.reference is reference and vattn.plan is not plan_python;"
+            "assert {'Workspace', 'plan', 'attention', 'reference'} <= set(vattn.__all__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_backend_dispatch_order(dev):
+    from vattn import api
+
+    ws = ws_for(dev)
+    fast = api.Backend("fake-hopper", lambda w, q, k: w.head_dim == 256, lambda *a: None)
+    api.register_backend(fast)
+    try:
+        assert api.select_backend(ws, None, None) is api.TRITON  # head_dim 128: not supported -> fallback
+        assert api.select_backend(ws_for(dev, head_dim=256), None, None) is fast
+    finally:
+        api._BACKENDS.remove(fast)
