@@ -54,6 +54,9 @@ def spec_from_args(args: argparse.Namespace):
     return AccuracySpec(tasks=[{k: v for k, v in task.items() if v is not None}])
 
 
+_FLAG = {"name": "--task", "timeout_s": "--timeout"}
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """Run the task; print one summary line per task to stdout, progress to stderr.
     Returns 0, or 1 with a one-line error for bad data, bad flags or a foreign out folder."""
@@ -67,9 +70,12 @@ def run_eval(args: argparse.Namespace) -> int:
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
     except ValidationError as e:
         first = e.errors()[0]
-        field = ".".join(str(x) for x in first["loc"])
-        print(f"pipeline eval: error: {field}: {first['msg']} (got {first.get('input')!r})",
-              file=sys.stderr)
+        field = first["loc"][-1] if first["loc"] else None
+        msg = first["msg"].removeprefix("Value error, ")
+        if isinstance(field, str):   # a field's own check; else a cross-field rule naming it
+            flag = _FLAG.get(field, "--" + field.replace("_", "-"))
+            msg = f"{flag}: {msg} (got {first.get('input')!r})"
+        print(f"pipeline eval: error: {msg}", file=sys.stderr)
         return 1
     except ValueError as e:   # DataError, ResumeError: already one line with the fix
         print(f"pipeline eval: error: {e}", file=sys.stderr)

@@ -74,7 +74,7 @@ def test_cli_flag_error_is_one_line(tmp_path):
                            "--repeats", "0", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert proc.stderr == ("pipeline eval: error: tasks.0.repeats: Input should be greater than "
+    assert proc.stderr == ("pipeline eval: error: --repeats: Input should be greater than "
                            "or equal to 1 (got 0)\n")
 
 
