@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import MODEL, TOKENIZER
+from emu_harness import MODEL, TOKENIZER
 
 REQUESTS, OUT_TOKENS = 16, 100
 

@@ -7,7 +7,7 @@ import statistics
 import time
 
 import httpx
-from conftest import MODEL
+from emu_harness import MODEL
 
 # Attention-dominated cycles (small non-attention time) so the kernel is what differs between arms;
 # prefill made cheap so the 200k-token prompt does not dominate the test's wall time.

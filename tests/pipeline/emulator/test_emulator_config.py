@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from emu_harness import REPO
 
 from pipeline.emulator.config import ConfigError, EmulatorConfig, config_from_argv, make_parser
 from pipeline.emulator.timing import Arm, make_attention

@@ -7,7 +7,7 @@ import math
 import time
 
 import httpx
-from conftest import MODEL
+from emu_harness import MODEL
 
 CYCLE_FIELDS = {"cycle", "t", "batch", "prefill_reqs", "prefill_tokens", "running", "waiting", "kv_tokens",
                 "max_kv", "q_len", "q_tokens", "impl", "planner", "attn_us", "verify_us", "draft_us",

@@ -6,7 +6,7 @@ import re
 
 import openai
 import pytest
-from conftest import MODEL, TOKENIZER, start_emulator
+from emu_harness import MODEL, TOKENIZER, start_emulator
 from tokenizers import Tokenizer
 
 FLAGS = ("--tokenizer", str(TOKENIZER), "--time-scale", "0.05", "--eos-after-tokens", "10",
