@@ -50,6 +50,10 @@ class EmulatorConfig(BaseModel):
         "Most prompt tokens prefilled per cycle, over all prefilling requests (chunked prefill)."))
     max_context_tokens: int = Field(262_144, ge=64, le=4_194_304, description=(
         "Context window: longer prompts get a 400; generation stops (finish_reason length) at it."))
+    max_total_tokens: int = Field(0, ge=0, le=10**10, description=(
+        "KV-pool capacity in tokens: a waiting request is admitted only while the running requests' "
+        "contexts plus its prompt fit (FIFO, head of line blocks; a lone request is always admitted); "
+        "no preemption. 0 = unlimited."))
     disable_prefix_cache: bool = Field(False, description="Turn the prefix cache off (every prompt is prefilled).")
     prefix_block_tokens: int = Field(16, ge=1, le=4096, description=(
         "Prefix-cache block size in tokens: prompts hit the cache in whole blocks."))

@@ -120,10 +120,17 @@ class Engine:
 
     def _admit(self) -> None:
         self.running = [r for r in self.running if not r.aborted]
+        cap = self.cfg.max_total_tokens
+        used = sum(r.ctx for r in self.running) if cap else 0
         while self.waiting and len(self.running) < self.cfg.max_running_requests:
-            r = self.waiting.popleft()
+            r = self.waiting[0]
             if r.aborted:
+                self.waiting.popleft()
                 continue
+            if cap and self.running and used + r.prompt_len > cap:
+                break  # FIFO: the head waits for KV space, and so does everyone behind it
+            self.waiting.popleft()
+            used += r.prompt_len
             # A real engine always computes the last prompt token (its logits give the first output token).
             r.cached = min(self.cache.match(r.hasher.hashes, r.prompt_len), r.prompt_len - 1)
             r.prefilled = r.cached

@@ -142,3 +142,13 @@ def test_sigint_is_a_clean_shutdown_too(emulator):
     emu.proc.send_signal(signal.SIGINT)
     assert emu.proc.wait(timeout=15) == 0
     assert sum(line["emitted"] for line in emu.cycles()) == 9
+
+
+def test_kv_capacity_limits_admission(emulator):
+    emu = emulator("--max-total-tokens", "3000", "--time-scale", "0.02")
+    results = asyncio.run(stream_all(emu, 4, 20, prompt="w " * 1200))  # ~1200-token prompts: two fit
+    assert results == [(20, 20)] * 4
+    emu.stop()
+    lines = emu.cycles()
+    assert max(line["batch"] + line["prefill_reqs"] for line in lines) == 2
+    assert max(line["waiting"] for line in lines) >= 1
