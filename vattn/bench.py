@@ -85,8 +85,12 @@ def read_ceiling_tbps(gib: float = 4.0) -> float:
     block, iters = 2048, 16
     grid = triton.cdiv(n, block * iters)
     out = torch.empty(grid, dtype=torch.int32, device="cuda")
-    t_triton = triton.testing.do_bench(lambda: _read[(grid,)](x, out, n, BLOCK=block, ITERS=iters, num_warps=8),
-                                       warmup=50, rep=300, return_mode="median")
+    try:
+        t_triton = triton.testing.do_bench(lambda: _read[(grid,)](x, out, n, BLOCK=block, ITERS=iters, num_warps=8),
+                                           warmup=50, rep=300, return_mode="median")
+    except Exception as exc:  # the ceiling must not stop the run: torch.sum's read remains
+        print(f"read ceiling: Triton read failed ({exc!r}); using torch.sum only", file=sys.stderr)
+        t_triton = float("inf")
     t_torch = triton.testing.do_bench(lambda: x.sum(), warmup=50, rep=300, return_mode="median")
     return n * 4 / (min(t_triton, t_torch) * 1e-3) / 1e12
 
@@ -260,10 +264,10 @@ def sweep_configs():
     """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV)."""
     from vattn.kernel import MainConfig
 
-    base = [(64, 4, 2), (64, 8, 2), (64, 8, 3), (32, 4, 3), (128, 8, 2)]
+    base = [(64, 4, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]
     out = [MainConfig(block_n=n, num_warps=w, num_stages=s) for n, w, s in base]
     out += [MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=True) for n, w, s in base]
-    out += [MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=True, pv_fp8=True) for n, w, s in base[:3]]
+    out += [MainConfig(block_n=64, num_warps=8, num_stages=2, qk_fp8=True, pv_fp8=True)]
     return out
 
 
