@@ -235,6 +235,7 @@ def bench_shape(shape: Shape, planners, *, replays: int, config=None, check: boo
             tbps=shape.kv_bytes / t_full / 1e6, plan_us=t_plan, main_us=t_main, reduce_us=t_reduce,
             main_tbps=shape.kv_bytes / t_main / 1e6, plan_on_gpu=on_gpu,
             num_items=int(pl.tensors["num_items"].item()), slots=ws.slots, config=ws.config.__dict__,
+            programs_per_sm=ws.programs_per_sm, kernel_info=ws.kernel_info,
             replicas=b.replicas, l2_cold=b.l2_cold, rel_err=rel_err, nan=nan,
             flashinfer_fp8_us=fi, speedup_vs_flashinfer_fp8=(fi / t_full) if fi else None,
             flashinfer_best_us=FLASHINFER_BEST_US.get(shape.name)))

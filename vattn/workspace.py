@@ -85,6 +85,7 @@ class Workspace:
         self.gqa = num_q_heads // num_kv_heads
         self.kv_dtype, self.q_dtype, self.page_size = kv_dtype, q_dtype, page_size
         self.max_q_len, self.max_batch = max_q_len, max_batch
+        self.programs_per_sm, self.kernel_info = None, {}
         self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
         self.slots = slots if slots is not None else self._measure_slots()
         self._alloc()
@@ -110,7 +111,10 @@ class Workspace:
         import torch
 
         props = torch.cuda.get_device_properties(self.device)
-        self.programs_per_sm = resident_programs_per_sm(self._warmup(), props)
+        compiled = self._warmup()
+        self.programs_per_sm = resident_programs_per_sm(compiled, props)
+        self.kernel_info = {k: getattr(compiled, k, None) for k in ("n_regs", "n_spills")}
+        self.kernel_info["shared"] = getattr(getattr(compiled, "metadata", None), "shared", None)
         return self.programs_per_sm * props.multi_processor_count
 
     def _warmup(self):
