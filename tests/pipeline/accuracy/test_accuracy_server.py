@@ -129,8 +129,8 @@ def test_unreachable_server_counts_every_question_failed(tmp_path):
 
 
 def test_timeout_is_retried(tmp_path):
-    with gsm_server(slow={"syn-gsm-test-001"}, slow_s=3.0) as srv:
-        task = spec(name="gsm8k", data=GSM, limit=3, timeout_s=0.5)
+    with gsm_server(slow={"syn-gsm-test-001"}, slow_s=1.5) as srv:
+        task = spec(name="gsm8k", data=GSM, limit=3, timeout_s=0.3)
         (t,) = run_accuracy(task, url=srv.url, model="m", out_dir=tmp_path).tasks
         assert srv.requests_by_id["syn-gsm-test-001"] == 2
     assert (t.accuracy, t.n_failed, t.n_retried) == (1.0, 0, 1)
