@@ -267,12 +267,16 @@ def _train_texts() -> list[str]:
         mod = importlib.import_module(name)
         texts.append(inspect.getdoc(mod) or "")
         for key, obj in sorted(vars(mod).items()):
-            if key.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
+            # Only what the module defines: its namespace also holds whatever other imports
+            # added, which would make the vocabulary depend on the caller's imports.
+            if (key.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj))
+                    or getattr(obj, "__module__", None) != name):
                 continue
             texts.append(inspect.getdoc(obj) or "")
             if inspect.isclass(obj):
                 texts += [inspect.getdoc(f) or "" for k, f in sorted(vars(obj).items())
-                          if not k.startswith("_") and inspect.isfunction(f)]
+                          if not k.startswith("_") and inspect.isfunction(f)
+                          and f.__module__ == name]
     return [t for t in texts if t]
 
 

@@ -1,0 +1,153 @@
+"""pipeline.tracegen: determinism, shape statistics, the prefix property, the committed data."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline.tracegen import (PRESETS, TraceParams, build_tokenizer, main, make_session,
+                               read_traces, trace_stats, write_traces)
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT / "recipes" / "data" / "traces"
+TOKENIZER = ROOT / "recipes" / "data" / "tokenizer"
+
+
+def _chains(session: dict) -> list[list[dict]]:
+    parent = [r for r in session["requests"] if r["type"] != "subagent"]
+    return [parent] + [r["requests"] for r in session["requests"] if r["type"] == "subagent"]
+
+
+def test_same_seed_same_bytes_other_seed_differs(tmp_path):
+    p = replace(PRESETS["quickstart"], sessions=4)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    write_traces(a, p, seed=5)
+    write_traces(b, p, seed=5)
+    write_traces(c, p, seed=6)
+    names = sorted(f.name for f in a.iterdir())
+    assert names == ["generator.meta"] + [f"session_00{i}.json" for i in range(4)]
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+    assert (a / "session_000.json").read_bytes() != (c / "session_000.json").read_bytes()
+
+
+def test_rewrite_removes_stale_sessions(tmp_path):
+    write_traces(tmp_path, replace(TraceParams(), sessions=3), seed=0)
+    write_traces(tmp_path, replace(TraceParams(), sessions=2), seed=0)
+    assert len(read_traces(tmp_path)) == 2
+
+
+def test_statistics_near_public_figures():
+    # 80 sessions of the default (GPU-like) shape: big enough for stable means, < 1 s to make.
+    p = replace(TraceParams(), sessions=80)
+    st = trace_stats([make_session(p, seed=11, index=i) for i in range(p.sessions)])
+    assert 0.93 <= st["prefix_token_share"] <= 0.97, st          # TraceLab 96%, InferenceX 94%
+    assert 5_500 <= st["fresh_mean"] <= 7_500, st                # fresh append ~6.5k
+    assert 430 <= st["output_mean"] <= 600, st                   # ~520, capped lognormal
+    assert st["output_max"] <= p.output_cap
+    assert 200_000 <= st["input_max"] <= p.max_context, st       # contexts up to ~250k
+    assert 100_000 <= st["input_mean"] <= 200_000, st            # TraceLab mean ~154k per call
+    assert st["subagents"] >= 10, st
+
+
+def test_prefix_property_and_block_tiling():
+    p = replace(PRESETS["agentic-h200"], sessions=12)
+    for i in range(p.sessions):
+        s = make_session(p, seed=3, index=i)
+        bs, seen = s["block_size"], set()
+        for chain in _chains(s):
+            ids_here = set()
+            for k, call in enumerate(chain):
+                assert len(call["hash_ids"]) == call["in"] // bs  # full blocks only
+                if k == 0:
+                    # a chain starts on blocks no other chain of the session has used
+                    assert not set(call["hash_ids"]) & seen
+                else:
+                    prev = chain[k - 1]
+                    keep = prev["in"] // bs
+                    assert call["hash_ids"][:keep] == prev["hash_ids"][:keep]
+                    assert call["in"] > prev["in"] + prev["out"]   # previous output is re-sent
+                    assert not set(call["hash_ids"][keep:]) & ids_here  # new blocks are new
+                ids_here |= set(call["hash_ids"])
+            seen |= ids_here
+
+
+def test_timeline_think_times_and_subagent_join():
+    p = replace(PRESETS["quickstart"], sessions=30, subagent_prob=1.0)
+    for i in range(p.sessions):
+        reqs = make_session(p, seed=9, index=i)["requests"]
+        assert reqs[0]["t"] == 0 and reqs[0]["think_time"] is None
+        end = 0.0
+        for r in reqs:
+            assert r["t"] >= end - 1e-6   # nothing starts before the previous step ended
+            if r["type"] == "subagent":
+                end = r["t"] + r["duration_ms"] / 1000
+                assert r["requests"][0]["t"] == r["t"]
+                assert r["requests"][-1]["stop"] == "end_turn"
+            else:
+                if r["think_time"] is not None:
+                    assert r["t"] == pytest.approx(end + r["think_time"], abs=2e-3)
+                    assert 0 < r["think_time"] <= p.think_cap
+                end = r["t"] + r["api_time"]
+        assert [r for r in reqs if r["type"] == "s"][-1]["stop"] == "end_turn"
+
+
+@pytest.mark.parametrize("name", ["quickstart", "agentic-h200"])
+def test_committed_trace_sets_are_reproducible_and_aiperf_valid(name, tmp_path):
+    from aiperf.dataset.loader.weka_trace import WekaTraceLoader
+    from aiperf.dataset.loader.weka_trace_models import WekaTrace
+
+    folder = TRACES / name
+    meta = json.loads((folder / "generator.meta").read_text())
+    write_traces(tmp_path, TraceParams(**meta["params"]), seed=meta["seed"])
+    committed = sorted(folder.glob("*.json"))
+    assert [f.name for f in committed] == sorted(f.name for f in tmp_path.glob("*.json"))
+    assert all(f.read_bytes() == (tmp_path / f.name).read_bytes() for f in committed)
+    for f in committed:
+        WekaTrace.model_validate(json.loads(f.read_text()))
+    assert WekaTraceLoader.can_load(filename=folder)
+    st = trace_stats(read_traces(folder))
+    assert st["input_max"] >= 200_000 and st["subagents"] >= 1, st  # small in count, not length
+    assert 0.9 <= st["prefix_token_share"] <= 0.97, st
+
+
+def test_tokenizer_is_reproducible_small_and_loads(tmp_path):
+    from transformers import AutoTokenizer
+
+    build_tokenizer(tmp_path)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        assert (tmp_path / f).read_bytes() == (TOKENIZER / f).read_bytes(), f
+    assert sum(f.stat().st_size for f in TOKENIZER.iterdir()) < 1_000_000
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    text = "def parse(argv):\n    return json.loads(argv[1])  # naïve résumé"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text and max(ids) < len(tok) == 4096
+    assert tok.eos_token == "<|endoftext|>"
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_tokenizer_rejects_bad_vocab_size(tmp_path):
+    with pytest.raises(ValueError, match=r"vocab_size: 10 is outside \[512, 65536\]"):
+        build_tokenizer(tmp_path, vocab_size=10)
+
+
+def test_cli_traces_and_stats(tmp_path, capsys):
+    assert main(["traces", "--out", str(tmp_path / "t"), "--preset", "quickstart",
+                 "--sessions", "2", "--seed", "4", "--output-mean", "300"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["sessions"] == 2
+    meta = json.loads((tmp_path / "t" / "generator.meta").read_text())
+    assert meta["seed"] == 4 and meta["params"]["output_mean"] == 300
+    assert meta["params"]["output_cap"] == PRESETS["quickstart"].output_cap
+    with pytest.raises(SystemExit, match=r"dir: '.*nope' is not a directory"):
+        main(["stats", str(tmp_path / "nope")])
+
+
+def test_out_must_be_a_directory(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match=r"--out: '.*file' exists and is not a directory"):
+        write_traces(f, TraceParams(sessions=1), seed=0)
