@@ -13,6 +13,7 @@ from typing import Any
 from analysis.load import read_jsonl
 from pipeline.paths import ArmPaths
 
+MAX_DISCORDANT = 20
 EMULATOR_NOTE = "plumbing only: emulator output is filler, accuracy not meaningful"
 
 
@@ -56,20 +57,26 @@ def arm_accuracy(arm: ArmPaths, task: str) -> dict[str, Any] | None:
     return None
 
 
-def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> str:
-    """One table cell: the accuracy engineer's paired test, or why it is missing.
-
-    HOOK: pipeline.accuracy.compare owns the paired statistics; until it lands this returns a note.
-    """
+def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> tuple[str, list[str]]:
+    """(table cell, discordant-question lines) from pipeline.accuracy.compare, which owns the paired tests."""
     try:
-        from pipeline.accuracy import compare as acc_compare  # noqa: F401
+        from pipeline.accuracy.compare import compare_files
     except ImportError:
-        return "paired test not available (pipeline/accuracy/compare.py not present)"
-    fn = getattr(acc_compare, "compare_files", None)
-    if fn is None:
-        return "paired test not available (pipeline.accuracy.compare has no compare_files)"
-    result = fn(task, a.accuracy_records(task), b.accuracy_records(task))
-    return str(result)
+        return "paired test not available (pipeline.accuracy.compare missing)", []
+    try:
+        result = compare_files(task, a.accuracy_records(task), b.accuracy_records(task))
+    except (KeyError, ValueError, TypeError) as e:  # a malformed record file must not sink the whole report
+        return f"paired test failed: {type(e).__name__}: {e}", []
+    disc = list(getattr(result.test, "discordant", ()))
+    lines = [f"- {d.id}" + (f" (repeat {d.repeat})" if d.repeat is not None else "") +
+             f": {_mark(d.off)} -> {_mark(d.on)}" for d in disc[:MAX_DISCORDANT]]
+    if len(disc) > MAX_DISCORDANT:
+        lines.append(f"- ... and {len(disc) - MAX_DISCORDANT} more")
+    return result.cell().replace("|", "/"), lines
+
+
+def _mark(v: float) -> str:
+    return "right" if v == 1 else "wrong" if v == 0 else f"{v:.2f}"
 
 
 def _cell(r: dict[str, Any] | None) -> str:
@@ -88,12 +95,15 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         lines += [f"**{EMULATOR_NOTE}**", ""]
     lines += [f"| task | {a_label} | {b_label} | delta (pp) | n ({a_label} / {b_label}) | failed | paired test |",
               "|---|---|---|---|---|---|---|"]
+    discordant: list[str] = []
     for t in tasks:
         ra, rb = arm_accuracy(a, t), arm_accuracy(b, t)
         fa, fb = _cell(ra), _cell(rb)
         dd = f"{(rb['accuracy'] - ra['accuracy']) * 100:+.1f}" if ra and rb else "-"
         n = f"{ra['n'] if ra else '-'} / {rb['n'] if rb else '-'}"
         failed = f"{ra['failed'] if ra else '-'} / {rb['failed'] if rb else '-'}"
-        test = paired_comparison(t, a, b) if ra and rb else "-"
+        test, disc = paired_comparison(t, a, b) if ra and rb else ("-", [])
         lines.append(f"| {t} | {fa} | {fb} | {dd} | {n} | {failed} | {test} |")
-    return lines
+        if disc:
+            discordant += ["", f"Discordant questions, {t} ({a_label} -> {b_label}):", *disc]
+    return lines + discordant

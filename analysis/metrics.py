@@ -79,7 +79,7 @@ def arm_deltas(a: ArmData, b: ArmData, n_boot: int = stats.N_BOOT, seed: int = s
     for spec in ARM_METRICS:
         d = stats.paired_bootstrap(_sample(a, spec, sessions), _sample(b, spec, sessions), len(sessions), n_boot, seed)
         rows.append({"key": spec.key, "metric": spec.label, "a": d.a, "b": d.b, "delta_pct": d.pct,
-                     "lo": d.lo, "hi": d.hi, "higher_is_better": spec.higher_is_better})
+                     "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "higher_is_better": spec.higher_is_better})
     return pd.DataFrame(rows)
 
 
@@ -127,7 +127,7 @@ def matched_deltas(m: "pd.DataFrame", n_boot: int = stats.N_BOOT, seed: int = st
         d = stats.paired_ratio_bootstrap(xa, xb, sess, n_boot, seed)
         faster, slower, p = stats.sign_test(xb - xa)
         rows.append({"key": col, "metric": label, "n": int(len(xa)), "a": d.a, "b": d.b, "delta_pct": d.pct,
-                     "lo": d.lo, "hi": d.hi, "median_req_delta_pct": percentile(stats.delta_pct(xa, xb), 50),
+                     "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "median_req_delta_pct": percentile(stats.delta_pct(xa, xb), 50),
                      "faster": faster, "slower": slower, "sign_p": p})
     return pd.DataFrame(rows)
 

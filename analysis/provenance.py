@@ -109,7 +109,9 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
         f"- engine: {_get(recipe, 'engine', default=_get(manifest, 'engine'))}",
         f"- started: {started}; finished: {_get(manifest, 'finished')}; "
         f"wall time: {duration(started, _get(manifest, 'finished'))}",
-        f"- order: {_get(plan, 'order')}",
+        f"- placement: {_get(plan, 'mode', default=_get(recipe, 'placement', 'mode'))}; "
+        f"order: {_get(plan, 'order', default=_get(recipe, 'placement', 'order'))}; "
+        f"repeats: {_get(recipe, 'placement', 'repeats')}",
         f"- hosts: {_inline(_get(manifest, 'hosts', default=_get(plan, 'hosts')))}",
         f"- GPUs: {_inline(_get(manifest, 'gpus', default=_get(plan, 'gpus')))}",
     ]

@@ -44,12 +44,14 @@ def fmt(v: float) -> str:
 def fmt_delta(pct: float, lo: float, hi: float) -> str:
     if not np.isfinite(pct):
         return "n/a"
-    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else ""
+    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else f" [no CI: < {stats.MIN_SESSIONS} sessions]"
     return f"{pct:+.1f}%{ci}"
 
 
-def fmt_floor(v) -> str:
-    return f"±{v:.1f}%" if v is not None and np.isfinite(v) else "no repeat"
+def fmt_floor(v, has_repeat: bool = True) -> str:
+    if not has_repeat:
+        return "no repeat"
+    return f"±{v:.1f}%" if v is not None and np.isfinite(v) else "n/a"
 
 
 def verdict(c: Comparison) -> str:
@@ -60,6 +62,9 @@ def verdict(c: Comparison) -> str:
     d = fmt_delta(row["delta_pct"], row["lo"], row["hi"])
     floor = row.get("floor")
     head = f"**Verdict:** {c.b_label} vs {c.a_label}: {what} {d}"
+    if not (np.isfinite(row["lo"]) and np.isfinite(row["hi"])):
+        return (f"{head}: no conclusion: {row['sessions']} session(s) behind it, fewer than the "
+                f"{stats.MIN_SESSIONS} a session bootstrap needs; run longer or with more sessions.")
     if not (row["lo"] > 0 or row["hi"] < 0):
         return f"{head}: no detectable change (the 95% CI includes 0)."
     word = "faster" if row["delta_pct"] < 0 else "slower"
@@ -83,7 +88,9 @@ def arm_table_md(c: Comparison) -> list[str]:
     lines = [f"| metric | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor |", "|---|---|---|---|---|"]
     for r in c.arm_table.itertuples():
         lines.append(f"| {r.metric} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi)} | "
-                     f"{fmt_floor(r.floor)} |")
+                     f"{fmt_floor(r.floor, c.aa_source is not None)} |")
+    if c.aa_source:
+        lines += ["", f"A/A noise floor from: {c.aa_source}. Repeats of an arm are pooled in this table."]
     return lines
 
 
@@ -101,7 +108,7 @@ def matched_md(c: Comparison) -> list[str]:
     for r in c.matched.itertuples():
         lines.append(f"| {r.metric} | {r.n} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi)} | "
                      f"{r.median_req_delta_pct:+.1f}% | {r.faster} / {r.slower} | {r.sign_p:.3g} | "
-                     f"{fmt_floor(getattr(r, 'floor', None))} |")
+                     f"{fmt_floor(getattr(r, 'floor', None), c.aa_source is not None)} |")
     return lines
 
 

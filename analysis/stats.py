@@ -24,6 +24,9 @@ import numpy as np
 N_BOOT = 2000
 SEED = 20240917          # fixed: the same run dir gives the same CIs every time
 CHUNK = 256              # replicates per block, to bound memory at [CHUNK, n_requests]
+# Below this many sessions a session bootstrap has too few distinct resamples to mean anything
+# (2 sessions give 3 distinct draws); the report then says "no CI" rather than a confident range.
+MIN_SESSIONS = 5
 
 # A statistic maps (values [n], weights [b, n]) -> [b]; values are pre-sorted where it matters.
 Stat = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -102,8 +105,9 @@ class Delta:
     a: float
     b: float
     pct: float          # (b - a) / a, percent
-    lo: float           # 95% CI of pct
+    lo: float           # 95% CI of pct; NaN when fewer than MIN_SESSIONS sessions
     hi: float
+    sessions: int = 0   # distinct sessions behind the estimate
 
     def excludes_zero(self) -> bool:
         return bool(self.lo > 0 or self.hi < 0)
@@ -114,6 +118,10 @@ def paired_bootstrap(a: Sample, b: Sample, n_sessions: int, n_boot: int = N_BOOT
     """Delta % of b over a with a session-clustered percentile-bootstrap CI."""
     pa = float(a.stat(a.values, np.ones((1, len(a.values))))[0])
     pb = float(b.stat(b.values, np.ones((1, len(b.values))))[0])
+    pct = float(delta_pct(np.float64(pa), np.float64(pb)))
+    present = len(np.union1d(a.sessions, b.sessions))
+    if present < MIN_SESSIONS:
+        return Delta(pa, pb, pct, float("nan"), float("nan"), present)
     draws = session_draws(n_sessions, n_boot, seed)
     reps = []
     for s in range(0, n_boot, CHUNK):
@@ -123,7 +131,7 @@ def paired_bootstrap(a: Sample, b: Sample, n_sessions: int, n_boot: int = N_BOOT
     d = d[np.isfinite(d)]
     tail = (100.0 - level) / 2
     lo, hi = (np.percentile(d, [tail, 100 - tail]) if len(d) else (np.nan, np.nan))
-    return Delta(pa, pb, float(delta_pct(np.float64(pa), np.float64(pb))), float(lo), float(hi))
+    return Delta(pa, pb, pct, float(lo), float(hi), present)
 
 
 def paired_ratio_bootstrap(a: np.ndarray, b: np.ndarray, sessions: np.ndarray, n_boot: int = N_BOOT,

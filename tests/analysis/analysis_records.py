@@ -34,3 +34,13 @@ def write_jsonl(path: Path, lines: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     return path
+
+
+def make_run(root: Path, arm_runs: dict[str, list[dict]], **manifest) -> Path:
+    """A run dir from hand-made records: arms/<name>/aiperf/profile_export.jsonl + manifest.json."""
+    for name, lines in arm_runs.items():
+        write_jsonl(root / "arms" / name / "aiperf" / "profile_export.jsonl", lines)
+    doc = {"arm_runs": [{"name": n, "arm": n.split(".")[0], "round": int(n.split(".")[1]) if "." in n else 1}
+                        for n in arm_runs], **manifest}
+    (root / "manifest.json").write_text(json.dumps(doc))
+    return root

@@ -43,3 +43,11 @@ def test_table_not_run_and_one_sided(tmp_path):
     lines = accuracy_md(a, b, "off", "on", "sglang")
     assert lines[-1] == "| gsm8k | not run | 50.0% (strict 50.0%) | - | - / 2 | - / 0 | - |"
     assert not any("plumbing only" in line for line in lines)
+
+
+def test_paired_test_failure_is_reported_in_the_cell_not_raised(tmp_path):
+    a, b = ArmPaths(tmp_path / "off"), ArmPaths(tmp_path / "on")
+    for arm in (a, b):   # gsm8k records without the strict fields the paired McNemar needs
+        write_jsonl(arm.accuracy_records("gsm8k"), [dict(q(0, True), output="x"), dict(q(1, False), output="y")])
+    row = accuracy_md(a, b, "off", "on", "sglang")[2]
+    assert row.startswith("| gsm8k | 50.0% | 50.0% | +0.0 | 2 / 2 | 0 / 0 | paired test failed: KeyError")

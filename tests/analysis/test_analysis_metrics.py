@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from analysis_records import record
@@ -40,8 +41,17 @@ def test_arm_table_point_estimates_by_hand():
     assert t.loc["throughput", "a"] == pytest.approx(4 * 11 / 2.0)       # 4 requests x 11 tokens / 2 s
     assert t.loc["completed", ["a", "b"]].tolist() == [4.0, 4.0]
     assert t.loc["ttft_p50", "delta_pct"] == 0.0
-    # Every request halves, so every session-resample halves too: the CI collapses on -50%.
-    assert t.loc["tpot_mean", ["lo", "hi"]].tolist() == pytest.approx([-50.0, -50.0])
+    # Two sessions are too few for a session bootstrap: no CI rather than a false one.
+    assert t.loc["tpot_mean", "sessions"] == 2 and t["lo"].isna().all() and t["hi"].isna().all()
+
+
+def test_ci_collapses_when_every_request_halves():
+    off = frame([record(f"s{i}", 0, 0, tpot=4 + i) for i in range(6)])
+    on = frame([record(f"s{i}", 0, 0, tpot=(4 + i) / 2) for i in range(6)])
+    t = arm_deltas(ArmData(off, 1.0), ArmData(on, 1.0), n_boot=200).set_index("key")
+    # Every session-resample halves too, so the CI collapses on -50% for every TPOT statistic.
+    for key in ("tpot_p50", "tpot_mean", "tpot_p90"):
+        assert t.loc[key, ["delta_pct", "lo", "hi"]].tolist() == pytest.approx([-50.0, -50.0, -50.0])
 
 
 def test_match_with_repeated_keys_and_unmatched_requests():
@@ -72,7 +82,7 @@ def test_matched_deltas_by_hand():
     assert row["delta_pct"] == pytest.approx((58 / 3 - 20) / 20 * 100)
     assert row["median_req_delta_pct"] == pytest.approx(-10.0)          # -10%, -20%, +10%
     assert (row["faster"], row["slower"]) == (2, 1) and row["sign_p"] == pytest.approx(1.0)
-    assert row["lo"] <= row["delta_pct"] <= row["hi"]
+    assert row["sessions"] == 3 and np.isnan(row["lo"])                  # 3 sessions: below MIN_SESSIONS
     lat = t.loc["latency_ms"]                                             # latency = ttft + 10 * tpot
     assert lat["a"] == pytest.approx(220.0) and lat["b"] == pytest.approx((110 + 181 + 349) / 3)
 

@@ -100,8 +100,9 @@ def test_compare_two_runs_on_arms(run, tmp_path):
 
 def test_accuracy_table_and_emulator_label(run):
     for arm, correct in (("off", [1, 1, 0, 1]), ("on", [1, 0, 0, 1])):
-        rows = [{"id": f"q{i}", "repeat": 0, "prompt_hash": "h", "output": "x", "extracted": "1", "gold": "1",
-                 "correct": bool(c), "latency_s": 0.1, "finish_reason": "stop", "retried": False, "failed": False}
+        rows = [{"id": f"q{i}", "repeat": 0, "prompt_hash": "h", "output": f"x{c}", "extracted": str(c),
+                 "gold": "1", "correct": bool(c), "extracted_strict": str(c), "correct_strict": bool(c),
+                 "latency_s": 0.1, "finish_reason": "stop", "retried": False, "failed": False}
                 for i, c in enumerate(correct)]
         write_jsonl(run / "arms" / arm / "accuracy" / "gsm8k.jsonl", rows)
     manifest = json.loads((run / "manifest.json").read_text())
@@ -110,7 +111,9 @@ def test_accuracy_table_and_emulator_label(run):
     md = write_report(run, n_boot=N_BOOT).read_text()
     acc = section(md, "Accuracy")
     assert "plumbing only: emulator output is filler, accuracy not meaningful" in acc
-    assert "| gsm8k | 75.0% | 50.0% | -25.0 | 4 / 4 | 0 / 0 |" in acc
+    assert "| gsm8k | 75.0% (strict 75.0%) | 50.0% (strict 50.0%) | -25.0 | 4 / 4 | 0 / 0 | McNemar exact p=1 " \
+           "(off-only 1, on-only 0, n=4); strict p=1; outputs differ 1/4 |" in acc
+    assert "Discordant questions, gsm8k (off -> on):\n- q1 (repeat 0): right -> wrong" in acc
 
 
 def test_kernel_in_the_loop_section_from_cycle_log(run):
@@ -179,3 +182,32 @@ def test_report_on_live_aiperf_run(live_run):
     assert "| no repeat |" in section(md, "Per-arm metrics")     # no arm ran twice: no A/A floor
     for name in PLOTS:
         assert_image(live_run / "plots" / name)
+
+
+def test_abba_pairs_kth_runs_and_takes_floor_from_both_arms(tmp_path):
+    from analysis_records import make_run, record
+
+    def arm(tpots):
+        return [record(f"s{i}", 0, i, tpot=t) for i, t in enumerate(tpots)]
+
+    off = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    run = make_run(tmp_path / "abba", {"off": arm(off), "on": arm([t * 0.8 for t in off]),
+                                       "on.2": arm([t * 0.8 * 0.99 for t in off]), "off.2": arm([t * 1.01 for t in off])})
+    md = write_report(run, n_boot=N_BOOT).read_text()
+    assert [l.split(" | ")[0] for l in section(md, "Load").splitlines() if l.startswith("| o")] == \
+        ["| off", "| off.2", "| on", "| on.2"]
+    assert "A/A noise floor from: off vs off.2, on vs on.2." in md
+    row = next(l for l in section(md, "Matched requests").splitlines() if l.startswith("| Decode time"))
+    # Pairs off|on and off.2|on.2: mean after / mean before = 0.8 * (1 + 0.99) / (1 + 1.01) -> -20.8%.
+    assert row.startswith("| Decode time per token (ms) | 12 | 12.56 | 9.95 | -20.8% [")
+    assert "| 12 / 0 |" in row and "no repeat" not in row
+
+
+def test_too_few_sessions_gives_no_ci_and_no_conclusion(tmp_path):
+    from analysis_records import make_run, record
+
+    run = make_run(tmp_path / "tiny", {"off": [record("s0", 0, 0, tpot=10), record("s1", 0, 0, tpot=12)],
+                                       "on": [record("s0", 0, 0, tpot=8), record("s1", 0, 0, tpot=9)]})
+    md = write_report(run, n_boot=N_BOOT).read_text()
+    assert "no conclusion: 2 session(s) behind it, fewer than the 5" in md.splitlines()[2]
+    assert "| TPOT p50 (ms) | 11.00 | 8.50 | -22.7% [no CI: < 5 sessions] | no repeat |" in md
