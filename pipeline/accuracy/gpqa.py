@@ -10,7 +10,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from pipeline.accuracy.data import HubSource, DataError, load_hub, read_rows, require_fields, row_id
+from pipeline.accuracy.data import HubSource, load_hub, read_rows, require_fields, row_id
 from pipeline.accuracy.spec import TaskSpec
 
 HUB = HubSource("Idavidrein/gpqa", "gpqa_diamond", ("train",),
@@ -24,8 +24,9 @@ INSTRUCTION = ("Answer this multiple-choice question. Think it through step by s
                "your response with a line of the form 'Answer: X', where X is one of A, B, C, D.")
 
 # 'Answer' in any case, then the letter in upper case only, so prose such as
-# "answer: a reaction..." is not read as option A. Markdown bold is stripped first.
-_ANSWER = re.compile(r"(?i:answer)\s*:\s*[\(\[]?\s*([A-D])(?![\w])")
+# "answer: a reaction..." is not read as option A. Markdown bold is stripped first;
+# brackets, $ and LaTeX \boxed{...} / \text{...} around the letter are allowed.
+_ANSWER = re.compile(r"(?i:answer)\s*:(?:\s|[\(\[$]|\\boxed\{|\\text\{)*([A-D])(?![\w])")
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,6 @@ def load(spec: TaskSpec, where: str) -> list[Question]:
         q = Question(row_id(row, i), str(row["Question"]).strip(),
                      str(row["Correct Answer"]).strip(),
                      tuple(str(row[f"Incorrect Answer {k}"]).strip() for k in (1, 2, 3)))
-        if len({q.correct, *q.incorrect}) < 4:
-            raise DataError(f"{where}: question {q.id} of {path} has duplicate options; "
-                            "the shuffled letter would be ambiguous")
         out.append(q)
     return out[:spec.limit] if spec.limit else out
 

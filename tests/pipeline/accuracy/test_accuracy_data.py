@@ -134,3 +134,42 @@ def test_synthetic_is_deterministic_and_matches_committed_files(tmp_path):
              for r in synthetic.gsm8k_rows(0, 8, 40)]
     assert any("." in g for g in golds) and any(g.startswith("-") for g in golds)
     assert any(int(float(g)) >= 1000 for g in golds)
+
+
+def test_hub_rows_map_to_splits(monkeypatch):
+    # The hub itself is out of reach here; `datasets.load_dataset` is replaced below our
+    # interface by real `datasets.Dataset` objects, to pin repo/config/split and the mapping.
+    import datasets
+
+    rows = [json.loads(x) for x in GSM.read_text().splitlines()]
+    gpqa_rows = [json.loads(x) for x in GPQA.read_text().splitlines()]
+    published = {  # the hub's GSM8K has no id or split column
+        ("openai/gsm8k", "main", "test"): [{"question": r["question"], "answer": r["answer"]}
+                                           for r in rows if r["split"] == "test"],
+        ("openai/gsm8k", "main", "train"): [{"question": r["question"], "answer": r["answer"]}
+                                            for r in rows if r["split"] == "train"],
+        ("Idavidrein/gpqa", "gpqa_diamond", "train"): gpqa_rows}
+    calls = []
+
+    def load_dataset(repo, config, split):
+        calls.append((repo, config, split))
+        return datasets.Dataset.from_list(published[(repo, config, split)])
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")   # skips the reachability probe
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    evals, shots = gsm8k.load(TaskSpec(name="gsm8k", limit=3), "w")
+    assert calls == [("openai/gsm8k", "main", "test"), ("openai/gsm8k", "main", "train")]
+    assert [q.id for q in evals] == ["0", "1", "2"] and len(shots) == 5
+    assert shots[0].question == rows[0]["question"]   # first train row
+    qs = gpqa.load(TaskSpec(name="gpqa_diamond"), "w")
+    assert calls[-1] == ("Idavidrein/gpqa", "gpqa_diamond", "train")
+    assert len(qs) == 24 and qs[0].id == "syn-gpqa-000"
+
+    def gated(repo, config, split):
+        raise FileNotFoundError("Dataset 'Idavidrein/gpqa' is a gated dataset on the Hub.")
+
+    monkeypatch.setattr(datasets, "load_dataset", gated)
+    with pytest.raises(DataError, match=r"w: could not load Idavidrein/gpqa/gpqa_diamond from the "
+                                        r"HF hub \(FileNotFoundError: Dataset 'Idavidrein/gpqa' is "
+                                        r"a gated dataset on the Hub.\); provide a local file"):
+        gpqa.load(TaskSpec(name="gpqa_diamond"), "w")

@@ -74,6 +74,9 @@ def test_gold_parse_and_error():
     ("ANSWER: A", "A"),
     ("Answer:B.", "B"),
     ("Answer: [A]", "A"),
+    ("Answer: \\boxed{C}", "C"),
+    ("Answer: $\\boxed{D}$", "D"),
+    ("Answer: $\\text{B}$", "B"),
     ("Answer: B\nOn reflection.\nAnswer: C", "C"),   # the last one counts
     ("Answer: a reaction happens", None),            # lower-case prose is not option A
     ("Answer: E", None),
