@@ -29,6 +29,7 @@ import json
 import math
 import random
 import sys
+import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -256,35 +257,44 @@ def trace_stats(sessions: list[dict]) -> dict:
 def _train_texts() -> list[str]:
     """Training text: docstrings of a fixed set of stdlib modules (English prose plus code words)."""
     import importlib
-    import inspect
 
     mods = ("argparse asyncio collections csv dataclasses datetime decimal email functools "
             "http.client itertools json logging os pathlib random re shutil socket sqlite3 "
             "statistics string subprocess tarfile textwrap threading typing unittest "
             "urllib.request zipfile").split()
     texts = []
-    for name in mods:
-        mod = importlib.import_module(name)
-        texts.append(inspect.getdoc(mod) or "")
-        for key, obj in sorted(vars(mod).items()):
-            # Only what the module defines: its namespace also holds whatever other imports
-            # added, which would make the vocabulary depend on the caller's imports.
-            if (key.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj))
-                    or getattr(obj, "__module__", None) != name):
-                continue
-            texts.append(inspect.getdoc(obj) or "")
-            if inspect.isclass(obj):
-                texts += [inspect.getdoc(f) or "" for k, f in sorted(vars(obj).items())
-                          if not k.startswith("_") and inspect.isfunction(f)
-                          and f.__module__ == name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # typing.io / typing.re on access
+        for name in mods:
+            texts += _module_docs(importlib.import_module(name), name)
     return [t for t in texts if t]
+
+
+def _module_docs(mod, name: str) -> list[str]:
+    import inspect
+
+    texts = [inspect.getdoc(mod) or ""]
+    for key, obj in sorted(vars(mod).items()):
+        # Only what the module defines: its namespace also holds whatever other imports
+        # added (transformers even patches logging.Logger), which would make the
+        # vocabulary depend on the caller's imports.
+        if (key.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj))
+                or getattr(obj, "__module__", None) != name):
+            continue
+        texts.append(inspect.getdoc(obj) or "")
+        if inspect.isclass(obj):
+            texts += [inspect.getdoc(f) or "" for k, f in sorted(vars(obj).items())
+                      if not k.startswith("_") and inspect.isfunction(f)
+                      and f.__module__ == name]
+    return texts
 
 
 def build_tokenizer(out: Path, vocab_size: int = 4096) -> Path:
     """A byte-level BPE (no unknown tokens: any text round-trips) saved as a HF tokenizer dir.
 
     Loads offline with `transformers.AutoTokenizer.from_pretrained(out)` and aiperf's
-    `--tokenizer out`; carries a ChatML chat template and <|endoftext|> as eos/pad.
+    `--tokenizer out`; carries a ChatML chat template and <|endoftext|> as eos/pad. Trained on
+    stdlib docstrings, so byte-reproducible for a given Python minor version (committed: 3.11).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -116,8 +117,11 @@ def test_tokenizer_is_reproducible_small_and_loads(tmp_path):
     from transformers import AutoTokenizer
 
     build_tokenizer(tmp_path)
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        assert (tmp_path / f).read_bytes() == (TOKENIZER / f).read_bytes(), f
+    # The training text is stdlib docstrings: byte-identical only on the Python minor version
+    # the committed directory was built with.
+    if sys.version_info[:2] == (3, 11):
+        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            assert (tmp_path / f).read_bytes() == (TOKENIZER / f).read_bytes(), f
     assert sum(f.stat().st_size for f in TOKENIZER.iterdir()) < 1_000_000
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
     text = "def parse(argv):\n    return json.loads(argv[1])  # naïve résumé"
