@@ -15,6 +15,16 @@ from pathlib import Path
 from pipeline.accuracy.spec import TASK_NAMES
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True,
                         help="server root, /v1 base or full /v1/chat/completions URL")
@@ -35,7 +45,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--retries", type=int, default=3)
-    parser.add_argument("--extra-body", type=json.loads, default=None, metavar="JSON",
+    parser.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
                         help='merged into each request, e.g. '
                              '\'{"chat_template_kwargs": {"enable_thinking": false}}\'')
     parser.add_argument("--out", type=Path, default=Path("eval"),

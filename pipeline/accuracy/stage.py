@@ -55,7 +55,6 @@ class AccuracyResult:
 
 @dataclass(frozen=True)
 class _Job:
-    order: int
     id: str
     repeat: int
     messages: list[dict]
@@ -87,13 +86,13 @@ def _plan(task: TaskSpec, where: str) -> tuple[list[_Job], int]:
         for q in questions:
             for r in range(task.repeats):
                 msgs = gsm8k.messages(q, shots)
-                jobs.append(_Job(len(jobs), q.id, r, msgs, q.gold, prompt_hash(msgs)))
+                jobs.append(_Job(q.id, r, msgs, q.gold, prompt_hash(msgs)))
     else:
         questions = gpqa.load(task, where)
         for q in questions:
             for r in range(task.repeats):
                 msgs, gold = gpqa.messages(q, r, task.seed)
-                jobs.append(_Job(len(jobs), q.id, r, msgs, gold, prompt_hash(msgs)))
+                jobs.append(_Job(q.id, r, msgs, gold, prompt_hash(msgs)))
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)

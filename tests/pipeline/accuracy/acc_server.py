@@ -38,6 +38,7 @@ class AnswerServer:
         self.fail, self.flaky, self.slow, self.slow_s = set(fail), set(flaky), set(slow), slow_s
         self.attempts: Counter = Counter()      # prompt text -> requests seen
         self.requests_by_id: Counter = Counter()
+        self.bodies: list[dict] = []
         self.port = 0
 
     # -- answering --
@@ -67,6 +68,7 @@ class AnswerServer:
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()
+        self.bodies.append(body)
         content = body["messages"][-1]["content"]
         is_gpqa = _OPTION.search(content) is not None
         qid, text = self._gpqa_reply(content) if is_gpqa else self._gsm_reply(content)

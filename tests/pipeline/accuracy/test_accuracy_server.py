@@ -134,3 +134,21 @@ def test_timeout_is_retried(tmp_path):
         (t,) = run_accuracy(task, url=srv.url, model="m", out_dir=tmp_path).tasks
         assert srv.requests_by_id["syn-gsm-test-001"] == 2
     assert (t.accuracy, t.n_failed, t.n_retried) == (1.0, 0, 1)
+
+
+def test_eval_command_sends_the_request_the_flags_describe(tmp_path, capsys):
+    from pipeline.accuracy.cli import eval_main
+
+    with gsm_server() as srv:
+        rc = eval_main(["--url", srv.url + "/v1/chat/completions", "--model", "mm", "--task",
+                        "gsm8k", "--data", str(GSM), "--limit", "2", "--max-tokens", "100",
+                        "--temperature", "0.5", "--seed", "3", "--out", str(tmp_path),
+                        "--extra-body", '{"chat_template_kwargs": {"enable_thinking": false}}'])
+        bodies = sorted(srv.bodies, key=lambda b: b["messages"][-1]["content"])
+    assert rc == 0
+    assert capsys.readouterr().out.startswith("gsm8k: accuracy 1.0000 (strict 1.0000) over 2")
+    assert len(bodies) == 2 and len(bodies[0]["messages"]) == 11   # 5 shots x 2 + question
+    b = bodies[0]
+    assert (b["model"], b["max_tokens"], b["temperature"]) == ("mm", 100, 0.5)
+    assert b["chat_template_kwargs"] == {"enable_thinking": False}
+    assert isinstance(b["seed"], int) and bodies[1]["seed"] != b["seed"]
