@@ -10,7 +10,7 @@ from pipeline.emulator.tokens import TokenizerError
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_argv(argv)
-        from pipeline.emulator.server import build_app, serve  # noqa: F401  (aiohttp only once config is good)
+        from pipeline.emulator.server import serve  # aiohttp and the cost model load only once config is good
 
         serve(cfg)
     except (ConfigError, TokenizerError) as e:
