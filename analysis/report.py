@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -213,23 +214,25 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
     return out
 
 
-def cli_report(run_dirs: list[str], out: str | None = None, arms: str | None = None) -> int:
-    """Entry point for `pipeline report RUN_DIR [B_DIR] [--out FILE] [--arms A,B]`; returns the exit code."""
+def cli_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
+               arms: Sequence[str] | str | None = None) -> int:
+    """`pipeline report RUN_DIR [B_DIR] [--out FILE] [--arms A B]`: write the report, print its path,
+    return the exit code; bad input prints one `error: ...` line on stderr and returns 2."""
     if len(run_dirs) not in (1, 2):
         print(f"error: pipeline report takes RUN_DIR or A_DIR B_DIR, got {len(run_dirs)} paths", file=sys.stderr)
         return 2
     pair = None
     if arms:
-        parts = arms.split(",")
+        parts = arms.split(",") if isinstance(arms, str) else list(arms)
         if len(parts) != 2 or not all(parts):
-            print(f"error: --arms: expected two arm names like 'off,on', got {arms!r}", file=sys.stderr)
+            print(f"error: --arms: expected two arm names like 'off on', got {arms!r}", file=sys.stderr)
             return 2
-        pair = (parts[0], parts[1])
+        pair = (str(parts[0]), str(parts[1]))
     try:
         path = write_report(Path(run_dirs[0]), Path(out) if out else None,
                             compare=Path(run_dirs[1]) if len(run_dirs) == 2 else None, arms=pair)
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(path)
+    print(f"report: {path}")
     return 0

@@ -155,7 +155,9 @@ def test_cli_errors_are_one_line(run, capsys, breakage, message):
 
 def test_cli_argument_errors(run, capsys):
     assert cli_report([str(run)], arms="off") == 2
-    assert "--arms: expected two arm names like 'off,on', got 'off'" in capsys.readouterr().err
+    assert "--arms: expected two arm names like 'off on', got 'off'" in capsys.readouterr().err
+    assert cli_report([str(run)], arms=["off", "on", "x"]) == 2
+    assert "got ['off', 'on', 'x']" in capsys.readouterr().err
     assert cli_report([str(run), str(run), str(run)]) == 2
     with pytest.raises(ReportError, match=r"no arm 'base' \(arms with exports: off, on\); pick one with --arms"):
         write_report(run, arms=("base", "on"), n_boot=N_BOOT)
@@ -163,7 +165,9 @@ def test_cli_argument_errors(run, capsys):
 
 def test_cli_success_prints_path(run, capsys):
     assert cli_report([str(run)]) == 0
-    assert capsys.readouterr().out.strip() == str(run / "report.md")
+    assert capsys.readouterr().out.strip() == f"report: {run / 'report.md'}"
+    assert cli_report([run, run], arms=["off", "on"]) == 0
+    assert capsys.readouterr().out.strip() == f"report: {run / 'compare_run.md'}"
 
 
 @pytest.fixture(scope="session")
@@ -211,3 +215,27 @@ def test_too_few_sessions_gives_no_ci_and_no_conclusion(tmp_path):
     md = write_report(run, n_boot=N_BOOT).read_text()
     assert "no conclusion: 2 session(s) behind it, fewer than the 5" in md.splitlines()[2]
     assert "| TPOT p50 (ms) | 11.00 | 8.50 | -22.7% [no CI: < 5 sessions] | no repeat |" in md
+
+
+def test_pipeline_report_command(run):
+    """The real console entry point, as a user runs it."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())",
+                        "report", str(run)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert str(run / "report.md") in r.stdout
+    check_report((run / "report.md").read_text(), "off", "on")
+
+
+def test_pipeline_report_command_error_is_one_line(run):
+    import subprocess
+    import sys
+
+    shutil.rmtree(run / "arms" / "on")
+    r = subprocess.run([sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())",
+                        "report", str(run)], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+    assert "arm 'on' has no aiperf export" in r.stderr
