@@ -77,10 +77,15 @@ def summarize(task: str, records: list[dict], *, model: str, n_questions: int,
         out.update(n_correct_strict=strict_ok, accuracy_strict=_ratio(strict_ok, n),
                    n_invalid_strict=strict_invalid,
                    invalid_rate_strict=_ratio(strict_invalid, n))
-    by_repeat = {}
+    by_repeat: dict[int, list[bool]] = {}
+    by_question: dict[str, list[bool]] = {}
     for r in records:
         by_repeat.setdefault(r["repeat"], []).append(bool(r["correct"]))
+        by_question.setdefault(r["id"], []).append(bool(r["correct"]))
     out["accuracy_by_repeat"] = [_ratio(sum(v), len(v)) for _, v in sorted(by_repeat.items())]
+    if repeats > 1:
+        # Mean correctness per question over its repeats: what the paired test compares.
+        out["per_question_accuracy"] = {q: sum(v) / len(v) for q, v in by_question.items()}
     return out
 
 

@@ -80,6 +80,10 @@ def test_gpqa_known_pattern_exact_with_repeats(tmp_path):
         golds.setdefault(r["id"], set()).add(r["gold"])
     assert sum(len(g) > 1 for g in golds.values()) >= 12
     assert all(r["extracted"] == r["gold"] for r in recs if r["id"] == "syn-gpqa-004")
+    summary = json.loads(Path(t.summary_path).read_text())
+    assert summary["accuracy_by_repeat"] == [21 / 24] * 3
+    per_q = summary["per_question_accuracy"]
+    assert len(per_q) == 24 and per_q["syn-gpqa-001"] == 0.0 and per_q["syn-gpqa-004"] == 1.0
 
 
 def test_resume_asks_only_missing_and_failed(tmp_path):
