@@ -72,7 +72,8 @@ def run_eval(args: argparse.Namespace) -> int:
     Returns 0, or 1 with a one-line error for bad data, bad flags or a foreign out folder."""
     from pydantic import ValidationError
 
-    from pipeline.accuracy.stage import run_accuracy
+    from pipeline.accuracy.data import DataError
+    from pipeline.accuracy.stage import ResumeError, run_accuracy
 
     try:
         spec = spec_from_args(args)
@@ -87,7 +88,7 @@ def run_eval(args: argparse.Namespace) -> int:
             msg = f"{flag}: {msg} (got {first.get('input')!r})"
         print(f"pipeline eval: error: {msg}", file=sys.stderr)
         return 1
-    except ValueError as e:   # DataError, ResumeError: already one line with the fix
+    except (DataError, ResumeError) as e:   # already one line that names the fix
         print(f"pipeline eval: error: {e}", file=sys.stderr)
         return 1
     for t in result.tasks:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.accuracy import gpqa, gsm8k
+from pipeline.accuracy.data import DataError
 from pipeline.accuracy.records import (prompt_hash, read_records, records_path, summarize,
                                        summary_path, write_records)
 from pipeline.accuracy.spec import AccuracySpec, TaskSpec
@@ -96,7 +97,7 @@ def _plan(task: TaskSpec, where: str) -> tuple[list[_Job], int]:
     ids = [q.id for q in questions]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
-        raise ValueError(f"{where}: question id '{dup}' appears more than once; "
+        raise DataError(f"{where}: question id '{dup}' appears more than once; "
                          "ids must be unique to pair arms and resume")
     return jobs, len(questions)
 

@@ -173,3 +173,16 @@ def test_hub_rows_map_to_splits(monkeypatch):
                                         r"HF hub \(FileNotFoundError: Dataset 'Idavidrein/gpqa' is "
                                         r"a gated dataset on the Hub.\); provide a local file"):
         gpqa.load(TaskSpec(name="gpqa_diamond"), "w")
+
+
+def test_duplicate_ids_refused(tmp_path):
+    from pipeline.accuracy.stage import run_accuracy
+
+    row = {"Record ID": "r1", "Question": "q", "Correct Answer": "1", "Incorrect Answer 1": "2",
+           "Incorrect Answer 2": "3", "Incorrect Answer 3": "4"}
+    f = tmp_path / "dup.jsonl"
+    f.write_text((json.dumps(row) + "\n") * 2)
+    spec = AccuracySpec(tasks=[{"name": "gpqa_diamond", "data": f}])
+    with pytest.raises(DataError, match=r"accuracy.tasks\[0\].data: question id 'r1' appears more "
+                                        "than once; ids must be unique"):
+        run_accuracy(spec, url="http://127.0.0.1:1", model="m", out_dir=tmp_path)
