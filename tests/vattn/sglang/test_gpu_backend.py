@@ -22,6 +22,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_env as E  # noqa: E402
 
+SGL_KERNEL_STUBBED = E.stub_missing_sgl_kernel()
 try:
     E.import_sglang()
 except ImportError as exc:
@@ -121,8 +122,18 @@ def test_backend_entry_matches_reference_on_sglang_layout(published, mode, kv_dt
     assert published._ProcessState.disabled is None, published._ProcessState.disabled
     assert base_calls == [], "the call fell back to the Triton base"
     assert backend._inputs is not None and backend._inputs.mode == mode
+    _assert_kv_written(env, fb, layer, k)
     ref = _oracle(env, rows, full, q_len, layer, q)
     assert _rel_err(out, ref) <= tol
+
+
+def _assert_kv_written(env, fb, layer, k):
+    """The new tokens' K is in the pool where req_to_token says (sglang's write, which vattn reads)."""
+    raw = env.kv_pool.get_key_buffer(layer.layer_id)[fb.out_cache_loc]
+    scale = float(layer.k_scale) if raw.dtype == FP8 else 1.0
+    stored = raw.float()
+    want = k.float().view_as(stored)
+    assert float((stored * scale - want).norm() / want.norm()) <= 7e-2, "the KV write did not land in the pool"
 
 
 def test_build_failure_warns_once_and_base_serves(published, monkeypatch, caplog):
