@@ -32,7 +32,9 @@ def cycles_frame(lines: list[dict]) -> "pd.DataFrame":
 
 
 def cycle_summary(df: "pd.DataFrame") -> dict[str, float]:
-    """Cycles, mean/p50/p90 step time, and the attention share of step time."""
+    """Cycles, mean/p50/p90 step time, decode-only p50, and the attention share of step time."""
+    import pandas as pd
+
     step = df["step_us"].dropna().to_numpy(float) if "step_us" in df else np.array([])
     out = {"cycles": float(len(df))}
     if len(step):
@@ -40,6 +42,11 @@ def cycle_summary(df: "pd.DataFrame") -> dict[str, float]:
                    step_p90=float(np.percentile(step, 90)))
         if "attn_us" in df:
             out["attn_share"] = float(df["attn_us"].sum() / df["step_us"].sum())
+        if "prefill_tokens" in df:
+            # Decode-only cycles isolate what the attention kernel changes from prefill's long steps.
+            dec = df.loc[pd.to_numeric(df["prefill_tokens"], errors="coerce") == 0, "step_us"].dropna()
+            if len(dec):
+                out["decode_step_p50"] = float(np.percentile(dec.to_numpy(float), 50))
     return out
 
 
@@ -56,11 +63,12 @@ def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> l
         return []
     lines = ["From the emulator's per-cycle log (first run of each arm). Attention share = attention time / "
              "step time, summed over cycles.", "",
-             "| arm | cycles | step mean (us) | step p50 (us) | step p90 (us) | attention share |",
-             "|---|---|---|---|---|---|"]
+             "| arm | cycles | step mean (us) | step p50 (us) | step p90 (us) | decode-only step p50 (us) "
+             "| attention share |", "|---|---|---|---|---|---|---|"]
     for label, df in frames.items():
         s = cycle_summary(df)
-        cells = [f"{s.get(k, float('nan')):.1f}" for k in ("step_mean", "step_p50", "step_p90")]
+        cells = [f"{s[k]:.1f}" if k in s else "n/a"
+                 for k in ("step_mean", "step_p50", "step_p90", "decode_step_p50")]
         share = f"{s['attn_share'] * 100:.1f}%" if "attn_share" in s else "n/a"
         lines.append(f"| {label} | {int(s['cycles'])} | {' | '.join(cells)} | {share} |")
     steps = {k: df["step_us"].dropna().to_numpy(float) for k, df in frames.items() if "step_us" in df}

@@ -76,9 +76,15 @@ def tpot_over_time(frames: dict[str, "pd.DataFrame"], path: Path) -> Path:
 
 def step_time_distribution(steps_by_arm: dict[str, np.ndarray], path: Path, unit: str) -> Path:
     """Emulator: distribution of modelled step (speculative cycle) time per arm."""
-    fig, ax = _figure("Emulator step time per arm", f"step time ({unit})", "cycles")
-    for i, (label, v) in enumerate(steps_by_arm.items()):
-        ax.hist(np.asarray(v, float), bins=40, alpha=0.5, label=label, color=COLORS[i % 4])
+    fig, ax = _figure("Emulator step time per arm", f"step time ({unit}, log scale)", "cycles")
+    vals = [np.asarray(v, float) for v in steps_by_arm.values()]
+    pos = np.concatenate([v[v > 0] for v in vals]) if vals else np.array([])
+    # Prefill cycles are 10-100x longer than decode cycles: log bins keep both visible.
+    bins = np.geomspace(pos.min(), pos.max() * 1.001, 50) if len(pos) and pos.max() > pos.min() else 40
+    for i, (label, v) in enumerate(zip(steps_by_arm, vals)):
+        ax.hist(v[v > 0], bins=bins, alpha=0.5, label=label, color=COLORS[i % 4])
+    if len(pos):
+        ax.set_xscale("log")
     ax.legend()
     return _save(fig, path)
 
