@@ -265,10 +265,11 @@ def sweep_configs():
     """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV)."""
     from vattn.kernel import MainConfig
 
-    base = [(64, 4, 2), (64, 8, 2), (64, 8, 3), (128, 8, 2)]
-    out = [MainConfig(block_n=n, num_warps=w, num_stages=s) for n, w, s in base]
-    out += [MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=True) for n, w, s in base]
-    out += [MainConfig(block_n=64, num_warps=8, num_stages=2, qk_fp8=True, pv_fp8=True)]
+    plain = [(64, 4, 2, False), (64, 4, 3, False), (32, 4, 3, False), (64, 4, 2, True), (64, 4, 3, True),
+             (32, 4, 3, True)]
+    out = [MainConfig(block_n=n, num_warps=w, num_stages=st, prefetch_pages=pf) for n, w, st, pf in plain]
+    out += [MainConfig(block_n=64, num_warps=4, num_stages=st, qk_fp8=True, prefetch_pages=pf)
+            for st, pf in ((2, False), (2, True), (3, True))]
     return out
 
 
@@ -296,7 +297,7 @@ def _run_one(shape, planners, replays, config, check, label=None) -> list[dict]:
 
 def _label(c) -> str:
     return (f"vattn[bn{c.block_n},w{c.num_warps},s{c.num_stages}"
-            f"{',qk8' if c.qk_fp8 else ''}{',pv8' if c.pv_fp8 else ''}]")
+            f"{',qk8' if c.qk_fp8 else ''}{',pf' if c.prefetch_pages else ''}]")
 
 
 def format_table(records: list[dict]) -> str:
@@ -322,11 +323,11 @@ def _parse_config(text: str | None):
     from vattn.kernel import MainConfig
 
     try:
-        n, w, s, qk, pv = (int(x) for x in text.split(","))
+        n, w, s, qk, pf = (int(x) for x in text.split(","))
     except ValueError:
-        raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,pv_fp8 "
-                         "e.g. 64,8,2,1,0")
-    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=bool(qk), pv_fp8=bool(pv))
+        raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,prefetch_pages "
+                         "e.g. 64,4,2,0,1")
+    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=bool(qk), prefetch_pages=bool(pf))
 
 
 def main(argv=None) -> int:
@@ -336,9 +337,11 @@ def main(argv=None) -> int:
     ap.add_argument("--planners", default=",".join(PLANNER_ORDER), help="comma-separated subset of "
                     "balanced,length_aware,fixed")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")
-    ap.add_argument("--config", default=None, help="main-kernel config block_n,warps,stages,qk_fp8,pv_fp8")
+    ap.add_argument("--config", default=None, help="main-kernel config block_n,warps,stages,qk_fp8,prefetch_pages")
     ap.add_argument("--sweep", default="", help="shapes to sweep main-kernel configs on (balanced planner) "
                     "before the main run, e.g. 16x35k")
+    ap.add_argument("--use-sweep-best", action="store_true", help="run the shapes with the sweep's fastest "
+                    "config whose rel_err meets KERNEL.md's tolerance (warps still follow each shape's rows)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with vattn.reference")
     ap.add_argument("--out", default="vattn-bench.json", help="JSON list of records (default vattn-bench.json)")
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1 on tiny shapes: "
@@ -365,12 +368,15 @@ def main(argv=None) -> int:
     config = _parse_config(a.config)
     for shape in (select(a.sweep) if a.sweep else []):
         for c in sweep_configs():
-            if (c.qk_fp8 or c.pv_fp8) and shape.kv_dtype != "fp8":
+            if c.qk_fp8 and shape.kv_dtype != "fp8":
                 continue
             records += _run_one(shape, ["balanced"], a.replays, c, not a.no_check, label=_label(c))
             print(format_table([_stamp(records[-1], device, date, ceiling)]).splitlines()[-1], flush=True)
+    if a.use_sweep_best:
+        config = _best_of_sweep(records) or config
+        print(f"--use-sweep-best: {config}", flush=True)
     for shape in shapes:
-        records += _run_one(shape, planners, a.replays, config, not a.no_check)
+        records += _run_one(shape, planners, a.replays, _for_shape(config, shape), not a.no_check)
         for r in records[-len(planners):]:
             print(format_table([_stamp(r, device, date, ceiling)]).splitlines()[-1], flush=True)
     records = [_stamp(r, device, date, ceiling) for r in records]
@@ -396,6 +402,26 @@ def _dry_run(a) -> int:
         json.dump(records, f, indent=1)
     print(format_table(records))
     return 1 if any("error" in r for r in records) else 0
+
+
+def _best_of_sweep(records: list[dict]):
+    """Fastest swept config within tolerance (2e-2 fp8 KV, 5e-3 otherwise); None if none qualifies."""
+    from vattn.kernel import MainConfig
+
+    ok = [r for r in records if "error" not in r and r.get("rel_err") is not None
+          and r["rel_err"] <= (2e-2 if r["kv_dtype"] == "fp8" else 5e-3) and not r.get("nan")]
+    return MainConfig(**min(ok, key=lambda r: r["us"])["config"]) if ok else None
+
+
+def _for_shape(config, shape: Shape):
+    """A template config adapted to a shape: warps by its acc size, fp8 QK only with fp8 KV."""
+    if config is None:
+        return None
+    from vattn.kernel import default_config
+
+    rows = max(shape.q_lens) * shape.gqa
+    warps = default_config(shape.head_dim, rows, shape.kv_dtype == "fp8").num_warps
+    return replace(config, num_warps=warps, qk_fp8=config.qk_fp8 and shape.kv_dtype == "fp8")
 
 
 def _stamp(r: dict, device: str, date: str, ceiling: float) -> dict:

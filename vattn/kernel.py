@@ -28,15 +28,16 @@ class MainConfig:
     block_n: int = 64  # KV tokens per tile (the planners cut pieces at 64)
     num_warps: int = 4
     num_stages: int = 2
-    qk_fp8: bool = False  # fp8 KV only: Q quantised per row to e4m3, fp8 Q.K^T
-    pv_fp8: bool = False  # fp8 KV only: P scaled by 448 and cast to e4m3, fp8 P.V
+    qk_fp8: bool = False  # fp8 KV only: Q quantised per row to e4m3, fp8 Q.K^T (opt-in: see BENCHMARKS.md)
+    prefetch_pages: bool = False  # load the next tile's page ids one iteration ahead
 
 
 def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
-    """Config used when the caller gives none. Registers hold acc[QROWS, D] in
-    fp32, so wide tiles get more warps to keep it out of local memory."""
-    warps = 8 if head_dim * max(qrows, 16) >= 256 * 64 else 4
-    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=False, pv_fp8=False)
+    """Config used when the caller gives none. H200, hd256 GQA16 q4 (bench of 2026-11-29): 4 warps
+    (2 programs/SM) beat 8 warps (1/SM) 1.42 to 0.94 TB/s, so 8 warps only where acc[QROWS, D]
+    fp32 would not fit 4 warps' registers (more than 64 x 256)."""
+    warps = 8 if head_dim * _pad_rows(qrows) > 256 * 64 else 4
+    return MainConfig(block_n=64, num_warps=warps, num_stages=2)
 
 
 @triton.jit
@@ -61,8 +62,11 @@ def _attn_main_kernel(
     lse_part_ptr, stride_lw, stride_lh,
     G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
-    QK_FP8: tl.constexpr, PV_FP8: tl.constexpr,
+    CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
 ):
+    # CDT: the matrix operand dtype. fp8 KV widens to fp16 (one cvt per two values on sm_89+;
+    # to bf16 it takes several), and fp16 keeps more bits than bf16. SCALE_Q: bf16 Q into fp16
+    # is scaled per row so no value can overflow; the scale joins the folded softmax scale.
     tl.static_assert(QR_PAD >= QROWS)
     tl.static_assert(QR_PAD >= 16)  # tl.dot needs M >= 16
     w = tl.program_id(0)
@@ -78,7 +82,6 @@ def _attn_main_kernel(
     n_q = tl.load(cu_q_ptr + seq + 1) - q0
 
     # -- load the packed Q tile --
-    cdt = q_ptr.dtype.element_ty  # matrix operand dtype unless a *_FP8 path is on
     rows = tl.arange(0, QR_PAD)
     tok = rows // G
     row_ok = (tok < n_q) & (rows < QROWS)
@@ -98,18 +101,33 @@ def _attn_main_kernel(
         q_s = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
         q = (q.to(tl.float32) / q_s[:, None]).to(tl.float8e4nv)
         row_scale = q_s * qk_scale
+    elif SCALE_Q:
+        q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
+        q_s = tl.where(q_amax > 32768.0, q_amax / 32768.0, 1.0)
+        q = (q.to(tl.float32) / q_s[:, None]).to(CDT)
+        row_scale = q_s * qk_scale
     else:
+        q = q.to(CDT)
         row_scale = tl.full([QR_PAD], 1.0, tl.float32) * qk_scale
 
     m_i = tl.full([QR_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([QR_PAD], tl.float32)
     acc = tl.zeros([QR_PAD, D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    if PREFETCH_PAGES:
+        first = start + tl.arange(0, BLOCK_N)
+        page_next = tl.load(bt_row + first // PAGE, mask=first < end, other=0)
     for s in range(start, end, BLOCK_N):
         # -- gather the K/V tile through the page table --
         pos = s + tl.arange(0, BLOCK_N)
         pos_ok = pos < end
-        page = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
+        if PREFETCH_PAGES:
+            # the K/V addresses then depend on a loop-carried value, not a load of this iteration
+            page = page_next.to(tl.int64)
+            ahead = pos + BLOCK_N
+            page_next = tl.load(bt_row + ahead // PAGE, mask=ahead < end, other=0)
+        else:
+            page = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
         in_page = pos % PAGE
         k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
         k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
@@ -117,7 +135,7 @@ def _attn_main_kernel(
         if QK_FP8:
             qk = tl.dot(q, tl.trans(k))
         else:
-            qk = tl.dot(q, tl.trans(k.to(cdt)))
+            qk = tl.dot(q, tl.trans(k.to(CDT)))
         ok = (pos[None, :] < limit[:, None]) & pos_ok[None, :]
         qk = tl.where(ok, qk * row_scale[:, None], float("-inf"))
         # -- online softmax; a fully masked row keeps m = -inf and p = 0, never NaN --
@@ -129,19 +147,12 @@ def _attn_main_kernel(
         v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
         v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
         # -- compute p.v --
-        if PV_FP8:
-            # p <= 1: scaled by 448 it uses e4m3's range; undone in the epilogue
-            pv = tl.dot((p * 448.0).to(tl.float8e4nv), v)
-        else:
-            pv = tl.dot(p.to(cdt), v.to(cdt))
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v.to(CDT))
         m_i = m_new
 
     # -- epilogue: normalise, v_descale once, neutral rows as (O 0, lse -inf) --
     has = l_i > 0.0
     o_scale = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
-    if PV_FP8:
-        o_scale = o_scale / 448.0
     if HAS_DESCALE:
         o_scale = o_scale * tl.load(v_descale_ptr)
     out = acc * o_scale[:, None]
@@ -154,6 +165,18 @@ def _attn_main_kernel(
 
 def _pad_rows(qrows: int) -> int:
     return max(16, triton.next_power_of_2(qrows))
+
+
+def _is(torch_dtype, name: str) -> bool:
+    return str(torch_dtype) == f"torch.{name}"
+
+
+def _compute_dtype(q_dtype, kv_dtype):
+    """fp8 or fp16 KV -> fp16 operands; bf16 KV -> bf16 (no K/V conversion at all); fp32 (the
+    interpreter tests' exact operands) stays fp32."""
+    if _is(kv_dtype, "float32"):
+        return tl.float32
+    return tl.bfloat16 if _is(kv_dtype, "bfloat16") else tl.float16
 
 
 def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -177,9 +200,11 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         lse_part, lse_part.stride(0), lse_part.stride(1),
     )
     qrows = max_q_len * gqa
+    cdt = _compute_dtype(q.dtype, k_cache.dtype)
     kwargs = dict(
         G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
-        HAS_DESCALE=has_descale, QK_FP8=config.qk_fp8, PV_FP8=config.pv_fp8,
+        HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
+        QK_FP8=config.qk_fp8, PREFETCH_PAGES=config.prefetch_pages,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return args, kwargs

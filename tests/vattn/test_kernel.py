@@ -127,6 +127,22 @@ def test_interp_api_all_planners(mode, page_size, kv):
 
 
 @interp_only
+@pytest.mark.parametrize("kv", ["fp8", "fp16"])
+def test_interp_bf16_q_scaled_into_fp16_with_page_prefetch(kv):
+    """bf16 Q meets fp8/fp16 KV as per-row-scaled fp16 (an fp16 dot: the interpreter computes it right),
+    with the page ids loaded one tile ahead; large Q rows (> fp16's range) must not overflow."""
+    from vattn.kernel import MainConfig
+
+    dtype = {"fp16": torch.float16, "fp8": torch.float8_e4m3fn}[kv]
+    b = make_batch([150, 33, 0], [3, 1, 2], kv_dtype=dtype, q_dtype=torch.bfloat16, gqa=2)
+    b["q"][0] *= 1e5  # |q| ~ 1e5 > 65504: only the per-row scale keeps it finite in fp16
+    b["softmax_scale"] = 1e-5
+    out, _ = run_api(b, "balanced", max_q_len=3, slots=6, config=MainConfig(block_n=32, prefetch_pages=True))
+    assert not out.isnan().any()
+    assert rel_err(out, reference(b)) < 1e-2  # bf16 output rounding dominates
+
+
+@interp_only
 def test_interp_fully_masked_rows_and_caller_out():
     """L < q_len: the first tokens see nothing (O = 0, no NaN); out= is written in place, every row."""
     b = make_batch([2, 66], [4, 1], gqa=4, num_kv_heads=1)
@@ -203,11 +219,13 @@ GPU_CASES = {
     "hd128-g8-p16-fp8-ragged0to8-odd": (ODD, [1, 8, 3, 0, 2, 5, 8], 128, 2, 8, 16, FP8, BF16),
     "hd64-g1-p1-bf16-decode": (ODD, [1] * 7, 64, 4, 1, 1, BF16, BF16),
     "hd64-g16-p64-fp8-q8": ([5000, 300, 65], [8, 8, 8], 64, 2, 16, 64, FP8, FP16),
-    "hd128-g4-p64-fp16-q3": (ODD, [3, 1, 3, 3, 0, 3, 2], 128, 2, 4, 64, FP16, FP16),
+    "hd128-g4-p64-fp16-q3": (ODD, [1, 1, 3, 3, 0, 3, 2], 128, 2, 4, 64, FP16, FP16),
+    "hd128-g4-p16-fp16kv-bf16q": (ODD, [1, 1, 3, 3, 0, 3, 2], 128, 2, 4, 16, FP16, BF16),
+    "hd64-g8-p16-bf16kv-fp16q": (ODD, [1, 4, 4, 4, 0, 4, 4], 64, 1, 8, 16, BF16, FP16),
     "hd256-g8-p1-fp8-ragged1to4": ([1500, 777, 33, 2048], [1, 4, 2, 3], 256, 1, 8, 1, FP8, BF16),
-    "hd256-g2-p16-bf16-q2-odd": (ODD, [2, 2, 1, 2, 2, 2, 2], 256, 4, 2, 16, BF16, BF16),
+    "hd256-g2-p16-bf16-q2-odd": (ODD, [1, 2, 1, 2, 2, 2, 2], 256, 4, 2, 16, BF16, BF16),
     "hd128-g16-p16-fp8-q8": ([4100, 9000], [8, 7], 128, 1, 16, 16, FP8, BF16),
-    "hd64-g5-p16-bf16-q3": (ODD, [3] * 7, 64, 3, 5, 16, BF16, FP16),
+    "hd64-g5-p16-bf16-q3": (ODD, [1, 3, 3, 3, 3, 3, 3], 64, 3, 5, 16, BF16, FP16),
     "hd128-g12-p16-fp8-q4": ([6000, 20, 1], [4, 4, 1], 128, 1, 12, 16, FP8, BF16),
     "hd256-g16-p16-fp8-long": ([200_000, 50, 7000], [4, 4, 4], 256, 1, 16, 16, FP8, BF16),
     "all-empty": ([0, 0], [2, 0], 128, 2, 4, 16, BF16, BF16),
@@ -246,8 +264,9 @@ def test_gpu_against_reference(name, mode):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("cfg", [dict(qk_fp8=True), dict(qk_fp8=True, pv_fp8=True), dict(block_n=32, num_warps=4),
-                                 dict(block_n=128, num_warps=8), dict(num_stages=3)])
+@pytest.mark.parametrize("cfg", [dict(qk_fp8=True), dict(prefetch_pages=True), dict(block_n=32, num_stages=3),
+                                 dict(block_n=128, num_warps=8), dict(num_stages=3, prefetch_pages=True),
+                                 dict(qk_fp8=True, prefetch_pages=True, num_stages=3)])
 def test_gpu_kernel_configs(cfg):
     """The variants vattn.bench sweeps compute the same function."""
     from vattn.kernel import MainConfig
