@@ -161,11 +161,13 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, path:
     for job in todo:
         queue.put_nowait(job)
     done: list[dict] = []
-    every = max(1, len(todo) // 20)
-    t0 = time.perf_counter()
+    # A line per 5% (at least 10 answers) or per 10 s, whichever comes first, and the last.
+    every = max(10, len(todo) // 20)
+    t0 = last = time.perf_counter()
     endpoint = chat_url(url)
 
     async def worker(session: aiohttp.ClientSession, fh) -> None:
+        nonlocal last
         while not queue.empty():
             job = queue.get_nowait()
             reply = await chat(session, endpoint, _body(task, job, model),
@@ -176,10 +178,12 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, path:
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
             fh.flush()
             done.append(rec)
-            if len(done) % every == 0 or len(done) == len(todo):
+            now = time.perf_counter()
+            if len(done) % every == 0 or now - last >= 10 or len(done) == len(todo):
+                last = now
                 n_failed = sum(r["failed"] for r in done)
                 n_retried = sum(r["retried"] for r in done)
-                rate = len(done) / max(time.perf_counter() - t0, 1e-9)
+                rate = len(done) / max(now - t0, 1e-9)
                 progress(f"{task.name}: {len(done)}/{len(todo)} answered, {n_failed} failed, "
                          f"{n_retried} retried, {rate:.1f}/s")
 
