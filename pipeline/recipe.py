@@ -219,8 +219,9 @@ def _resolve_paths(data: dict, base: Path) -> dict:
     acc = data.get("accuracy")
     if isinstance(acc, dict):
         for task in acc.get("tasks") or []:
-            if isinstance(task, dict) and task.get("data"):
-                task["data"] = resolve(task["data"])
+            for key in ("data", "shots_data"):
+                if isinstance(task, dict) and task.get(key):
+                    task[key] = resolve(task[key])
     return data
 
 
