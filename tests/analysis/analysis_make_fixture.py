@@ -1,6 +1,7 @@
 """Build a small but real run directory: real aiperf runs against tests/analysis/stream_server.py.
 
     python tests/analysis/analysis_make_fixture.py OUT_DIR [--slim]
+    python tests/analysis/analysis_make_fixture.py --slim-only RUN_DIR   # slim a copy of e.g. a quickstart run
 
 Arm runs: off (6 ms/token), on (4.5 ms/token, the "faster kernel"), off.2 (repeat of off, for
 the A/A noise floor). Every 11th request gets HTTP 500, so error records are real too.
@@ -78,27 +79,37 @@ def run_arm(paths: RunPaths, name: str, itl_ms: float) -> dict:
     return {"command": " ".join(cmd), "started": started, "finished": time.time()}
 
 
-KEEP = ("profile_export.jsonl", "phase_manifest.json", "server_metrics_export.json")
+KEEP = ("profile_export.jsonl", "phase_manifest.json", "server_metrics_export.json", "load_result.json")
+MAX_CYCLES = 100
 
 
 def slim_run(root: Path) -> None:
-    """Keep only what analysis reads; drop http_req_* trace metrics from the records."""
+    """Keep only what analysis reads, so a committed copy stays small.
+
+    Drops aiperf's other artifacts, the http_req_* trace metrics and per-chunk latency arrays
+    from the records (analysis reads neither), and keeps the first MAX_CYCLES lines of an
+    emulator cycle log. Accuracy records are kept whole.
+    """
     paths = RunPaths(Path(root))
     for name in paths.arm_runs():
         arm = paths.arm(name)
         for p in sorted(arm.root.rglob("*"), reverse=True):
-            if p.is_file() and p.name not in KEEP:
+            if p.is_file() and p.name not in KEEP and p.parent != arm.accuracy_dir and p != arm.emulator_cycles:
                 p.unlink()
             elif p.is_dir() and not any(p.iterdir()):
                 p.rmdir()
         slim(arm.profile_export)
+        if arm.emulator_cycles.is_file():
+            lines = arm.emulator_cycles.read_text().splitlines()[:MAX_CYCLES]
+            arm.emulator_cycles.write_text("\n".join(lines) + "\n")
 
 
 def slim(export: Path) -> None:
     lines = []
     for line in export.read_text().splitlines():
         rec = json.loads(line)
-        rec["metrics"] = {k: v for k, v in rec.get("metrics", {}).items() if not k.startswith("http_req_")}
+        rec["metrics"] = {k: v for k, v in rec.get("metrics", {}).items()
+                          if not k.startswith("http_req_") and k != "inter_chunk_latency"}
         lines.append(json.dumps(rec, separators=(",", ":")))
     export.write_text("\n".join(lines) + "\n")
 
@@ -128,5 +139,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--slim", action="store_true")
+    ap.add_argument("--slim-only", action="store_true", help="only slim the existing run dir OUT")
     a = ap.parse_args()
-    print(build(a.out, a.slim))
+    if a.slim_only:
+        slim_run(a.out)
+    else:
+        print(build(a.out, a.slim))
