@@ -7,7 +7,6 @@ discordant questions, outputs that differ) belong to pipeline/accuracy/compare.p
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from analysis.load import read_jsonl

@@ -68,7 +68,7 @@ def verdict(c: Comparison) -> str:
                 f"{stats.MIN_SESSIONS} a session bootstrap needs; run longer or with more sessions.")
     if not (row["lo"] > 0 or row["hi"] < 0):
         return f"{head}: no detectable change (the 95% CI includes 0)."
-    word = "faster" if row["delta_pct"] < 0 else "slower"
+    word = "slower" if row["lo"] > 0 else "faster"   # from the CI, which excludes 0 here
     if floor is not None and np.isfinite(floor) and abs(row["delta_pct"]) <= floor:
         return f"{head}: {word}, but within the A/A noise floor ({fmt_floor(floor)})."
     tail = f", beyond the A/A noise floor ({fmt_floor(floor)})" if floor is not None and np.isfinite(floor) else ""

@@ -283,3 +283,26 @@ def test_report_on_quickstart_run_dir(tmp_path):
     assert "- engine: emulator" in prov and "VATTN" in prov and "off load: `" in prov and "| on | load | done |" in prov
     for name in (*PLOTS, "step_time.png"):
         assert_image(run / "plots" / name)
+
+
+def test_missing_repeat_is_noted_not_fatal(run):
+    shutil.rmtree(run / "arms" / "off.2")
+    md = write_report(run, n_boot=N_BOOT).read_text()
+    assert "- arm run `off.2`: no aiperf export at " in md and "; left out" in md
+    assert "| no repeat |" in section(md, "Per-arm metrics")
+
+
+def test_verdict_within_aa_noise_floor(tmp_path):
+    from analysis_records import make_run, record
+
+    base = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0]
+    wobble = [1.3, 0.7, 1.25, 0.8, 1.2, 0.75, 1.3, 0.7]     # off.2: the same config, very noisy
+    run = make_run(tmp_path / "noisy", {
+        "off": [record(f"s{i}", 0, i, tpot=t) for i, t in enumerate(base)],
+        "on": [record(f"s{i}", 0, i, tpot=t * 0.97) for i, t in enumerate(base)],
+        "off.2": [record(f"s{i}", 0, i, tpot=t * w) for i, (t, w) in enumerate(zip(base, wobble))]})
+    line = write_report(run, n_boot=N_BOOT).read_text().splitlines()[2]
+    # Every request is exactly 3% faster, so the CI collapses on -3.0% and excludes 0 ...
+    assert "decode time per token (matched, n=8) -3.0% [-3.0, -3.0]" in line
+    # ... but two runs of the same config differ by far more than that.
+    assert ": faster, but within the A/A noise floor (±" in line
