@@ -50,7 +50,7 @@ def wait_up(port: int, proc: subprocess.Popen, timeout_s: float = 30) -> None:
 
 
 def aiperf_command(port: int, out: Path) -> list[str]:
-    return ["aiperf", "profile", "-m", "tiny", "--url", f"http://127.0.0.1:{port}", "--endpoint-type", "chat",
+    return [sys.executable, "-m", "aiperf", "profile", "-m", "tiny", "--url", f"http://127.0.0.1:{port}", "--endpoint-type", "chat",
             "--streaming", "--tokenizer", str(TOKENIZER), "--conversation-num", "12",
             "--conversation-turn-mean", "3", "--conversation-turn-stddev", "0",
             "--synthetic-input-tokens-mean", "40", "--output-tokens-mean", "16", "--output-tokens-stddev", "4",
