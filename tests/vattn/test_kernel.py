@@ -264,9 +264,9 @@ def test_gpu_against_reference(name, mode):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("cfg", [dict(qk_fp8=True), dict(prefetch_pages=True), dict(block_n=32, num_stages=3),
+@pytest.mark.parametrize("cfg", [dict(qk_fp8=1), dict(prefetch_pages=True), dict(block_n=32, num_stages=3),
                                  dict(block_n=128, num_warps=8), dict(num_stages=3, prefetch_pages=True),
-                                 dict(qk_fp8=True, prefetch_pages=True, num_stages=3)])
+                                 dict(qk_fp8=2), dict(qk_fp8=2, prefetch_pages=True, block_n=32, num_stages=3)])
 def test_gpu_kernel_configs(cfg):
     """The variants vattn.bench sweeps compute the same function."""
     from vattn.kernel import MainConfig
