@@ -379,6 +379,8 @@ def main(argv=None) -> int:
         records += _run_one(shape, planners, a.replays, _for_shape(config, shape), not a.no_check)
         for r in records[-len(planners):]:
             print(format_table([_stamp(r, device, date, ceiling)]).splitlines()[-1], flush=True)
+        with open(a.out, "w") as f:  # after every shape: a run cut short keeps what it measured
+            json.dump([_stamp(r, device, date, ceiling) for r in records], f, indent=1)
     records = [_stamp(r, device, date, ceiling) for r in records]
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
