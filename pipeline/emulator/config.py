@@ -91,6 +91,9 @@ class EmulatorConfig(BaseModel):
     attention: Literal["model", "kernel"] = Field("model", description=(
         "How attention time is obtained: 'model' = vattn's cost model on a hardware profile (any CPU); "
         "'kernel' = run the real vattn kernel on the batch (needs a CUDA GPU)."))
+    kernel_pool_gib: float = Field(16.0, ge=0.25, le=1024, description=(
+        "attention: kernel only: most GiB of device memory for the random K+V page pool (sized for "
+        "max_running_requests full contexts, at least 1 GiB; pages are reused round-robin past it)."))
     hardware: str = Field("h200", min_length=1, description=(
         "Hardware profile for the cost model: a name in configs/hardware/ or a YAML path."))
     non_attn_base_us: float = Field(8000.0, ge=0, le=10**7, description=(

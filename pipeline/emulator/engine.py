@@ -210,4 +210,15 @@ class Engine:
             "non_attn_us": round(ct.non_attn_us, 2), "step_us": round(ct.step_us, 2),
             "accepted": accepted, "emitted": emitted,
             "overhead_us": round(overhead * 1e6, 1), "lag_us": round(lag * 1e6, 1),
-        }
+        } | self._kernel_fields(ct, ctx)
+
+    def _kernel_fields(self, ct, ctx) -> dict:
+        """Kernel in the loop: `attn_us` stays the cost model's figure (what analysis/cycles.py compares),
+        `measured_attention_us` is what the step used (verify_us + draft_us); both all layers."""
+        if ct.predicted_us is None:
+            return {}
+        return {"attn_us": round(ct.predicted_us, 2), "predicted_attention_us": round(ct.predicted_us, 2),
+                "measured_attention_us": round(ct.verify_us + ct.draft_us, 2),
+                "measured_attention_layer_us": round(ct.verify_layer_us, 2),
+                "predicted_attention_layer_us": round(ct.predicted_verify_layer_us, 2),
+                "attn_kv_tokens": sum(ctx) + len(ctx) * self.cfg.draft_tokens}  # the verify call's KV
