@@ -90,6 +90,7 @@ class VattnAttnBackend(TritonAttnBackend):
         widest = max(int(self.target_verify_num_tokens_per_req or 1), int(self.num_draft_tokens or 1))
         self.vattn_max_q_len = max(1, min(gate.MAX_Q_LEN, widest))
         self._workspace = None
+        self._unit_descale = None
         self._inputs: Optional[metadata.ForwardInputs] = None
         self._layer_ok: dict = {}
         logger.info("vattn backend: %s", "on" if self.vattn_reason is None else f"off ({self.vattn_reason})")
@@ -130,7 +131,7 @@ class VattnAttnBackend(TritonAttnBackend):
         if mode == "decode" and spec is not None and getattr(spec, "kv_indptr", None) is not None:
             return  # a multi-step draft step reads its own chain, not req_to_token
         q_len = self._forward_q_len(mode, forward_batch)
-        if not 1 <= q_len <= self.vattn_max_q_len:
+        if not 1 <= q_len <= self.vattn_max_q_len or forward_batch.req_pool_indices.shape[0] > self.max_batch:
             return
         try:
             self._inputs = metadata.build(
@@ -178,6 +179,7 @@ class VattnAttnBackend(TritonAttnBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):
+        q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)  # as the base: decode output is [T, H*D]
         if k is not None and v is not None and self._serves(layer, forward_batch, q, sinks, score_mod,
                                                             aux_tensors):
             out = self._forward_vattn(q, k, v, layer, forward_batch, save_kv_cache)
@@ -197,9 +199,10 @@ class VattnAttnBackend(TritonAttnBackend):
     def _descales(self, layer, kv_dtype):
         if kv_dtype != torch.float8_e4m3fn:
             return None, None
-        if layer.k_scale is None:
-            one = torch.ones(1, dtype=torch.float32, device=self.device)
-            return one, one
+        if layer.k_scale is None:  # an fp8 cache without checkpoint scales: sglang reads it unscaled
+            if self._unit_descale is None:
+                self._unit_descale = torch.ones(1, dtype=torch.float32, device=self.device)
+            return self._unit_descale, self._unit_descale
         return (layer.k_scale.detach().reshape(1).to(torch.float32),
                 layer.v_scale.detach().reshape(1).to(torch.float32))
 
@@ -222,7 +225,7 @@ class VattnAttnBackend(TritonAttnBackend):
         except Exception as exc:  # first-use compile/launch failure: warn once, serve with the base
             _ProcessState.fail("attention", exc)
             return None
-        return out.view(q.shape[0], heads * dim)
+        return out.view(q.shape[0], heads * dim) if q.dim() == 2 else out.view(q.shape)
 
 
 def create_vattn_backend(runner):
