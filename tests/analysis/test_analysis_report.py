@@ -228,6 +228,11 @@ def test_pipeline_report_command(run):
     assert r.returncode == 0, r.stderr
     assert str(run / "report.md") in r.stdout
     check_report((run / "report.md").read_text(), "off", "on")
+    r = subprocess.run([sys.executable, "-c", "import sys; from pipeline.cli import main; sys.exit(main())",
+                        "report", str(run), str(shutil.copytree(FIXTURE, run.parent / "b")), "--arms", "off", "on"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    check_report((run.parent / "b" / "compare_run.md").read_text(), "run:off", "b:on")
 
 
 def test_pipeline_report_command_error_is_one_line(run):
@@ -243,6 +248,7 @@ def test_pipeline_report_command_error_is_one_line(run):
 
 
 QUICKSTART = Path(__file__).parent / "data" / "quickstart_run"
+
 # aiperf's own summary (profile_export_aiperf.json) of the same two exports, before slimming:
 # ITL p50 / mean / p90, TTFT p50, request latency p90 (ms), output token throughput (tok/s).
 AIPERF_SUMMARY = {
