@@ -104,16 +104,9 @@ def _report(run_dir: Path) -> int:
 
 
 def cmd_report(args) -> int:
-    from analysis.report import write_report
+    from analysis.report import cli_report
 
-    dirs = [Path(d) for d in args.run_dirs]
-    if len(dirs) == 1:
-        path = write_report(dirs[0], Path(args.out) if args.out else None)
-    else:
-        path = write_report(dirs[0], Path(args.out) if args.out else None, compare=dirs[1],
-                            arms=tuple(args.arms) if args.arms else None)
-    print(f"report: {path}")
-    return 0
+    return cli_report(args.run_dirs, args.out, args.arms)
 
 
 def cmd_eval(args) -> int:
