@@ -92,6 +92,7 @@ class VattnAttnBackend(TritonAttnBackend):
         self._workspace = None
         self._unit_descale = None
         self._inputs: Optional[metadata.ForwardInputs] = None
+        self._batch = None  # the ForwardBatch _inputs were built for
         self._layer_ok: dict = {}
         logger.info("vattn backend: %s", "on" if self.vattn_reason is None else f"off ({self.vattn_reason})")
 
@@ -123,7 +124,7 @@ class VattnAttnBackend(TritonAttnBackend):
 
     def _prepare(self, forward_batch) -> None:
         """Build this forward's vattn inputs, or leave None so every layer uses the base."""
-        self._inputs = None
+        self._inputs = self._batch = None
         mode = forward_mode_name(forward_batch.forward_mode)
         if mode is None or not self._active():
             return
@@ -134,6 +135,7 @@ class VattnAttnBackend(TritonAttnBackend):
         if not 1 <= q_len <= self.vattn_max_q_len or forward_batch.req_pool_indices.shape[0] > self.max_batch:
             return
         try:
+            self._batch = forward_batch  # the inputs belong to this batch only (checked per layer)
             self._inputs = metadata.build(
                 mode, q_len, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
                 page_size=self.page_size, num_kv_heads=self.num_kv_head, plan_mode=PLAN_MODE,
@@ -155,7 +157,7 @@ class VattnAttnBackend(TritonAttnBackend):
 
     def _serves(self, layer, forward_batch, q, sinks, score_mod, aux_tensors) -> bool:
         inputs = self._inputs
-        if inputs is None or not self._active():
+        if inputs is None or not self._active() or forward_batch is not self._batch:
             return False
         if forward_mode_name(forward_batch.forward_mode) != inputs.mode:
             return False

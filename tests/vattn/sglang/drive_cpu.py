@@ -158,6 +158,16 @@ def scenario_refusals(result):
         backend.init_forward_metadata(fb)
         run_layer(env, backend, fb, layer, Q_LEN, sinks=name == "sinks")
         result[name] = dict(vattn=len(calls["vattn"]), base_extend=calls["base_extend"])
+    # a batch whose metadata was never initialised must not reuse the previous batch's block tables
+    env, backend, calls = make_backend()
+    intercept_vattn(calls)
+    E.place(env, 1, 20 + Q_LEN)
+    fb = E.forward_batch(env, ForwardMode.TARGET_VERIFY, [1], [20], Q_LEN, spec_info=E.verify_spec(Q_LEN))
+    backend.init_forward_metadata(fb)
+    other = E.forward_batch(env, ForwardMode.TARGET_VERIFY, [1], [20], Q_LEN, spec_info=E.verify_spec(Q_LEN))
+    run_layer(env, backend, other, RadixAttention(num_heads=16, head_dim=256, scaling=0.06, num_kv_heads=1,
+                                                  layer_id=0), Q_LEN)
+    result["stale_batch"] = dict(vattn=len(calls["vattn"]), base_extend=calls["base_extend"])
     env, backend, calls = make_backend({"VATTN": "0"})
     intercept_vattn(calls)
     E.place(env, 1, 20 + Q_LEN)

@@ -238,7 +238,7 @@ def test_draft_extend_and_decode_reach_vattn_with_post_write_lengths(routed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["extend", "softcap", "sinks", "vattn_off"])
+@pytest.mark.parametrize("case", ["extend", "softcap", "sinks", "stale_batch", "vattn_off"])
 def test_everything_else_goes_to_the_base_backend(routed, case):
     assert routed[case]["vattn"] == 0 and routed[case]["base_extend"] == 1
     if case == "vattn_off":
