@@ -25,7 +25,6 @@ from vattn.sglang import gate, metadata
 logger = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-PLAN_MODE = "balanced"
 
 
 class _ProcessState:
@@ -83,8 +82,9 @@ class VattnAttnBackend(TritonAttnBackend):
         super().__init__(model_runner, skip_prefill, kv_indptr_buf, dllm_fa4=dllm_fa4)
         self.model_dtype = model_runner.dtype
         self._vattn_kv_dtype = model_runner.kv_cache_dtype  # not `kv_cache_dtype`: sglang reads that off backends
-        self.max_batch = int(model_runner.req_to_token_pool.size)
+        self._vattn_max_batch = int(model_runner.req_to_token_pool.size)
         self.vattn_reason = None if gate.enabled() else "VATTN=0"
+        self.plan_mode = gate.plan_mode()
         self.vattn_reason = self.vattn_reason or gate.model_reason(model_facts(self, model_runner))
         # the workspace's tile holds max_q_len * G rows: size it for this server's draft window only
         widest = max(int(self.target_verify_num_tokens_per_req or 1), int(self.num_draft_tokens or 1))
@@ -94,7 +94,8 @@ class VattnAttnBackend(TritonAttnBackend):
         self._inputs: Optional[metadata.ForwardInputs] = None
         self._batch = None  # the ForwardBatch _inputs were built for
         self._layer_ok: dict = {}
-        logger.info("vattn backend: %s", "on" if self.vattn_reason is None else f"off ({self.vattn_reason})")
+        logger.info("vattn backend: %s", f"on (plan {self.plan_mode})" if self.vattn_reason is None
+                    else f"off ({self.vattn_reason})")
 
     # -- metadata: once per forward --------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class VattnAttnBackend(TritonAttnBackend):
                               cuda_graph_num_kv_splits_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf, cuda_graph_num_kv_splits_buf)
         if self._workspace is None:  # a graph batch may exceed the request pool; size for both
-            self.max_batch = max(self.max_batch, int(max_bs))
+            self._vattn_max_batch = max(self._vattn_max_batch, int(max_bs))
 
     def _active(self) -> bool:
         return self.vattn_reason is None and _ProcessState.disabled is None
@@ -132,13 +133,14 @@ class VattnAttnBackend(TritonAttnBackend):
         if mode == "decode" and spec is not None and getattr(spec, "kv_indptr", None) is not None:
             return  # a multi-step draft step reads its own chain, not req_to_token
         q_len = self._forward_q_len(mode, forward_batch)
-        if not 1 <= q_len <= self.vattn_max_q_len or forward_batch.req_pool_indices.shape[0] > self.max_batch:
+        too_big = forward_batch.req_pool_indices.shape[0] > self._vattn_max_batch
+        if too_big or not 1 <= q_len <= self.vattn_max_q_len:
             return
         try:
             self._batch = forward_batch  # the inputs belong to this batch only (checked per layer)
             self._inputs = metadata.build(
                 mode, q_len, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens,
-                page_size=self.page_size, num_kv_heads=self.num_kv_head, plan_mode=PLAN_MODE,
+                page_size=self.page_size, num_kv_heads=self.num_kv_head, plan_mode=self.plan_mode,
                 workspace=self._get_workspace())
         except Exception as exc:  # first-use build/compile failure: warn once, serve with the base
             _ProcessState.fail("plan", exc)
@@ -150,7 +152,7 @@ class VattnAttnBackend(TritonAttnBackend):
             self._workspace = vattn.Workspace(
                 head_dim=self.v_head_dim, num_q_heads=self.num_head, num_kv_heads=self.num_kv_head,
                 kv_dtype=self._vattn_kv_dtype, q_dtype=self.model_dtype, page_size=self.page_size,
-                max_q_len=self.vattn_max_q_len, max_batch=self.max_batch, device=self.device)
+                max_q_len=self.vattn_max_q_len, max_batch=self._vattn_max_batch, device=self.device)
         return self._workspace
 
     # -- forward: per layer ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ Q_DTYPES = ("bfloat16", "float16")
 MAX_GQA = 16
 MAX_Q_LEN = 8  # KERNEL.md: q_len 0..8 per sequence
 MODES = ("target_verify", "draft_extend", "decode")
+PLAN_MODES = ("balanced", "length_aware", "fixed")  # vattn.plan's planners (KERNEL.md)
 
 
 def enabled() -> bool:
@@ -27,6 +28,14 @@ def enabled() -> bool:
     if value in ("1", "true", "on", "yes", ""):
         return True
     raise ValueError(f"VATTN: got {value!r}; allowed: 0 or 1 (also false/true, off/on)")
+
+
+def plan_mode() -> str:
+    """`VATTN_PLAN` picks vattn's split planner (default balanced), e.g. for a planner A/B."""
+    value = os.environ.get("VATTN_PLAN", "balanced").strip() or "balanced"
+    if value not in PLAN_MODES:
+        raise ValueError(f"VATTN_PLAN: got {value!r}; allowed: {', '.join(PLAN_MODES)}")
+    return value
 
 
 @dataclass(frozen=True)

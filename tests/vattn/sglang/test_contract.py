@@ -137,6 +137,27 @@ def test_vattn_env_switch_rejects_junk(monkeypatch):
         gate.enabled()
 
 
+@pytest.mark.parametrize("env, expected", [(None, "balanced"), ("fixed", "fixed"), ("length_aware", "length_aware")])
+def test_plan_mode_switch(monkeypatch, env, expected):
+    if env is None:
+        monkeypatch.delenv("VATTN_PLAN", raising=False)
+    else:
+        monkeypatch.setenv("VATTN_PLAN", env)
+    assert gate.plan_mode() == expected
+
+
+def test_plan_mode_rejects_unknown_planners(monkeypatch):
+    monkeypatch.setenv("VATTN_PLAN", "greedy")
+    with pytest.raises(ValueError, match=r"VATTN_PLAN: got 'greedy'; allowed: balanced, length_aware, fixed"):
+        gate.plan_mode()
+
+
+def test_plan_modes_are_vattns_planners():
+    import importlib
+
+    assert set(gate.PLAN_MODES) == set(importlib.import_module("vattn.plan").PLANNERS)
+
+
 QWEN35_TP2 = gate.ModelFacts(head_dim=256, v_head_dim=256, num_q_heads=16, num_kv_heads=1, page_size=16,
                              kv_dtype="float8_e4m3fn", q_dtype="bfloat16", sliding_window=False, use_mla=False,
                              dcp_size=1, translated_kv_ids=False, speculative_topk=1, verify_q_len=4)
