@@ -201,21 +201,23 @@ def _child_env(tokenizer: str) -> dict[str, str]:
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM aiperf's process group (its services are children), SIGKILL what is left."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            # The leader is gone; reap any straggler in the group too.
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """SIGTERM aiperf's process group (its services are children), then SIGKILL the group and
+    wait (bounded) until no member is left, so a returned stage leaves nothing running."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
         return
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # also what the leader's exit left behind
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    proc.poll()
 
 
 def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPaths,
@@ -269,9 +271,10 @@ def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
     if r.timed_out and r.records < spec.min_records:
         raise LoadError(f"load: aiperf did not finish within timeout_s={spec.timeout_s:g} and "
                         f"left {r.records} records (min_records={spec.min_records}); {where}")
+    if r.records < spec.min_records:
+        raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
+                        f"({r.errors} failed), below min_records={spec.min_records}; aiperf "
+                        f"exit code {r.returncode}; {where}")
     if not r.timed_out and r.returncode != 0:
         raise LoadError(f"load: aiperf exited with code {r.returncode} after "
                         f"{r.duration_s:.0f}s ({r.records} records); {where}")
-    if r.records < spec.min_records:
-        raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
-                        f"({r.errors} failed), below min_records={spec.min_records}; {where}")

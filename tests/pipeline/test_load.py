@@ -1,0 +1,346 @@
+"""Load stage: the spec's rules and messages, the aiperf command, and real aiperf runs.
+
+The end-to-end tests run the real aiperf against a real streaming HTTP server started here
+(a small aiohttp app: OpenAI chat SSE, or HTTP 500s, or no answer) and against the project's
+emulator.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from pipeline.paths import ArmPaths
+from pipeline.stages.load import LoadError, LoadSpec, aiperf_command, count_records, run_load
+from pipeline.tracegen import PRESETS, read_traces, write_traces
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "recipes" / "data" / "traces" / "quickstart"
+TOKENIZER = str(ROOT / "recipes" / "data" / "tokenizer")
+MODEL = "agentic-emulated"
+
+
+# ---------------------------------------------------------------- the spec
+
+
+def test_spec_defaults_and_trace_dir():
+    s = LoadSpec(trace=QUICKSTART, benchmark_duration_s=60)
+    assert s.streaming is True and s.ignore_eos is True and s.concurrency == 8
+    assert s.trace == QUICKSTART and s.timeout_s > 60 + s.grace_period_s
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"trace": "/nonexistent/traces"},
+     r"directory '/nonexistent/traces' does not exist; generate one with "
+     r"`python -m pipeline.tracegen traces --out DIR`"),
+    ({}, r"set exactly one of trace \(a weka_trace directory\) or scenario"),
+    ({"trace": str(QUICKSTART), "scenario": "sharegpt"}, r"set exactly one of trace"),
+    ({"scenario": "x", "request_count": 10}, r"set exactly one of benchmark_duration_s or "
+     r"request_count \(got 60.0, 10\)"),
+    ({"scenario": "x", "timeout_s": 80}, r"timeout_s: 80.0 must exceed benchmark_duration_s \+ "
+     r"grace_period_s = 90.0"),
+    ({"scenario": "x", "concurrency": 0}, r"concurrency\n.*greater than or equal to 1"),
+    ({"scenario": "x", "streaming": False}, r"streaming\n.*Input should be True"),
+    ({"scenario": "x", "ignore_eos": False}, r"ignore_eos\n.*Input should be True"),
+    ({"scenario": "x", "duration": 5}, r"duration\n.*Extra inputs are not permitted"),
+])
+def test_spec_rejects(kw, msg):
+    data = {"benchmark_duration_s": 60} | kw
+    if "request_count" in kw:
+        data = kw | {"benchmark_duration_s": 60}
+    with pytest.raises(ValidationError, match=msg):
+        LoadSpec(**data)
+
+
+def test_trace_must_be_a_directory_of_json(tmp_path):
+    (tmp_path / "f.json").write_text("{}")
+    with pytest.raises(ValidationError, match=r"'.*f.json' is not a directory"):
+        LoadSpec(trace=tmp_path / "f.json", benchmark_duration_s=10)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValidationError, match=r"directory '.*empty' holds no \*.json trace files"):
+        LoadSpec(trace=tmp_path / "empty", benchmark_duration_s=10)
+
+
+def test_relative_trace_resolves_against_context_base_dir():
+    s = LoadSpec.model_validate({"trace": "data/traces/quickstart", "benchmark_duration_s": 10},
+                                context={"base_dir": ROOT / "recipes"})
+    assert s.trace == QUICKSTART
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _flags(cmd: list[str]) -> list[str]:
+    return [a for a in cmd if a.startswith("--")]
+
+
+def test_command_trace_duration():
+    s = LoadSpec(trace=QUICKSTART, benchmark_duration_s=60, grace_period_s=15, concurrency=8,
+                 warmup_requests=2, seed=7, extra_args=["--use-server-token-count"])
+    cmd = aiperf_command(s, url="http://h:1", model="m", tokenizer="tok", artifact_dir=Path("/a"))
+    assert cmd[:4] == [sys.executable, "-m", "aiperf", "profile"]
+    line = " ".join(cmd)
+    for part in ("--model m", "--url http://h:1", "--endpoint-type chat", "--streaming",
+                 "--tokenizer tok", f"--custom-dataset-type weka_trace --input-file {QUICKSTART}",
+                 "--concurrency 8", "--benchmark-duration 60", "--benchmark-grace-period 15",
+                 "--warmup-request-count 2", "--random-seed 7", "--extra-inputs ignore_eos:true",
+                 "--artifact-dir /a", "--ui none", "--no-gpu-telemetry"):
+        assert part in line, part
+    assert cmd[-1] == "--use-server-token-count" and "--request-count" not in cmd
+
+
+def test_command_scenario_request_count():
+    s = LoadSpec(scenario="semianalysis-cc-traces-weka", request_count=50, gpu_telemetry=True,
+                 timeout_s=100)
+    cmd = aiperf_command(s, url="u", model="m", tokenizer="t", artifact_dir=Path("/a"))
+    line = " ".join(cmd)
+    assert "--public-dataset semianalysis-cc-traces-weka" in line and "--request-count 50" in line
+    assert "--input-file" not in cmd and "--benchmark-duration" not in cmd
+    assert "--no-gpu-telemetry" not in cmd and "--warmup-request-count" not in cmd
+
+
+def test_every_flag_exists_in_the_installed_aiperf():
+    s = LoadSpec(trace=QUICKSTART, benchmark_duration_s=60, warmup_requests=1)
+    s2 = LoadSpec(scenario="sharegpt", request_count=5, timeout_s=60)
+    used = set(_flags(aiperf_command(s, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
+    used |= set(_flags(aiperf_command(s2, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
+    out = subprocess.run([sys.executable, "-m", "aiperf", "profile", "--help"], capture_output=True,
+                         text=True, timeout=120, env=os.environ | {"COLUMNS": "200"}).stdout
+    known = set(re.findall(r"(--[a-z][a-z0-9-]+)", out))
+    assert used <= known, used - known
+
+
+def test_count_records(tmp_path):
+    f = tmp_path / "p.jsonl"
+    ok = {"metadata": {"benchmark_phase": "profiling"}, "metrics": {}}
+    lines = [ok, ok, {"metadata": {"benchmark_phase": "warmup"}, "metrics": {}},
+             {"metadata": {"benchmark_phase": "profiling"}, "error": {"code": 500}}]
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"metadata": {"bench')
+    assert count_records(f) == (2, 1)
+    assert count_records(tmp_path / "missing.jsonl") == (0, 0)
+
+
+# ---------------------------------------------------------------- a real streaming server
+
+
+class ChatServer:
+    """OpenAI chat-completions SSE server in a thread. mode: ok | error | hang."""
+
+    def __init__(self, mode: str = "ok", tpot_s: float = 0.002):
+        from aiohttp import web
+
+        self.mode, self.tpot_s, self.bodies = mode, tpot_s, []
+        app = web.Application(client_max_size=256 * 2**20)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app)
+        self._loop = asyncio.new_event_loop()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+        self.url = f"http://127.0.0.1:{self.port}"
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(web, ready), daemon=True)
+        self._thread.start()
+        assert ready.wait(10), "test server did not start"
+
+    def _serve(self, web, ready):
+        asyncio.set_event_loop(self._loop)
+        self._closing = asyncio.Event()
+        self._loop.run_until_complete(self._runner.setup())
+        self._loop.run_until_complete(web.TCPSite(self._runner, "127.0.0.1", self.port).start())
+        ready.set()
+        self._loop.run_forever()
+
+    async def _metrics(self, request):
+        from aiohttp import web
+        return web.Response(text="# none\n")
+
+    async def _models(self, request):
+        from aiohttp import web
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def _chat(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.bodies.append({k: v for k, v in body.items() if k != "messages"})
+        if self.mode == "error":
+            return web.json_response({"error": {"message": "boom", "type": "server_error"}},
+                                     status=500)
+        if self.mode == "hang":
+            await self._closing.wait()
+            return web.Response(status=503)
+        n = body.get("max_completion_tokens") or body.get("max_tokens") or 16
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n + 1):
+            await asyncio.sleep(self.tpot_s)
+            delta, fin = ({"content": " the"}, None) if i < n else ({}, "length")
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": fin}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    def close(self):
+        self._loop.call_soon_threadsafe(self._closing.set)
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def server(request):
+    s = ChatServer(getattr(request, "param", "ok"))
+    yield s
+    s.close()
+
+
+def _proc_groups() -> dict[int, tuple[int, str]]:
+    """pid -> (process group, command line) of every live (non-zombie) process we can read."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                state, _, pgrp = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+                if state == "Z":  # dead, waiting for init to reap it
+                    continue
+                out[int(d.name)] = (int(pgrp), (d / "cmdline").read_bytes().decode(errors="replace"))
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+@pytest.mark.slow
+def test_run_load_replays_the_trace_faithfully(server, tmp_path):
+    spec = LoadSpec(trace=QUICKSTART, concurrency=4, benchmark_duration_s=10, grace_period_s=10,
+                    timeout_s=240, seed=3, min_records=3)
+    arm = ArmPaths(tmp_path / "arms" / "off")
+    lines: list[str] = []
+    res = run_load(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER, arm=arm,
+                   progress=lines.append, progress_every_s=3)
+    assert res.returncode == 0 and not res.timed_out and res.errors == 0
+    assert res.records >= 3 and res.profile_export == str(arm.profile_export)
+    assert res.command == aiperf_command(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER,
+                                         artifact_dir=arm.aiperf_dir)
+    assert arm.aiperf_log.read_text().startswith("$ " + " ".join(res.command))
+    assert any(re.fullmatch(r"aiperf running \d+s, \d+ records so far", x) for x in lines), lines
+    assert re.fullmatch(rf"aiperf done in \d+s, {res.records} records, 0 errors", lines[-1])
+    assert all(b["stream"] is True and b["ignore_eos"] is True and b["model"] == MODEL
+               for b in server.bodies)
+    # Every record maps back to a trace call: same input length (aiperf rebuilt the prompt from
+    # the hash ids with our tokenizer) and the trace's output length was requested.
+    calls = {s["id"]: [r for r in s["requests"] if r["type"] == "s"] for s in read_traces(QUICKSTART)}
+    recs = [json.loads(x) for x in arm.profile_export.read_text().splitlines()]
+    checked = 0
+    for r in recs:
+        m = r["metadata"]
+        if m["conversation_id"] in calls:
+            call = calls[m["conversation_id"]][m["turn_index"]]
+            assert abs(r["metrics"]["input_sequence_length"]["value"] - call["in"]) <= 0.002 * call["in"]
+            assert r["metrics"]["output_sequence_length"]["value"] == call["out"]
+            checked += 1
+    assert checked >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["error"], indirect=True)
+def test_run_load_with_no_successful_records_raises_with_log_tail(server, tmp_path):
+    arm = ArmPaths(tmp_path / "off")
+    arm.aiperf_dir.mkdir(parents=True)
+    stale = {"metadata": {"benchmark_phase": "profiling"}, "metrics": {}}
+    arm.profile_export.write_text(json.dumps(stale) + "\n")  # a previous attempt's leftovers
+    spec = LoadSpec(trace=QUICKSTART, concurrency=2, benchmark_duration_s=4, grace_period_s=2,
+                    timeout_s=180)
+    with pytest.raises(LoadError, match=r"(?s)load: 0 successful records in .*profile_export"
+                       r"\.jsonl \(\d+ failed\), below min_records=1; aiperf exit code 1; aiperf log "
+                       r".*aiperf\.log, "
+                       r"last lines:\n.+"):
+        run_load(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER, arm=arm)
+    assert server.bodies and count_records(arm.profile_export)[1] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["hang"], indirect=True)
+def test_run_load_kills_aiperf_at_timeout(server, tmp_path):
+    arm = ArmPaths(tmp_path / "hang")
+    spec = LoadSpec(trace=QUICKSTART, concurrency=1, request_count=1, timeout_s=20)
+    groups: set[int] = set()
+
+    def watch(_msg: str) -> None:  # while aiperf runs: remember its process group
+        groups.update(g for g, cmd in _proc_groups().values() if str(arm.aiperf_dir) in cmd)
+
+    t0 = time.monotonic()
+    with pytest.raises(LoadError, match=r"load: aiperf did not finish within timeout_s=20 and "
+                       r"left 0 records \(min_records=1\); aiperf log"):
+        run_load(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER, arm=arm,
+                 progress=watch, progress_every_s=1)
+    assert time.monotonic() - t0 < 20 + 20   # SIGTERM grace 10 s, then SIGKILL
+    assert len(groups) == 1 and os.getpgrp() not in groups
+    # nothing of aiperf's group survives (its services are children in the same group)
+    assert [p for p, (g, _) in _proc_groups().items() if g in groups] == []
+
+
+def test_run_load_names_a_trace_dir_removed_after_validation(tmp_path):
+    d = tmp_path / "t"
+    write_traces(d, replace(PRESETS["quickstart"], sessions=1), seed=0)
+    spec = LoadSpec(trace=d, benchmark_duration_s=5)
+    shutil.rmtree(d)
+    with pytest.raises(ValueError, match=r"load.trace: directory '.*t' does not exist"):
+        run_load(spec, url="http://127.0.0.1:9", model=MODEL, tokenizer=TOKENIZER,
+                 arm=ArmPaths(tmp_path / "a"))
+
+
+@pytest.mark.slow
+def test_run_load_against_the_emulator(tmp_path):
+    """The project's own server (pipeline.emulator) under aiperf, small contexts to stay fast."""
+    traces = tmp_path / "traces"
+    write_traces(traces, replace(PRESETS["quickstart"], sessions=4, first_context_median=12_000,
+                                 fresh_mean=2_000, output_mean=64, output_cap=128), seed=1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = open(tmp_path / "emulator.log", "w")
+    emu = subprocess.Popen([sys.executable, "-m", "pipeline.emulator", "--host", "127.0.0.1",
+                            "--port", str(port), "--model", MODEL, "--tokenizer", TOKENIZER],
+                           stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"VATTN": "1"})
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/health", emu, tmp_path / "emulator.log")
+        spec = LoadSpec(trace=traces, concurrency=4, benchmark_duration_s=15, grace_period_s=15,
+                        timeout_s=240, min_records=2)
+        res = run_load(spec, url=f"http://127.0.0.1:{port}", model=MODEL, tokenizer=TOKENIZER,
+                       arm=ArmPaths(tmp_path / "on"))
+        assert res.returncode == 0 and res.records >= 2 and res.errors == 0
+    finally:
+        emu.terminate()
+        emu.wait(15)
+        log.close()
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
+    import urllib.request
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        assert proc.poll() is None, f"emulator exited: {log.read_text()[-2000:]}"
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"emulator not healthy after {timeout_s}s: {log.read_text()[-2000:]}")
