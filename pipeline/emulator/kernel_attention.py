@@ -228,11 +228,15 @@ class KernelAttention:
                               "kernel (FlashInfer), which the emulator cannot run (no peer kernel is wired in); "
                               + ENV_HINT)
         self.cfg, self.arm = cfg, arm
-        self.timer = KernelTimer(
-            num_kv_heads=cfg.num_kv_heads, gqa=cfg.gqa, head_dim=cfg.head_dim, page_size=cfg.page_size,
-            kv_dtype=kv_dtype or getattr(torch, KV_DTYPES[cfg.kv_dtype]), q_dtype=q_dtype or torch.bfloat16,
-            max_batch=cfg.max_running_requests, max_q_len=cfg.draft_tokens + 1, planner=arm.planner,
-            pool_pages=pool_pages or pool_pages_for(cfg), device=device or "cuda", seed=cfg.seed)
+        try:  # a shape the kernel does not support (e.g. gqa > 16, draft_tokens + 1 > 8) is a config error
+            self.timer = KernelTimer(
+                num_kv_heads=cfg.num_kv_heads, gqa=cfg.gqa, head_dim=cfg.head_dim, page_size=cfg.page_size,
+                kv_dtype=kv_dtype or getattr(torch, KV_DTYPES[cfg.kv_dtype]), q_dtype=q_dtype or torch.bfloat16,
+                max_batch=cfg.max_running_requests, max_q_len=cfg.draft_tokens + 1, planner=arm.planner,
+                pool_pages=pool_pages or pool_pages_for(cfg), device=device or "cuda", seed=cfg.seed)
+        except ValueError as e:
+            raise ConfigError(f"attention: kernel: vattn refuses this model shape (gqa={cfg.gqa}, q_len = "
+                              f"draft_tokens + 1 = {cfg.draft_tokens + 1}, head_dim={cfg.head_dim}): {e}") from None
         self.predictor = CostModelAttention(cfg, arm)
         self._match_slots()
         d = cfg.draft_tokens

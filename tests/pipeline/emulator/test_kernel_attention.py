@@ -64,6 +64,15 @@ def test_vattn0_with_kernel_names_the_env_to_use():
         KernelAttention(build_config(SMALL), Arm.from_env({"VATTN": "0"}), device="cpu")
 
 
+def test_shape_the_kernel_refuses_is_a_config_error():
+    if INTERP:
+        pytest.skip("plain CPU case")
+    cfg = build_config({**SMALL, "draft_tokens": 8, "accept_probs": [0.5] * 8})
+    with pytest.raises(ConfigError, match=r"attention: kernel: vattn refuses this model shape .*q_len = draft_tokens "
+                                          r"\+ 1 = 9.*max_q_len: got 9; supported: 1..8"):
+        KernelAttention(cfg, Arm.from_env({"VATTN": "1"}), device="cpu")
+
+
 def test_pool_is_sized_for_the_admitted_batch_within_the_cap_and_above_l2():
     # tp2 preset: Hkv 1, D 256, fp8, page 16 -> 8 KiB of K+V per page; 262144-token contexts = 16384 pages
     cfg = build_config({"max_running_requests": 16, "kernel_pool_gib": 64})
