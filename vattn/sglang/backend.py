@@ -224,12 +224,17 @@ class VattnAttnBackend(TritonAttnBackend):
         q3 = q.reshape(-1, heads, dim)
         out = torch.empty_like(q3)
         try:
-            vattn.attention(q3, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.cu_seqlens_q,
-                            k_descale, v_descale, float(layer.scaling), plan=inputs.plan, out=out)
+            _attention(vattn, q3, k_cache, v_cache, inputs, k_descale, v_descale, float(layer.scaling), out)
         except Exception as exc:  # first-use compile/launch failure: warn once, serve with the base
             _ProcessState.fail("attention", exc)
             return None
         return out.view(q.shape[0], heads * dim) if q.dim() == 2 else out.view(q.shape)
+
+
+@torch.compiler.disable  # as the base wraps its kernels: host checks and launches stay out of dynamo
+def _attention(vattn, q, k_cache, v_cache, inputs, k_descale, v_descale, scale, out):
+    vattn.attention(q, k_cache, v_cache, inputs.block_tables, inputs.seq_lens, inputs.cu_seqlens_q,
+                    k_descale, v_descale, scale, plan=inputs.plan, out=out)
 
 
 def create_vattn_backend(runner):
