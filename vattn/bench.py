@@ -19,6 +19,7 @@ import statistics
 import sys
 from dataclasses import replace
 
+from vattn.bench_report import format_table, markdown_table
 from vattn.bench_shapes import FLASHINFER_BEST_US, FLASHINFER_FP8_US, Shape, select
 
 L2_BYTES = 60e6
@@ -300,23 +301,6 @@ def _label(c) -> str:
             f"{['', ',qk8', ',qk8x2'][int(c.qk_fp8)]}{',pf' if c.prefetch_pages else ''}]")
 
 
-def format_table(records: list[dict]) -> str:
-    head = ("shape", "kv", "q", "pg", "impl", "planner", "us", "plan", "main", "reduce", "TB/s", "%ceil",
-            "xFI-fp8", "rel_err")
-    rows = [head]
-    for r in records:
-        if "error" in r:
-            rows.append((r["shape"], "", "", "", r["impl"], r["planner"], "ERROR", r["error"][:60], *[""] * 6))
-            continue
-        fi = r.get("speedup_vs_flashinfer_fp8")
-        rows.append((r["shape"], r["kv_dtype"], r["q_len"], str(r["page_size"]), r["impl"], r["planner"],
-                     f"{r['us']:.1f}", f"{r['plan_us']:.1f}", f"{r['main_us']:.1f}", f"{r['reduce_us']:.1f}",
-                     f"{r['tbps']:.2f}", f"{100 * r['tbps'] / r['read_ceiling_tbps']:.0f}",
-                     f"{fi:.2f}" if fi else "-", f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else "-"))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
-    return "\n".join(" | ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)
-
-
 def _parse_config(text: str | None):
     if not text:
         return None
@@ -346,7 +330,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="vattn-bench.json", help="JSON list of records (default vattn-bench.json)")
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1 on tiny shapes: "
                     "checks the bench's plumbing; its timings mean nothing")
+    ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "
+                    "rows (those marked default_config when any are) and exit")
     a = ap.parse_args(argv)
+    if a.markdown:
+        with open(a.markdown) as f:
+            print(markdown_table(json.load(f)))
+        return 0
     if a.dry_run:
         return _dry_run(a)
     planners = [p.strip() for p in a.planners.split(",") if p.strip()]

@@ -54,15 +54,27 @@ def _k(n: int) -> str:
 
 
 def agentic_lens(batch: int, total: int, seed: int = AGENTIC_SEED) -> list[int]:
-    """One ~248k request plus a lognormal tail (seeded) summing to `total` tokens exactly."""
+    """One ~248k request plus a lognormal tail (seeded) summing to `total` tokens exactly; tail
+    requests stay in [1k, 200k], so the 248k one is the longest (scale, clip, rescale the rest)."""
     rng = random.Random(seed)
     raw = [rng.lognormvariate(0.0, 1.0) for _ in range(batch - 1)]
-    rest = total - AGENTIC_BIG
-    tail = [max(1000, min(200_000, int(rest * r / sum(raw)))) for r in raw]
-    tail[tail.index(max(tail))] += rest - sum(tail)  # exact total; the largest absorbs rounding
-    return [AGENTIC_BIG] + tail
-
-
+    rest, lo, hi = total - AGENTIC_BIG, 1000, 200_000
+    if not lo * len(raw) <= rest <= hi * len(raw):
+        raise ValueError(f"total: got {total}; a tail of {len(raw)} requests in [1k, 200k] cannot hold {rest}")
+    tail = [0.0] * len(raw)
+    free = list(range(len(raw)))
+    while free:  # water-filling: clipped entries are fixed, the free ones share what is left
+        left = rest - sum(tail[i] for i in range(len(raw)) if i not in free)
+        scale = left / sum(raw[i] for i in free)
+        clipped = [i for i in free if not lo <= raw[i] * scale <= hi]
+        for i in free:
+            tail[i] = min(hi, max(lo, raw[i] * scale))
+        if not clipped:
+            break
+        free = [i for i in free if i not in clipped]
+    ints = [int(t) for t in tail]
+    ints[min(range(len(ints)), key=lambda i: ints[i])] += rest - sum(ints)  # exact total
+    return [AGENTIC_BIG] + ints
 def agentic(batch: int, total: int, label: str) -> Shape:
     lens = tuple(agentic_lens(batch, total))
     return Shape(f"bs{batch}-agentic-{label}", lens, (4,) * batch)

@@ -37,15 +37,18 @@ class MainConfig:
 
 
 def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
-    """Config used when the caller gives none. H200, hd256 GQA16 q4 (bench of 2026-11-29): 4 warps
-    (2 programs/SM) beat 8 warps (1/SM) 1.42 to 0.94 TB/s, so 8 warps only where acc[QROWS, D]
-    fp32 would not fit 4 warps' registers (more than 64 x 256)."""
-    warps = 8 if head_dim * _pad_rows(qrows) > 256 * 64 else 4
-    # fp8 KV: split-Q fp8 dots skip widening K (fp8 Q.K^T was 1.30x the fp16 path, call 2); the
-    # interpreter computes fp8 dots wrong (KERNEL.md), so there K is widened instead
+    """Config used when the caller gives none, from the H200 runs of 2026-11-29 (BENCHMARKS.md):
+    - 4 warps (2 programs/SM) beat 8 warps (1/SM), 1.42 to 0.94 TB/s on 16 x 35k; 8 warps only
+      where acc[QROWS, D] fp32 would not fit 4 warps' registers (more than 64 x 256);
+    - fp8 KV with >= 64 packed rows: split-Q fp8 Q.K^T + page prefetch, 150.7 us on 16 x 35k
+      against 176.5 us widening K to fp16; with fewer rows (GQA8 q4, hd128, q1) it lost
+      (239 vs 198 us on 16 x 35k GQA8), so those widen K to fp16 with 3 stages.
+    The interpreter computes fp8 dots wrong (KERNEL.md): there K is always widened."""
+    rows = _pad_rows(qrows)
+    warps = 8 if head_dim * rows > 256 * 64 else 4
     interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    qk = 2 if kv_is_fp8 and not interp else 0
-    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=qk, prefetch_pages=qk > 0)
+    qk = 2 if kv_is_fp8 and rows >= 64 and not interp else 0
+    return MainConfig(block_n=64, num_warps=warps, num_stages=2 if qk else 3, qk_fp8=qk, prefetch_pages=qk > 0)
 
 
 @triton.jit

@@ -1,0 +1,38 @@
+"""vattn.bench's tables: a plain one for the terminal, a markdown one for BENCHMARKS.md."""
+
+from __future__ import annotations
+
+
+def format_table(records: list[dict]) -> str:
+    head = ("shape", "kv", "q", "pg", "impl", "planner", "us", "plan", "main", "reduce", "TB/s", "%ceil",
+            "xFI-fp8", "rel_err")
+    rows = [head]
+    for r in records:
+        if "error" in r:
+            rows.append((r["shape"], "", "", "", r["impl"], r["planner"], "ERROR", r["error"][:60], *[""] * 6))
+            continue
+        fi = r.get("speedup_vs_flashinfer_fp8")
+        rows.append((r["shape"], r["kv_dtype"], r["q_len"], str(r["page_size"]), r["impl"], r["planner"],
+                     f"{r['us']:.1f}", f"{r['plan_us']:.1f}", f"{r['main_us']:.1f}", f"{r['reduce_us']:.1f}",
+                     f"{r['tbps']:.2f}", f"{100 * r['tbps'] / r['read_ceiling_tbps']:.0f}",
+                     f"{fi:.2f}" if fi else "-", f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else "-"))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
+    return "\n".join(" | ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def markdown_table(records: list[dict]) -> str:
+    """One row per (shape, planner): us, stages, TB/s, % of the run's read ceiling, x FlashInfer fp8."""
+    rows = [r for r in records if "error" not in r]
+    if any(r.get("default_config") for r in rows):
+        rows = [r for r in rows if r.get("default_config")]
+    out = ["| shape | kv | q_len | page | planner | us (plan+main+reduce) | plan | main | reduce | TB/s | % ceiling "
+           "| FlashInfer fp8 us (KERNEL.md) | speed-up | rel_err | run |", "|" + "---|" * 15]
+    for r in rows:
+        fi = r.get("flashinfer_fp8_us")
+        speedup = f"{fi / r['us']:.2f}x" if fi else "-"
+        out.append(f"| {r['shape']} | {r['kv_dtype']} | {r['q_len']} | {r['page_size']} | {r['planner']} | "
+                   f"{r['us']:.1f} | {r['plan_us']:.1f} | {r['main_us']:.1f} | {r['reduce_us']:.1f} | "
+                   f"{r['tbps']:.2f} | {100 * r['tbps'] / r['read_ceiling_tbps']:.0f} | {fi or '-'} | "
+                   f"{speedup} | {r['rel_err']:.1e} | "
+                   f"{r.get('run', r.get('date', ''))} |")
+    return "\n".join(out)
