@@ -228,21 +228,25 @@ def bench_shape(shape: Shape, planners, *, replays: int, config=None, check: boo
             out = vattn.attention(*args(0), plan=pl)
             nan = bool(out.isnan().any().item())
             rel_err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
-        fi = FLASHINFER_FP8_US.get(shape.name)
-        records.append(dict(
-            shape=shape.name, batch=shape.batch, total_kv_tokens=shape.total_kv_tokens, head_dim=shape.head_dim,
-            gqa=shape.gqa, num_kv_heads=shape.num_kv_heads, q_len=shape.q_label, page_size=shape.page_size,
-            kv_dtype=shape.kv_dtype, impl="vattn", planner=mode, us=t_full,
-            tbps=shape.kv_bytes / t_full / 1e6, plan_us=t_plan, main_us=t_main, reduce_us=t_reduce,
-            main_tbps=shape.kv_bytes / t_main / 1e6, plan_on_gpu=on_gpu,
-            num_items=int(pl.tensors["num_items"].item()), slots=ws.slots, config=ws.config.__dict__,
-            programs_per_sm=ws.programs_per_sm, kernel_info=ws.kernel_info,
-            replicas=b.replicas, l2_cold=b.l2_cold, rel_err=rel_err, nan=nan,
-            flashinfer_fp8_us=fi, speedup_vs_flashinfer_fp8=(fi / t_full) if fi else None,
-            flashinfer_best_us=FLASHINFER_BEST_US.get(shape.name)))
+        times = dict(us=t_full, plan_us=t_plan, main_us=t_main, reduce_us=t_reduce)
+        records.append(_record(shape, mode, pl, ws, b, times, on_gpu, rel_err, nan))
         if DEVICE == "cuda":
             torch.cuda.synchronize()
     return records
+
+
+def _record(shape: Shape, mode: str, pl, ws, b: Batch, times: dict, on_gpu: bool, rel_err, nan) -> dict:
+    fi = FLASHINFER_FP8_US.get(shape.name)
+    return dict(
+        shape=shape.name, batch=shape.batch, total_kv_tokens=shape.total_kv_tokens, head_dim=shape.head_dim,
+        gqa=shape.gqa, num_kv_heads=shape.num_kv_heads, q_len=shape.q_label, page_size=shape.page_size,
+        kv_dtype=shape.kv_dtype, impl="vattn", planner=mode, **times,
+        tbps=shape.kv_bytes / times["us"] / 1e6, main_tbps=shape.kv_bytes / times["main_us"] / 1e6,
+        plan_on_gpu=on_gpu, num_items=int(pl.tensors["num_items"].item()), slots=ws.slots,
+        config=ws.config.__dict__, programs_per_sm=ws.programs_per_sm, kernel_info=ws.kernel_info,
+        replicas=b.replicas, l2_cold=b.l2_cold, rel_err=rel_err, nan=nan,
+        flashinfer_fp8_us=fi, speedup_vs_flashinfer_fp8=(fi / times["us"]) if fi else None,
+        flashinfer_best_us=FLASHINFER_BEST_US.get(shape.name))
 
 
 _BATCHES: dict = {}

@@ -292,6 +292,8 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     """Grid (B, max_q_len, Hq): one program per output row; absent tokens return at once.
     A token whose sequence has no pieces (L = 0) gets O = 0."""
     batch = cu_seqlens_q.shape[0] - 1
+    if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
+        return
     _reduce_kernel[(batch, max_q_len, out.shape[1])](
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),

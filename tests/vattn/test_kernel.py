@@ -159,6 +159,20 @@ def test_interp_fully_masked_rows_and_caller_out():
 
 
 @interp_only
+def test_interp_empty_batch():
+    import vattn
+
+    ws = vattn.Workspace(head_dim=64, num_q_heads=2, num_kv_heads=1, kv_dtype=torch.float16, q_dtype=torch.float16,
+                         page_size=16, max_q_len=2, max_batch=2, slots=2)
+    i32 = dict(dtype=torch.int32)
+    lens, cu = torch.zeros(0, **i32), torch.zeros(1, **i32)
+    pl = vattn.plan(lens, cu, num_kv_heads=1, page_size=16, workspace=ws, debug=True)
+    kv = torch.randn(2, 16, 1, 64).half()
+    out = vattn.attention(torch.zeros(0, 2, 64).half(), kv, kv, torch.zeros(0, 1, **i32), lens, cu, plan=pl)
+    assert out.shape == (0, 2, 64) and pl.tensors["num_items"].item() == 0
+
+
+@interp_only
 def test_interp_fp32_q_through_kernel_wrapper_matches_fp16():
     """The launch wrapper with fp32 operands (interpreter-exact dots) agrees with the fp16 run."""
     from vattn import kernel as K
