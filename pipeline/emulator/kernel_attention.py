@@ -187,10 +187,11 @@ def _random_pool(shape, dtype, device, gen):
 
 
 def warmup_batches(max_batch: int) -> list[int]:
-    """Batch sizes that reach every specialisation: 1, small, each power of two up to max_batch (the
-    planner's BLOCK_B) and a non-multiple of 16 above 16."""
-    sizes = {1, 2, 3, min(17, max_batch), max_batch}
-    b = 4
+    """Batch sizes that reach every specialisation: every size up to 17 (Triton specialises the planner's
+    int arguments — batch, work-list width — on == 1 and % 16 == 0, and the width varies with the batch),
+    then each power of two (the planner's BLOCK_B) and max_batch."""
+    sizes = set(range(1, 18)) | {max_batch}
+    b = 32
     while b <= max_batch:
         sizes.add(b)
         b *= 2

@@ -86,8 +86,8 @@ def test_pool_is_sized_for_the_admitted_batch_within_the_cap_and_above_l2():
 
 
 def test_warmup_batches_reach_each_specialisation():
-    assert warmup_batches(16) == [1, 2, 3, 4, 8, 16]
-    assert warmup_batches(40) == [1, 2, 3, 4, 8, 16, 17, 32, 40]
+    assert warmup_batches(5) == [1, 2, 3, 4, 5]
+    assert warmup_batches(100) == list(range(1, 18)) + [32, 64, 100]
     assert warmup_batches(1) == [1]
 
 
