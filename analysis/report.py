@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from analysis import accuracy, cycles, plots, stats
+from analysis import accuracy, cycles, placement, plots, stats
 from analysis.compare import Comparison, compare as run_compare
 from analysis.load import AnalysisError
 from analysis.provenance import provenance_md
@@ -157,7 +157,7 @@ def _rel(p: Path, base: Path) -> str:
 
 
 def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dict[str, Path],
-            cycle_lines: list[str], out_dir: Path) -> str:
+            cycle_lines: list[str], out_dir: Path, placement_lines: Sequence[str] = ()) -> str:
     engine = (run.manifest.get("recipe") or {}).get("engine") or run.manifest.get("engine")
     a_paths, b_paths = c.a_runs[0].paths, c.b_runs[0].paths
     notes = run.notes + (other.notes if other else []) + c.notes
@@ -165,8 +165,10 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
     parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", DEFINITIONS, "",
-              "## Matched requests", "", *matched_md(c), "", "## Server-side metrics", "", *server_md(c), "",
-              "## Plots", ""]
+              "## Matched requests", "", *matched_md(c), ""]
+    if placement_lines:  # concurrent placement with a swap: kernel effect apart from the GPU effect
+        parts += ["## Placement: concurrent with swap", "", *placement_lines, ""]
+    parts += ["## Server-side metrics", "", *server_md(c), "", "## Plots", ""]
     parts += [f"![{name}]({_rel(p, out_dir)})" for name, p in figures.items()] + [""]
     if cycle_lines:
         parts += ["## Kernel in the loop", "", *cycle_lines, ""]
@@ -210,7 +212,8 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
     c = run_compare(a_runs, b_runs, a_label, b_label, n_boot=n_boot)
     figures = make_plots(c, target.plots_dir, prefix)
     cycle_lines = cycles.cycles_md(c, target.plots_dir, prefix, out.parent)
-    write_text_atomic(out, compose(c, title, run, other, figures, cycle_lines, out.parent))
+    placement_lines = placement.placement_md(run, n_boot=n_boot) if other is None else []
+    write_text_atomic(out, compose(c, title, run, other, figures, cycle_lines, out.parent, placement_lines))
     return out
 
 
