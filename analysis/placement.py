@@ -254,7 +254,9 @@ def placement_md(run: "Run", n_boot: int = stats.N_BOOT, seed: int = stats.SEED)
     lines += ["", "The kernel effect pools both groups, so the GPU sets' difference cancels; the GPU effect "
               "compares the sets with each arm on both (an A/A check of the GPUs: its CI should include 0). "
               "With four cells the orientation contrast cannot tell drift between the groups from a kernel x "
-              "GPU interaction, and a kernel effect that drifts between the groups shows up in the GPU effect.",
+              "GPU interaction, and a kernel effect that drifts between the groups shows up in the GPU effect. "
+              "The A/A noise floor in the tables above compares each arm's two runs, which ran on different "
+              "GPU sets at different times: it holds the GPU effect and the drift, not only run-to-run noise.",
               "", "Per group, decode time per token (each group's arms ran at the same time on different GPU "
               "sets, so each delta is the kernel effect plus or minus the GPU effect):", "",
               "| group | off ran on | on ran on | n | off mean (ms) | on mean (ms) | kernel delta [95% CI] |",
@@ -266,7 +268,7 @@ def placement_md(run: "Run", n_boot: int = stats.N_BOOT, seed: int = stats.SEED)
     lines += ["", "GPU facts per set (nvidia-smi at the start of the run):", ""]
     if facts.empty:
         return lines + ["No GPU binding in this run (CPU host): the sets are the two servers' ports."]
-    lines += ["| set | host | GPU | name | SM clock / max (MHz) | memory clock (MHz) | memory | driver | uuid |",
+    lines += ["| set | host | GPU | name | SM clock / max | memory clock | memory | driver | uuid |",
               "|---|---|---|---|---|---|---|---|---|"]
     for f in facts.to_dict("records"):
         lines.append(f"| {f['gpu_set']} | {f['host']} | {f['index']} | {f['name']} | {f['clocks.sm']} / "

@@ -218,11 +218,13 @@ def test_report_has_placement_section_for_concurrent_swap(tmp_path):
     assert "group 1: off on A, on on B; group 2 (swapped): off.2 on B, on.2 on A." in sec
     assert "GPU sets: A (local, GPU 0); B (local, GPU 1). Requests completed in all 4 arm runs: 12" in sec
     # kernel -2 ms, GPU +1 ms on a 12.75 ms base: off mean 13.25, on 11.25.
-    assert "| kernel: on vs off, both groups pooled | Decode time per token (ms) | 12 | 13.25 | 11.25 | -15.1% (-2 ms) |" in sec
-    assert "| GPU set: B vs A, both arms pooled (A/A) | Decode time per token (ms) | 12 | 11.75 | 12.75 | +8.5% (+1 ms) |" in sec
+    tpot = "| Decode time per token (ms) | 12 |"
+    assert f"| kernel: on vs off, both groups pooled {tpot} 13.25 | 11.25 | -15.1% (-2 ms) |" in sec
+    assert f"| GPU set: B vs A, both arms pooled (A/A) {tpot} 11.75 | 12.75 | +8.5% (+1 ms) |" in sec
     assert "| 1 (off / on) | A | B | 12 | 12.75 | 11.75 | -7.8% [" in sec
     assert "| 2 (off.2 / on.2) | B | A | 12 | 13.75 | 10.75 | -21.8% [" in sec
     assert "| A | local | 0 | NVIDIA H200 |" in sec and "| GPU-bbb |" in sec
+    assert "it holds the GPU effect and the drift" in sec
 
 
 def test_no_placement_section_without_swap_or_when_sequential(tmp_path):
@@ -244,3 +246,14 @@ def test_missing_arm_run_export_is_said(tmp_path):
     shutil.rmtree(root / "arms" / "on.2")
     lines = placement_md(load_run(root), n_boot=N_BOOT)
     assert lines[-1] == "No 2x2 decomposition: arm run(s) on.2 have no aiperf export."
+
+
+def test_concurrent_run_without_groups_says_why(tmp_path):
+    root = _run_dir(tmp_path, manifest())
+    m = manifest()
+    for r in m["arm_runs"]:
+        r.pop("group")
+    (root / "manifest.json").write_text(json.dumps(m))
+    assert placement_md(load_run(root), n_boot=N_BOOT) == [
+        "Concurrent run, but the arm runs cannot be placed: manifest arm_runs: no group/host/gpus/port per arm "
+        "run; cannot place the arm runs."]
