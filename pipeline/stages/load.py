@@ -255,6 +255,11 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
             _kill_group(proc, grace_s=2.0)
             raise
     duration = time.monotonic() - t0
+    if not timed_out:
+        try:  # a service the exited leader left behind would hold ports and CPU
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     ok, failed = count_records(arm.profile_export)
     result = LoadResult(command=cmd, returncode=None if timed_out else proc.returncode,
                         timed_out=timed_out, records=ok, errors=failed,
