@@ -8,6 +8,14 @@ count in profile_export.jsonl is checked.
 
 Records are matched across arms on (conversation_id, turn_index, k-th occurrence), which
 aiperf writes in each record's metadata; x_correlation_id is random per run.
+
+Sizing (2-core box, emulator h200 / qwen3.5-397b-a17b-tp2, recipes/data/traces/quickstart,
+concurrency 8): each session's first call is a cold prefill of 17k-200k tokens, ~65 s of
+emulated prefill for the ten sessions. Without warmup a 60 s window holds ~11 records, all
+inside that cold phase (TPOT dominated by prefill chunks, equal in both arms). With
+warmup_requests = number of sessions (10) aiperf primes every session's first call, then the
+window starts over at session 0 on a warm prefix cache: 145-153 s per arm in all (start-up
+~15 s, warmup ~66 s, window 60 s + drain), 77-85 records per arm.
 """
 from __future__ import annotations
 
