@@ -112,9 +112,8 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
         f"- placement: {_get(plan, 'mode', default=_get(recipe, 'placement', 'mode'))}; "
         f"order: {_get(plan, 'order', default=_get(recipe, 'placement', 'order'))}; "
         f"repeats: {_get(recipe, 'placement', 'repeats')}",
-        f"- hosts: {_inline(_get(manifest, 'hosts', default=_get(plan, 'hosts')))}",
-        f"- GPUs: {_inline(_get(manifest, 'gpus', default=_get(plan, 'gpus')))}",
     ]
+    lines += gpu_lines(manifest)
     traces = find_keys(recipe, ("trace", "dataset", "input_file"))
     seeds = find_keys(manifest, ("seed",))
     lines.append("- trace: " + (", ".join(f"`{k}` = {v}" for k, v in traces.items()) or UNKNOWN))
@@ -133,3 +132,20 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
     else:
         lines += ["", "Stage durations: unknown"]
     return lines
+
+
+def gpu_lines(manifest: dict) -> list[str]:
+    """One line per host's GPUs (name, clocks, memory) and one per arm run saying which GPUs it used."""
+    hosts = manifest.get("hosts") or {}
+    lines = []
+    for name, facts in hosts.items():
+        gpus = (facts or {}).get("gpus") or []
+        desc = "; ".join(f"{g.get('index')}: {g.get('name')} (SM {g.get('clocks.sm')} of max {g.get('clocks.max.sm')}, "
+                         f"mem clock {g.get('clocks.mem')}, {g.get('memory.total')}, uuid {g.get('uuid')})"
+                         for g in gpus) or "none reported (no nvidia-smi)"
+        lines.append(f"- host `{name}` ({(facts or {}).get('kind', UNKNOWN)}) GPUs: {desc}")
+    pairing = [f"{a.get('name')} on {a.get('host')} GPUs {list(a.get('gpus') or []) or 'none'} port {a.get('port')}"
+               for a in manifest.get("arm_runs") or []]
+    if pairing:
+        lines.append("- arm runs: " + "; ".join(pairing))
+    return lines or [f"- GPUs: {UNKNOWN}"]

@@ -6,6 +6,7 @@ crash leaves the last complete state: `--resume` trusts a stage only when its st
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import subprocess
 import threading
@@ -35,8 +36,11 @@ def package_versions() -> dict[str, str]:
 def git_sha() -> str:
     repo = Path(__file__).resolve().parent.parent
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                             timeout=5).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              timeout=5)
+        if head.returncode != 0:  # not a git checkout (e.g. a copied tree on a GPU host)
+            return os.environ.get("PIPELINE_GIT_SHA", "unknown")
+        sha = head.stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
                                capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):

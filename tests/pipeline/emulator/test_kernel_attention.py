@@ -200,24 +200,21 @@ def test_interp_step_timer_runs_every_call_of_a_cycle(interp_backend):
 @pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("planner", ["fixed", "balanced"])
 def test_gpu_emulator_measures_the_kernel_each_cycle(tmp_path, planner):
-    import openai
+    import httpx  # on the GPU image; the openai client is not
 
     emu = start_emulator(tmp_path, "--attention", "kernel", "--model-preset", "qwen3.5-397b-a17b-tp4",
                          "--max-running-requests", "8", "--kernel-pool-gib", "4",
                          env={"VATTN": "1", "VATTN_PLAN": planner}, name=planner, timeout=600)
     try:
-        client = openai.AsyncOpenAI(base_url=emu.url + "/v1", api_key="none", max_retries=0)
-
-        async def one(i: int):  # contexts of 20k-55k tokens, sent as token ids
-            r = await client.completions.create(model=MODEL, prompt=[7 + i] * (20_000 + 5_000 * i), max_tokens=48,
-                                                extra_body={"ignore_eos": True})
-            return r.usage.completion_tokens
+        async def one(client, i: int):  # contexts of 20k-55k tokens, sent as token ids
+            r = await client.post(emu.url + "/v1/completions", json={
+                "model": MODEL, "prompt": [7 + i] * (20_000 + 5_000 * i), "max_tokens": 48, "ignore_eos": True})
+            r.raise_for_status()
+            return r.json()["usage"]["completion_tokens"]
 
         async def main():
-            try:
-                return await asyncio.gather(*(one(i) for i in range(8)))
-            finally:
-                await client.close()
+            async with httpx.AsyncClient(timeout=300) as client:
+                return await asyncio.gather(*(one(client, i) for i in range(8)))
 
         assert asyncio.run(main()) == [48] * 8
         status, info = emu.get("/server_info")
