@@ -29,10 +29,18 @@ class VattnModel:
     slot_boost: float  # most a program speeds up when slots idle, as a multiple of its fair share
     piece_latency_us: float  # per-program prologue (Q load, pipeline fill), paid once per piece
     launch_us: float  # per kernel launch inside a CUDA graph (plan, main, reduce)
-    plan_us: float
+    plan_us: float | dict[str, float]  # the plan kernel, one figure or one per planner
     reduce_fixed_us: float
     reduce_tbps: float  # the reduce's bandwidth over fp32 partials
     page_efficiency: dict[int, float]  # gather efficiency by page size, relative to the calibration's
+    # Per kernel path (see kernel_path): the main loop's bytes term (TB/s, replaces wave_tbps) and its
+    # effective TFLOP/s: Q.K^T + P.V cost 4 x rows x D flops per KV token, so a path reads KV at
+    # 1 / (1 / path_tbps + 2 x rows / (bytes per element x dot_tflops)): more packed query rows, slower.
+    # Empty: the main loop is bytes-bound at `wave_tbps` whatever the rows.
+    path_tbps: dict[str, float] = field(default_factory=dict)
+    dot_tflops: dict[str, float] = field(default_factory=dict)
+    slot_sharing: str = "device"  # "device" | "sm": what programs share (see _makespan_us)
+    reduce_piece_us: float = 0.0  # per partial of the most-split sequence (the reduce loops over them)
 
 
 @dataclass(frozen=True)
@@ -144,18 +152,28 @@ def kv_bytes(seq_lens, q_lens, num_kv_heads: int, head_dim: int, kv_dtype: str) 
     return tokens * num_kv_heads * head_dim * 2 * KV_BYTES[kv_dtype]
 
 
-def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: float, boost: float) -> float:
+def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: float, boost: float,
+                 sms: int | None = None) -> float:
     """Processor-sharing makespan of programs given as runs (bytes each, count) in launch order per head.
 
     The grid is (W, Hkv) with the item index fastest, so the launch order is `runs` once per head.
     Every running program streams at the same rate, so completions follow a shared byte clock.
+    sms None: programs share the device (min(boost x fair share, wave / running)); sms given: they share
+    their SM, so while more programs run than there are SMs the slowest share one (fair share), and
+    once each has an SM to itself it runs `boost` times faster.
     """
     cap = boost * wave / slots  # bytes/us per program with n running: min(cap, wave / n)
+    if sms is None:
+        def rate(active):
+            return cap if cap * active < wave else wave / active
+    else:
+        def rate(active):
+            return cap if active <= sms < slots else wave / slots
     programs = sum([c for _, c in runs]) * copies
     if programs <= slots:  # one wave: all start at 0, finish in order of size
         t, done, active = 0.0, 0.0, programs
         for w, c in sorted(runs):
-            t += (w - done) / (cap if cap * active < wave else wave / active)
+            t += (w - done) / rate(active)
             done, active = w, active - c * copies
         return t
     order = [w for _ in range(copies) for w, c in runs for _ in range(c)]  # launch order
@@ -164,13 +182,38 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
     t, clock, active = 0.0, 0.0, slots
     for w in order[slots:]:  # a program ends, the next in launch order takes its slot
         finish = running[0]
-        t += (finish - clock) / (cap if cap * active < wave else wave / active)
+        t += (finish - clock) / rate(active)
         clock = finish
         heapq.heapreplace(running, clock + w)
     for finish in sorted(running):  # the queue is empty: the rest drain as in one wave
-        t += (finish - clock) / (cap if cap * active < wave else wave / active)
+        t += (finish - clock) / rate(active)
         clock, active = finish, active - 1
     return t
+
+
+def kernel_path(q_lens, gqa: int, kv_dtype: str) -> tuple[str, int]:
+    """(path, packed rows) the main kernel compiles for this batch: vattn.kernel.default_config's rule
+    (rows padded to a power of two >= 16; split-Q fp8 Q.K^T from 64 rows with an fp8 cache, else an fp8
+    cache is widened to fp16 in registers; a 16-bit cache is used as stored)."""
+    rows = max(16, 1 << (max(max(q_lens, default=1), 1) * gqa - 1).bit_length())
+    if kv_dtype != "fp8":
+        return "bf16", rows
+    return ("fp8x2" if rows >= 64 else "fp8to16"), rows
+
+
+def _wave_bytes_per_us(v: VattnModel, q_lens, gqa: int, kv_dtype: str, page_size: int) -> float:
+    if not v.dot_tflops:
+        return v.wave_tbps * 1e6 * v.page_efficiency[page_size]
+    path, rows = kernel_path(q_lens, gqa, kv_dtype)
+    if path not in v.dot_tflops or path not in v.path_tbps:
+        raise ValueError(f"kernel path: {path} ({rows} rows, {kv_dtype} cache) has no path_tbps/dot_tflops in "
+                         f"the profile; it knows {sorted(v.dot_tflops)}")
+    wave = v.path_tbps[path] * 1e6 * v.page_efficiency[page_size]
+    return 1 / (1 / wave + 2 * rows / (KV_BYTES[kv_dtype] * v.dot_tflops[path] * 1e6))
+
+
+def _plan_us(v: VattnModel, planner: str) -> float:
+    return v.plan_us[planner] if isinstance(v.plan_us, dict) else v.plan_us
 
 
 def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size) -> float:
@@ -178,8 +221,8 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
     if page_size not in v.page_efficiency:
         raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
     splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=prof.slots, mode=planner)
-    wave = v.wave_tbps * 1e6 * v.page_efficiency[page_size]  # bytes/us
-    token_bytes = head_dim * 2 * KV_BYTES[kv_dtype] / v.page_efficiency[page_size]
+    wave = _wave_bytes_per_us(v, q_lens, gqa, kv_dtype, page_size)  # bytes/us with every slot busy
+    token_bytes = head_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
     latency = v.piece_latency_us * wave / prof.slots  # a prologue costs its slot's fair share of time
     runs, reduce_bytes = [], 0
     for (pieces, seg), L, q in zip(splits, seq_lens, q_lens):
@@ -193,9 +236,11 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
             reduce_bytes += hkv * (pieces * part_bytes + out_bytes)
             runs.append((seg_tokens * token_bytes + extra, pieces - 1))
         runs.append(((L - (pieces - 1) * seg_tokens) * token_bytes + extra, 1))
-    makespan = _makespan_us(runs, hkv, prof.slots, wave, v.slot_boost) if runs else 0.0
-    reduce_us = v.reduce_fixed_us + reduce_bytes / (v.reduce_tbps * 1e6)
-    return v.plan_us + 3 * v.launch_us + makespan + reduce_us
+    sms = prof.sms if v.slot_sharing == "sm" else None
+    makespan = _makespan_us(runs, hkv, prof.slots, wave, v.slot_boost, sms) if runs else 0.0
+    most_pieces = max((pieces for pieces, _ in splits), default=0)
+    reduce_us = v.reduce_fixed_us + reduce_bytes / (v.reduce_tbps * 1e6) + v.reduce_piece_us * most_pieces
+    return _plan_us(v, planner) + 3 * v.launch_us + makespan + reduce_us
 
 
 def _predict_baseline(seq_lens, q_lens, name, prof, hkv, head_dim, gqa, kv_dtype) -> float:
@@ -239,3 +284,77 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
     if name not in profile.baselines:
         raise ValueError(f"impl: got {impl!r}; allowed: vattn, baseline, {', '.join(profile.baselines)}")
     return _predict_baseline(seq_lens, q_lens, name, profile, num_kv_heads, head_dim, gqa, kv_dtype)
+
+
+# -- checking the model against a kernel-in-the-loop run ---------------------------------------------
+
+def _approx_batch(cycle: dict) -> tuple[list[int], list[int]]:
+    """The cycle log keeps totals, not each sequence: rebuild the verify batch as its longest sequence
+    (max_kv) plus the rest of attn_kv_tokens spread evenly. Exact for batch 1 and uniform batches."""
+    b, total, longest, q = cycle["batch"], cycle["attn_kv_tokens"], cycle["max_kv"], cycle["q_len"]
+    rest = max(0, total - longest)
+    lens = [max(longest, total - rest)] + [rest // (b - 1) + (i < rest % (b - 1)) for i in range(b - 1)]
+    return lens, [q] * b
+
+
+def check_cycles(run_dir: str, profile: str = "h200", tol: float = 0.2) -> list[dict]:
+    """Per arm run: decode cycles whose logged per-layer prediction, and the prediction recomputed with
+    `profile` on the rebuilt batch (_approx_batch), are within `tol` of the measured kernel time."""
+    import json
+    import statistics
+
+    from pipeline.paths import RunPaths
+
+    run = RunPaths(Path(run_dir))
+    if not run.arm_runs():
+        raise ValueError(f"run_dir: got {run_dir!r}; it has no arms/ folder with arm runs")
+    prof, rows = load_profile(profile), []
+    for arm in run.arm_runs():
+        arm_paths = run.arm(arm)
+        if not arm_paths.emulator_cycles.is_file():
+            continue
+        info = json.loads(arm_paths.server_info.read_text())
+        c = info["config"]
+        shape = dict(num_kv_heads=c["num_kv_heads"], head_dim=c["head_dim"], gqa=c["gqa"],
+                     kv_dtype=c["kv_dtype"], page_size=c["page_size"])
+        slots = info["hardware"].get("slots_per_sm", prof.slots_per_sm)  # the kernel's occupancy, as logged
+        arm_prof = replace(prof, slots_per_sm=slots)
+        logged, now = [], []
+        for line in arm_paths.emulator_cycles.read_text().splitlines():
+            cyc = json.loads(line)
+            meas = cyc.get("measured_attention_layer_us", 0.0)
+            if not meas or not cyc.get("batch"):
+                continue
+            logged.append(cyc["predicted_attention_layer_us"] / meas)
+            lens, qs = _approx_batch(cyc)
+            now.append(predict_attention_us(lens, qs, impl="vattn", planner=cyc["planner"], profile=arm_prof,
+                                            **shape) / meas)
+        if logged:
+            rows.append(dict(arm=arm, planner=info["arm"].get("planner"), cycles=len(logged),
+                             logged_within=sum(abs(r - 1) <= tol for r in logged) / len(logged),
+                             logged_median=statistics.median(logged),
+                             now_within=sum(abs(r - 1) <= tol for r in now) / len(now),
+                             now_median=statistics.median(now)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m vattn.cost", description=__doc__.splitlines()[0])
+    ap.add_argument("--check-cycles", metavar="RUN_DIR", required=True,
+                    help="a kernel-in-the-loop run directory (arms/*/emulator_cycles.jsonl)")
+    ap.add_argument("--profile", default="h200")
+    ap.add_argument("--tol", type=float, default=0.2)
+    args = ap.parse_args(argv)
+    print(f"predicted / measured per attention layer, decode cycles; 'now' = recomputed with profile "
+          f"{args.profile} on the batch rebuilt from the log's totals (longest + even rest: approximate)")
+    print(f"{'arm':8s} {'planner':13s} {'cycles':>6s} {'logged within':>14s} {'logged median':>14s} "
+          f"{'now within':>11s} {'now median':>11s}")
+    for r in check_cycles(args.check_cycles, args.profile, args.tol):
+        print(f"{r['arm']:8s} {str(r['planner']):13s} {r['cycles']:6d} {r['logged_within']:14.0%} "
+              f"{r['logged_median']:14.2f} {r['now_within']:11.0%} {r['now_median']:11.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,12 +1,14 @@
 """Cost model: reproduces the measured tables it was built from, orders the planners on skewed batches,
 is monotone in L, and is fast enough for the emulator (one call per decode cycle)."""
+import json
 import random
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from vattn.cost import kv_bytes, load_profile, predict_attention_us
+from vattn.cost import kernel_path, load_profile, predict_attention_us
 from vattn.plan import PLANNERS
 
 H200, MI355X = load_profile("h200"), load_profile("mi355x")
@@ -74,12 +76,53 @@ def test_h200_flashinfer_bf16():
     assert within(predict(agentic(20, 2_320_000), 4, bf16, impl="baseline"), 595)
 
 
-def test_h200_vattn_calibrated_to_the_probe():
-    # KERNEL.md: the first plain-Triton probe streamed 16 x 64k at 2.24 TB/s
-    lens = [65_536] * 16
-    us = predict(lens, 4, HD256, planner="fixed")
-    assert kv_bytes(lens, [4] * 16, 1, 256, "fp8") / us / 1e6 == pytest.approx(2.24, rel=0.02)
-    assert H200.slots == 264 and H200.vattn.wave_tbps <= H200.read_ceiling_tbps
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "h200-vattn.json"
+
+
+def bench_records():
+    """The default-config vattn rows of the committed H200 bench (BENCHMARKS.md's table)."""
+    rows = [r for r in json.loads(BENCH.read_text()) if r.get("default_config") and r["impl"] == "vattn"]
+    assert len(rows) == 51 and {r["planner"] for r in rows} == set(PLANNERS)
+    return rows
+
+
+def bench_batch(r):
+    """seq_lens as measured (agentic rows) or uniform; ragged q_lens as vattn.bench_shapes.ragged draws them."""
+    lens = r.get("seq_lens") or [r["total_kv_tokens"] // r["batch"]] * r["batch"]
+    assert sum(lens) == r["total_kv_tokens"]
+    if r["q_len"] == "ragged1-4":
+        rng = random.Random(7)
+        return lens, [rng.randint(1, 4) for _ in lens]
+    return lens, [int(r["q_len"])] * len(lens)
+
+
+@pytest.mark.parametrize("planner", PLANNERS)
+def test_h200_vattn_fits_the_bench(planner):
+    # every default-config row of benchmarks/h200-vattn.json within 15%, planned with the occupancy the
+    # compiled kernel had (programs_per_sm), as the emulator plans with the workspace's
+    bad = []
+    for r in (r for r in bench_records() if r["planner"] == planner):
+        lens, qs = bench_batch(r)
+        prof = replace(H200, slots_per_sm=r["programs_per_sm"])
+        got = predict_attention_us(lens, qs, impl="vattn", planner=planner, profile=prof, num_kv_heads=r["num_kv_heads"],
+                                   head_dim=r["head_dim"], gqa=r["gqa"], kv_dtype=r["kv_dtype"],
+                                   page_size=r["page_size"])
+        if not within(got, r["us"]):
+            bad.append((r["shape"], round(got, 1), round(r["us"], 1)))
+    assert not bad, bad
+
+
+def test_h200_kernel_paths_follow_the_default_config():
+    # vattn.kernel.default_config: split-Q fp8 from 64 packed rows, fp8 widened below, bf16 as stored
+    assert kernel_path([4] * 3, 16, "fp8") == ("fp8x2", 64)
+    assert kernel_path([4, 1], 8, "fp8") == ("fp8to16", 32)
+    assert kernel_path([1], 16, "fp8") == ("fp8to16", 16)
+    assert kernel_path([1], 4, "fp8") == ("fp8to16", 16)
+    assert kernel_path([8], 16, "fp8") == ("fp8x2", 128)
+    assert kernel_path([4], 16, "bf16") == ("bf16", 64)
+    # GQA8 q4 reads fewer bytes per row than GQA16 q4 but is slower per byte (BENCHMARKS.md: 1.45 vs 1.90 TB/s)
+    gqa8 = predict([35_000] * 16, 4, dict(HD256, gqa=8))
+    assert gqa8 > predict([35_000] * 16, 4, HD256)
 
 
 def test_mi355x_reproduces_design_md():
@@ -188,12 +231,18 @@ def test_profile_errors(tmp_path):
     with pytest.raises(ValueError, match=r"kv_dtype/phase: got fp8/decode; profile h200 baseline sglang_triton "
                                          r"was measured for fp8/verify"):
         predict([10], 1, HD256, impl="sglang_triton")
-    text = (load_profile.__globals__["CONFIG_DIR"] / "h200.yaml").read_text()
-    fast = tmp_path / "fast.yaml"
-    fast.write_text(text.replace("tbps: 2.24", "tbps: 4.4"))
-    with pytest.raises(ValueError, match=r"calibration: 4.4 TB/s at 16 x 65536 needs a .* TB/s wave, above the "
-                                         r"read ceiling 4.5"):
+    config_dir = load_profile.__globals__["CONFIG_DIR"]
+    fast = tmp_path / "fast.yaml"  # the MI355X profile is still solved from one calibration point
+    fast.write_text((config_dir / "mi355x.yaml").read_text().replace("tbps: 4.279", "tbps: 7.9"))
+    with pytest.raises(ValueError, match=r"calibration: 7.9 TB/s at 16 x 35000 needs a .* TB/s wave, above the "
+                                         r"read ceiling"):
         load_profile(str(fast))
+    text = (config_dir / "h200.yaml").read_text()
+    nopath = tmp_path / "nopath.yaml"
+    nopath.write_text(text.replace("    bf16: 435.0", ""))
+    with pytest.raises(ValueError, match=r"kernel path: bf16 \(64 rows, bf16 cache\) has no path_tbps/dot_tflops "
+                                         r"in the profile; it knows \['fp8to16', 'fp8x2'\]"):
+        predict([10], 4, dict(HD256, kv_dtype="bf16"), profile=load_profile(str(nopath)))
     broken = tmp_path / "broken.yaml"
     broken.write_text(text.replace("baseline: flashinfer", "baseline: fa3"))
     with pytest.raises(ValueError, match=r"broken.yaml.baseline: got 'fa3'; allowed: flashinfer, sglang_triton"):
@@ -202,15 +251,15 @@ def test_profile_errors(tmp_path):
     with pytest.raises(ValueError, match=r"broken.yaml.baselines.flashinfer\[1\]: got phase 'extend', kv_dtype 'fp8'; "
                                          r"allowed: phase verify, decode, any"):
         load_profile(str(broken))
-    broken.write_text(text.replace("  plan_us: 2.0", "  plan_seconds: 2.0"))
-    with pytest.raises(ValueError, match=r"broken.yaml.vattn: .*unexpected keyword argument 'plan_seconds'"):
+    broken.write_text(text.replace("  piece_latency_us:", "  piece_latency_seconds:"))
+    with pytest.raises(ValueError, match=r"broken.yaml.vattn: .*unexpected keyword argument 'piece_latency_seconds'"):
         load_profile(str(broken))
 
 
 def test_profile_is_frozen():
     with pytest.raises(AttributeError):
         H200.sms = 1
-    slower = replace(H200, vattn=replace(H200.vattn, wave_tbps=H200.vattn.wave_tbps / 2))
+    slower = replace(H200, vattn=replace(H200.vattn, dot_tflops={k: f / 2 for k, f in H200.vattn.dot_tflops.items()}))
     assert predict([35_000] * 16, 4, HD256, profile=slower) > predict([35_000] * 16, 4, HD256)
 
 
@@ -226,3 +275,42 @@ def test_makespan_hand_worked():
     assert _makespan_us([(10, 3)], 1, 2, 2.0, 2.0) == pytest.approx(15)
     # copies are the KV heads: 2 heads x 2 runs on 3 slots -> launch order a0 b0 a1 | b1
     assert _makespan_us([(6, 1), (12, 1)], 2, 3, 3.0, 1.0) == pytest.approx(18)
+
+
+def test_makespan_sm_sharing_hand_worked():
+    from vattn.cost import _makespan_us
+
+    # 2 SMs x 2 slots, wave 4 bytes/us (1 per slot), boost 1.5. Three programs of 10 bytes: while 3 run
+    # (> 2 SMs) the slowest share an SM at 1 byte/us, so all three end at 10 us
+    assert _makespan_us([(10, 3)], 1, 4, 4.0, 1.5, sms=2) == pytest.approx(10)
+    # two programs (one per SM) run alone at 1.5: 20 bytes in 13.33 us
+    assert _makespan_us([(20, 2)], 1, 4, 4.0, 1.5, sms=2) == pytest.approx(20 / 1.5)
+    # 10 and 30 bytes with 3 running: 10 us at 1 each, then the 30-byte one runs alone: 20 more at 1.5
+    assert _makespan_us([(10, 2), (30, 1)], 1, 4, 4.0, 1.5, sms=2) == pytest.approx(10 + 20 / 1.5)
+    # one slot per SM: nothing to share, no boost
+    assert _makespan_us([(20, 1)], 1, 2, 2.0, 1.5, sms=2) == pytest.approx(20)
+
+
+def test_check_cycles_on_a_tiny_run(tmp_path, capsys):
+    from vattn.cost import check_cycles, main
+
+    arm = tmp_path / "arms" / "on"
+    arm.mkdir(parents=True)
+    shape = dict(num_kv_heads=1, head_dim=256, gqa=8, kv_dtype="fp8_e4m3", page_size=16)
+    (arm / "server_info.json").write_text(json.dumps(
+        {"config": shape, "arm": {"planner": "balanced"}, "hardware": {"slots_per_sm": 2}}))
+    kw = dict(shape, kv_dtype="fp8")
+    exact = predict([40_000], 4, kw)
+    cycles = [dict(batch=0, measured_attention_layer_us=0.0),  # prefill only: skipped
+              dict(batch=1, attn_kv_tokens=40_000, max_kv=40_000, q_len=4, planner="balanced",
+                   predicted_attention_layer_us=exact / 2, measured_attention_layer_us=exact),
+              dict(batch=3, attn_kv_tokens=60_000, max_kv=40_000, q_len=4, planner="balanced",
+                   predicted_attention_layer_us=50.0, measured_attention_layer_us=2 * predict([40_000, 10_000, 10_000], 4, kw))]
+    (arm / "emulator_cycles.jsonl").write_text("\n".join(json.dumps(c) for c in cycles))
+    [row] = check_cycles(str(tmp_path))
+    assert row["arm"] == "on" and row["cycles"] == 2 and row["logged_within"] == 0
+    assert row["now_within"] == 0.5 and row["now_median"] == pytest.approx(0.75)
+    main(["--check-cycles", str(tmp_path)])
+    assert "on       balanced" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"run_dir: got '.*'; it has no arms/ folder with arm runs"):
+        check_cycles(str(tmp_path / "arms"))
