@@ -159,16 +159,19 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
     The grid is (W, Hkv) with the item index fastest, so the launch order is `runs` once per head.
     Every running program streams at the same rate, so completions follow a shared byte clock.
     sms None: programs share the device (min(boost x fair share, wave / running)); sms given: they share
-    their SM, so while more programs run than there are SMs the slowest share one (fair share), and
-    once each has an SM to itself it runs `boost` times faster.
+    their SM: with `sms` or more running, the slowest shares one (fair share); a lone program runs `boost`
+    times faster, and in between the boost grows linearly as fewer run.
     """
     cap = boost * wave / slots  # bytes/us per program with n running: min(cap, wave / n)
     if sms is None:
         def rate(active):
             return cap if cap * active < wave else wave / active
-    else:
+    elif sms >= slots:  # one program per SM: nothing to share
         def rate(active):
-            return cap if active <= sms < slots else wave / slots
+            return wave / slots
+    else:  # the block scheduler does not spread programs one per SM: the more run, the likelier the
+        def rate(active):  # slowest shares its SM, so the boost fades to none at one program per SM
+            return wave / slots * (1 + (boost - 1) * max(0.0, (sms - active) / (sms - 1)))
     programs = sum([c for _, c in runs]) * copies
     if programs <= slots:  # one wave: all start at 0, finish in order of size
         t, done, active = 0.0, 0.0, programs
@@ -288,18 +291,23 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
 
 # -- checking the model against a kernel-in-the-loop run ---------------------------------------------
 
-def _approx_batch(cycle: dict) -> tuple[list[int], list[int]]:
-    """The cycle log keeps totals, not each sequence: rebuild the verify batch as its longest sequence
-    (max_kv) plus the rest of attn_kv_tokens spread evenly. Exact for batch 1 and uniform batches."""
-    b, total, longest, q = cycle["batch"], cycle["attn_kv_tokens"], cycle["max_kv"], cycle["q_len"]
-    rest = max(0, total - longest)
-    lens = [max(longest, total - rest)] + [rest // (b - 1) + (i < rest % (b - 1)) for i in range(b - 1)]
-    return lens, [q] * b
+def _approx_batch(cycle: dict) -> tuple[list[int], list[int], bool]:
+    """(seq_lens, q_lens, exact): the cycle log keeps totals, not each sequence, so the verify batch is
+    rebuilt as its longest sequence (max_kv) plus the rest of attn_kv_tokens spread evenly: exact for
+    batches of 1 and 2 (up to the few new tokens max_kv may leave out) and for uniform batches."""
+    b, total, q = cycle["batch"], cycle["attn_kv_tokens"], cycle["q_len"]
+    if b == 1:
+        return [total], [q], True
+    longest = min(cycle["max_kv"], total)
+    rest = total - longest
+    lens = [longest] + [rest // (b - 1) + (i < rest % (b - 1)) for i in range(b - 1)]
+    return lens, [q] * b, b == 2
 
 
 def check_cycles(run_dir: str, profile: str = "h200", tol: float = 0.2) -> list[dict]:
-    """Per arm run: decode cycles whose logged per-layer prediction, and the prediction recomputed with
-    `profile` on the rebuilt batch (_approx_batch), are within `tol` of the measured kernel time."""
+    """Per arm run: the share of decode cycles whose logged per-layer prediction, and the prediction
+    recomputed with `profile` on the rebuilt batch (_approx_batch), are within `tol` of the measured
+    kernel time, and the median ratios; exact_*: the cycles whose batch the log pins down exactly."""
     import json
     import statistics
 
@@ -319,22 +327,25 @@ def check_cycles(run_dir: str, profile: str = "h200", tol: float = 0.2) -> list[
                      kv_dtype=c["kv_dtype"], page_size=c["page_size"])
         slots = info["hardware"].get("slots_per_sm", prof.slots_per_sm)  # the kernel's occupancy, as logged
         arm_prof = replace(prof, slots_per_sm=slots)
-        logged, now = [], []
+        logged, now, exact = [], [], []
         for line in arm_paths.emulator_cycles.read_text().splitlines():
             cyc = json.loads(line)
             meas = cyc.get("measured_attention_layer_us", 0.0)
             if not meas or not cyc.get("batch"):
                 continue
             logged.append(cyc["predicted_attention_layer_us"] / meas)
-            lens, qs = _approx_batch(cyc)
+            lens, qs, is_exact = _approx_batch(cyc)
             now.append(predict_attention_us(lens, qs, impl="vattn", planner=cyc["planner"], profile=arm_prof,
                                             **shape) / meas)
+            if is_exact:
+                exact.append(now[-1])
         if logged:
             rows.append(dict(arm=arm, planner=info["arm"].get("planner"), cycles=len(logged),
                              logged_within=sum(abs(r - 1) <= tol for r in logged) / len(logged),
                              logged_median=statistics.median(logged),
                              now_within=sum(abs(r - 1) <= tol for r in now) / len(now),
-                             now_median=statistics.median(now)))
+                             now_median=statistics.median(now), exact_cycles=len(exact),
+                             exact_within=sum(abs(r - 1) <= tol for r in exact) / max(1, len(exact))))
     return rows
 
 
@@ -350,10 +361,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"predicted / measured per attention layer, decode cycles; 'now' = recomputed with profile "
           f"{args.profile} on the batch rebuilt from the log's totals (longest + even rest: approximate)")
     print(f"{'arm':8s} {'planner':13s} {'cycles':>6s} {'logged within':>14s} {'logged median':>14s} "
-          f"{'now within':>11s} {'now median':>11s}")
+          f"{'now within':>11s} {'now median':>11s} {'exact batches':>14s} {'exact within':>13s}")
     for r in check_cycles(args.check_cycles, args.profile, args.tol):
         print(f"{r['arm']:8s} {str(r['planner']):13s} {r['cycles']:6d} {r['logged_within']:14.0%} "
-              f"{r['logged_median']:14.2f} {r['now_within']:11.0%} {r['now_median']:11.2f}")
+              f"{r['logged_median']:14.2f} {r['now_within']:11.0%} {r['now_median']:11.2f} "
+              f"{r['exact_cycles']:14d} {r['exact_within']:13.0%}")
 
 
 if __name__ == "__main__":
