@@ -1,10 +1,14 @@
 """Cost model: the time of one attention layer call for a batch, from a hardware profile.
 
 vattn: the plan's pieces (plan_splits, the core of plan_python) run as Hkv programs each on SLOTS
-resident slots. Programs that run together share the wave bandwidth (processor sharing): each streams at
-min(slot_boost x fair share, wave bandwidth / active programs), so a slot that idles early hands
-some bandwidth to the rest but a lone program cannot take the whole device. Programs past one wave
-wait for a free slot in launch order. Total = plan + launches + makespan + reduce.
+resident slots. Programs that run together share the wave rate (processor sharing); the wave rate is
+the kernel path's (kernel_path: split-Q fp8, fp8 widened to fp16, or a 16-bit cache) bytes term plus a
+compute term that grows with the packed query rows (q_len x GQA). A program with its SM to itself runs
+up to slot_boost faster (slot_sharing "sm"), or, in the older device-level form, a lone program takes
+up to slot_boost x its fair share. Programs past one wave wait for a free slot in launch order.
+Total = plan (per planner) + launches + makespan + reduce (fixed + per piece of the most-split
+sequence). The H200 profile is fitted to benchmarks/h200-vattn.json; `python -m vattn.cost
+--check-cycles RUN_DIR` compares it with a kernel-in-the-loop run's measured calls.
 
 baseline: the engine's default kernel, fitted as fixed_us + KV bytes / tbps (or + work / rate) per
 (kv_dtype, phase) from measured tables; profiles cite each figure's source.
