@@ -116,9 +116,8 @@ def window_seconds(df: "pd.DataFrame", phase_window_ns: tuple[int, int] | None =
     return float(df["end_ns"].max() - df["start_ns"].min()) / 1e9
 
 
-def read_phase_window(aiperf_dir: Path) -> tuple[int, int] | None:
-    """(start_ns, end_ns) of the profiling phase from aiperf's phase_manifest.json, if present."""
-    path = Path(aiperf_dir) / "phase_manifest.json"
+def read_phase_window(path: Path) -> tuple[int, int] | None:
+    """(start_ns, end_ns) of the profiling phase from aiperf's phase_manifest.json (`path`), if present."""
     try:
         phases = json.loads(path.read_text()).get("phases", [])
     except (OSError, ValueError, AttributeError):

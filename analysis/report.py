@@ -202,7 +202,7 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
     if other is not None:
         a_label, b_label = f"{run.root.name}:{a_arm}", f"{other.root.name}:{b_arm}"
         target = RunPaths(other.root)
-        out = Path(out) if out else target.root / f"compare_{run.root.name}.md"
+        out = Path(out) if out else target.compare_report(run.root.name)
         prefix, title = f"compare_{run.root.name}_", f"A/B report: {a_label} vs {b_label}"
     else:
         a_label, b_label = a_arm, b_arm

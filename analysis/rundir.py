@@ -19,7 +19,6 @@ from pipeline.paths import ArmPaths, RunPaths
 if TYPE_CHECKING:
     import pandas as pd
 
-SERVER_METRICS_FILE = "server_metrics_export.json"  # aiperf's own name inside its artifact folder
 
 
 @dataclass
@@ -102,14 +101,14 @@ def load_arm_run(paths: ArmPaths, name: str, arm: str, order: int) -> ArmRun:
         raise AnalysisError(f"{export}: 0 completed profiling requests ({counts['failed']} failed, "
                             f"{counts['cancelled']} cancelled); check the server log")
     server = None
-    sm = paths.aiperf_dir / SERVER_METRICS_FILE
+    sm = paths.server_metrics_export
     if sm.is_file():
         try:
             server = server_metrics_frame(json.loads(sm.read_text()))
         except ValueError:
             server = None  # an unreadable optional export must not sink the report
     return ArmRun(name=name, arm=arm, order=order, paths=paths, records=add_match_key(prof), counts=counts,
-                  window_s=window_seconds(prof, read_phase_window(paths.aiperf_dir)), server=server,
+                  window_s=window_seconds(prof, read_phase_window(paths.aiperf_phase_manifest)), server=server,
                   warmup_records=int((raw["phase"] == "warmup").sum()))
 
 

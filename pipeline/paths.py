@@ -42,6 +42,15 @@ class ArmPaths:
         return self.aiperf_dir / "profile_export.jsonl"
 
     @property
+    def server_metrics_export(self) -> Path:
+        # aiperf's own name inside its artifact folder (scraped from the engine's /metrics)
+        return self.aiperf_dir / "server_metrics_export.json"
+
+    @property
+    def aiperf_phase_manifest(self) -> Path:
+        return self.aiperf_dir / "phase_manifest.json"
+
+    @property
     def aiperf_log(self) -> Path:
         return self.root / "aiperf.log"
 
@@ -78,6 +87,10 @@ class RunPaths:
     @property
     def plots_dir(self) -> Path:
         return self.root / "plots"
+
+    def compare_report(self, other_run: str) -> Path:
+        """`pipeline report OTHER THIS` writes its comparison here."""
+        return self.root / f"compare_{other_run}.md"
 
     @property
     def arms_dir(self) -> Path:
