@@ -99,7 +99,8 @@ def _report(run_dir: Path) -> int:
     from analysis.report import write_report
 
     path = write_report(run_dir)
-    print(f"report: {path}")
+    verdict = next((line for line in path.read_text().splitlines() if line.startswith("**Verdict:**")), "")
+    print(f"report: {path}\n{verdict}")
     return 0
 
 
