@@ -101,7 +101,7 @@ def build_plan(recipe: Recipe, run_dir: Path) -> RunPlan:
         ctx = LaunchContext(model=recipe.model, tokenizer=recipe.tokenizer, port=port,
                             bind="127.0.0.1" if local else "0.0.0.0", server_args=recipe.server.args,
                             launch=recipe.server.launch, artifact_dir=artifact_dir,
-                            python=sys.executable if local else "python3")
+                            python=sys.executable if local else host.python)
         address = "127.0.0.1" if local else host.address
         arm_runs.append(ArmRun(name=name, arm=arm, round=seen[arm], group=group, host=host_name, gpus=gpus,
                                port=port, url=f"http://{address}:{port}", env=env,

@@ -38,6 +38,8 @@ class HostSpec(Strict):
     key: str | None = Field(None, description="SSH private key file; default: the agent / ~/.ssh")
     gpus: list[int] = Field(default_factory=list, description="GPU ids on this host the run may use")
     workdir: str = Field("/tmp/pipeline", description="remote folder for logs and artifacts (ssh hosts)")
+    python: str = Field("python3", description="ssh hosts: the interpreter that has the engine installed "
+                                               "(e.g. a venv's bin/python)")
 
     @model_validator(mode="after")
     def _ssh_needs_address(self):

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.engines.base import get_engine
-from pipeline.hosts import Host, LocalHost, SshHost
+from pipeline.hosts import Host, HostError, LocalHost, SshHost
 from pipeline.io import write_json_atomic
 from pipeline.manifest import Manifest, gpu_facts, now
 from pipeline.paths import RunPaths
@@ -124,7 +124,10 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             proc.stop()
             say("server")("stopped")
         if a.host != "local":
-            host.get(a.artifact_dir, arm.root)  # server log and engine artifacts
+            try:  # server log and engine artifacts; a failed pull must not hide the stage's own error
+                host.get(a.artifact_dir, arm.root)
+            except HostError as e:
+                say("server")(f"could not pull {a.artifact_dir}: {e}")
 
 
 def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:

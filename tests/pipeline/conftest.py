@@ -1,0 +1,52 @@
+"""Shared fixtures for the pipeline tests: a real sshd on 127.0.0.1 for SSH hosts."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A private sshd on 127.0.0.1 that accepts one generated key for the current user."""
+    if not os.path.exists(SSHD):
+        pytest.skip("sshd not installed (apt-get install openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", d / "host_key"], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", d / "client_key"], check=True)
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    os.chmod(d, 0o700)
+    port = free_port()
+    config = d / "sshd_config"
+    config.write_text(f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\n"
+                      f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\n"
+                      f"PermitRootLogin yes\nSubsystem sftp internal-sftp\nStrictModes no\nPidFile {d / 'sshd.pid'}\nUsePAM no\n")
+    Path("/run/sshd").mkdir(exist_ok=True)  # privilege-separation dir sshd insists on
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=open(d / "sshd.log", "w"))
+    for _ in range(50):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        pytest.fail(f"sshd did not start: {(d / 'sshd.log').read_text()}")
+    yield {"port": port, "key": str(d / "client_key"), "user": os.environ.get("USER") or "root"}
+    proc.terminate()
+    proc.wait(5)
+
+
