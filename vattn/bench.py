@@ -330,6 +330,8 @@ def main(argv=None) -> int:
                     "before the main run, e.g. 16x35k")
     ap.add_argument("--use-sweep-best", action="store_true", help="run the shapes with the sweep's fastest "
                     "config whose rel_err meets KERNEL.md's tolerance (warps still follow each shape's rows)")
+    ap.add_argument("--peers", default="", help="comma-separated peers timed on the same batches after vattn: "
+                    "flashinfer,flashinfer_bf16,flashinfer_fa3,fa3,sglang_triton,sdpa (vattn/peers.py)")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with vattn.reference")
     ap.add_argument("--out", default="vattn-bench.json", help="JSON list of records (default vattn-bench.json)")
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1 on tiny shapes: "
@@ -348,6 +350,7 @@ def main(argv=None) -> int:
         if p not in PLANNER_ORDER:
             raise SystemExit(f"--planners: got {p!r}; allowed: {', '.join(PLANNER_ORDER)}")
     shapes = select(a.shapes)
+    peers = _parse_peers(a.peers)
     import torch
 
     if not torch.cuda.is_available():
@@ -356,9 +359,9 @@ def main(argv=None) -> int:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     ceiling = read_ceiling_tbps()
     print(f"device {device}; read ceiling {ceiling:.2f} TB/s; {date}", flush=True)
-    note = sglang_note()
+    note = sglang_note() if not peers else f"peers: {', '.join(peers)}"
     print(note, flush=True)
-    records = []
+    records, skipped = [], {}
     config = _parse_config(a.config)
     for shape in (select(a.sweep) if a.sweep else []):
         for c in sweep_configs():
@@ -371,7 +374,9 @@ def main(argv=None) -> int:
         print(f"--use-sweep-best: {config}", flush=True)
     for shape in shapes:
         records += _run_one(shape, planners, a.replays, _for_shape(config, shape), not a.no_check)
-        for r in records[-len(planners):]:
+        new = _run_peers(shape, peers, a.replays, skipped)
+        records += new
+        for r in records[-len(planners) - len(new):]:
             print(format_table([_stamp(r, device, date, ceiling)]).splitlines()[-1], flush=True)
         with open(a.out, "w") as f:  # after every shape: a run cut short keeps what it measured
             json.dump([_stamp(r, device, date, ceiling) for r in records], f, indent=1)
@@ -379,6 +384,7 @@ def main(argv=None) -> int:
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     print("\n" + format_table(records))
+    note += "".join(f"\npeer {why}; skipped" for why in skipped.values())
     print(f"\n{note}\nwrote {len(records)} records to {a.out}")
     return 0
 
@@ -392,12 +398,36 @@ def _dry_run(a) -> int:
         raise SystemExit("--dry-run: set TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
     DEVICE = "cpu"
     planners = [p.strip() for p in a.planners.split(",") if p.strip()]
+    peers, skipped = _parse_peers(a.peers), {}
     records = [_stamp(r, "cpu-interpreter", "dry-run", 1.0) for s in tiny_shapes()
-               for r in _run_one(s, planners, 1, _parse_config(a.config), True)]
+               for r in _run_one(s, planners, 1, _parse_config(a.config), True) + _run_peers(s, peers, 1, skipped)]
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     print(format_table(records))
     return 1 if any("error" in r for r in records) else 0
+
+
+def _parse_peers(text: str) -> list[str]:
+    from vattn.peers import parse_peers
+
+    try:
+        return parse_peers(text)
+    except ValueError as exc:
+        raise SystemExit(str(exc))
+
+
+def _run_peers(shape, peers, replays, skipped: dict) -> list[dict]:
+    """The peers of vattn/peers.py on the batch vattn just ran (same pool, page tables, Q and descales)."""
+    if not peers:
+        return []
+    from vattn.peers import bench_peers
+
+    try:
+        return bench_peers(shape, _batch_cache(shape), peers, replays=replays, timed_graph=_timed_graph,
+                           skipped=skipped)
+    except Exception as exc:  # the peers must not lose vattn's rows
+        print(f"FAILED peers on {shape.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return [dict(shape=shape.name, impl="peers", planner="-", error=f"{type(exc).__name__}: {exc}")]
 
 
 def _best_of_sweep(records: list[dict]):

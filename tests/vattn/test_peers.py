@@ -1,0 +1,124 @@
+"""vattn/peers.py on a CPU: the SDPA floor against the reference, the correctness gate, clean skips."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from vattn import bench, peers
+from vattn.bench_report import format_table
+from vattn.bench_shapes import Shape
+
+TINY = Shape("tiny-peer", (70, 33, 16), (3, 1, 4), head_dim=32, num_q_heads=4, num_kv_heads=2, kv_dtype="fp16",
+             q_label="ragged")
+
+
+@pytest.fixture
+def cpu_batch(monkeypatch):
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+
+    def make(shape=TINY):
+        return bench.Batch(shape)
+
+    return make
+
+
+def _untimed(fn, replays):
+    raise AssertionError("a peer was timed")
+
+
+def test_parse_peers_names_the_bad_value():
+    assert peers.parse_peers("sdpa, flashinfer") == ["sdpa", "flashinfer"]
+    assert peers.parse_peers("") == []
+    with pytest.raises(ValueError, match=r"--peers: got 'flashattn'; allowed: flashinfer, flashinfer_bf16"):
+        peers.parse_peers("sdpa,flashattn")
+
+
+def test_page_lists_rebuild_each_sequence(cpu_batch):
+    b = cpu_batch()
+    indptr, indices, last = peers._pages(TINY, b.tables[1])
+    assert indptr.tolist() == [0, 5, 8, 9] and last.tolist() == [6, 1, 16]
+    assert indices[5:8].tolist() == b.tables[1][1, :3].tolist()
+    slots, sptr = peers._slots(TINY, b.tables[1], last_off=1)
+    assert sptr.tolist() == [0, 69, 101, 116]
+    assert slots[69].item() == b.tables[1][1, 0].item() * 16  # sequence 1, position 0
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp16", "fp8"])
+def test_sdpa_floor_matches_the_reference_and_writes_a_bench_record(cpu_batch, kv_dtype):
+    from dataclasses import replace
+
+    shape = replace(TINY, kv_dtype=kv_dtype)
+    b = cpu_batch(shape)
+    calls = []
+
+    def timed(fn, replays):
+        calls.append(replays)
+        return bench._timed_graph(fn, replays)
+
+    recs = peers.bench_peers(shape, b, ["sdpa"], replays=3, timed_graph=timed)
+    assert len(recs) == 1 and calls == [3]
+    r = recs[0]
+    assert r["impl"] == "sdpa" and "error" not in r and r["rel_err"] < 1e-3 and r["nan"] is False
+    # fp32 math, written in Q's dtype (fp16 on a CPU): only the output rounding remains
+    assert r["us"] > 0 and r["tbps"] == pytest.approx(r["kv_bytes"] / r["us"] / 1e6)
+    assert r["kv_bytes"] == shape.total_kv_tokens * 2 * 32 * 2 * 4  # fp32 copy on a CPU
+    for key in ("shape", "batch", "total_kv_tokens", "head_dim", "gqa", "q_len", "page_size", "planner",
+                "plan_us", "main_us", "reduce_us", "replicas", "l2_cold"):
+        assert key in r
+    bench._stamp(r, "cpu", "now", 1.0)
+    assert "| sdpa " in format_table([r])
+
+
+def test_a_wrong_peer_is_reported_wrong_and_not_timed(cpu_batch, monkeypatch):
+    b = cpu_batch()
+
+    def off_by_a_bit(shape, batch):
+        good = peers._sdpa(shape, batch)
+        run = good.run
+        good.run = lambda r: (run(r), good.out.mul_(1.1))
+        return good
+
+    monkeypatch.setitem(peers.FACTORIES, "sdpa", off_by_a_bit)
+    (r,) = peers.bench_peers(TINY, b, ["sdpa"], replays=3, timed_graph=_untimed)
+    assert r["impl"] == "sdpa" and "us" not in r
+    assert r["error"].startswith("wrong output: rel_err 1.00e-01 > 0.005 (not timed)")
+
+
+def test_a_peer_that_raises_is_an_error_record(cpu_batch, monkeypatch):
+    def boom(shape, batch):
+        def run(r):
+            raise RuntimeError("illegal memory access")
+
+        return peers.Prepared(run, batch.out, shape.kv_dtype, shape.kv_bytes)
+
+    monkeypatch.setitem(peers.FACTORIES, "sdpa", boom)
+    (r,) = peers.bench_peers(TINY, cpu_batch(), ["sdpa"], replays=1, timed_graph=_untimed)
+    assert r["error"] == "run failed: RuntimeError: illegal memory access"
+
+
+@pytest.mark.parametrize("name,module", [("flashinfer", "flashinfer"), ("flashinfer_bf16", "flashinfer"),
+                                         ("fa3", "flash_attn_interface")])
+def test_missing_peers_skip_with_a_not_installed_line(cpu_batch, capsys, name, module):
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here")
+    skipped = {}
+    recs = peers.bench_peers(TINY, cpu_batch(), [name], replays=1, timed_graph=_untimed, skipped=skipped)
+    assert recs == [] and "not installed" in skipped[name]
+    assert f"peer {name}: not installed" in capsys.readouterr().err
+    # remembered: the next shape does not try the import again, nor print again
+    assert peers.bench_peers(TINY, cpu_batch(), [name], replays=1, timed_graph=_untimed, skipped=skipped) == []
+    assert capsys.readouterr().err == ""
+
+
+def test_gpu_only_peers_say_so_on_a_cpu(cpu_batch):
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed here")
+    (r,) = peers.bench_peers(TINY, cpu_batch(), ["sglang_triton"], replays=1, timed_graph=_untimed)
+    assert r["error"] == "skipped: sglang_triton: needs a CUDA device (Triton kernels)"
+
+
+def test_bench_cli_rejects_an_unknown_peer():
+    with pytest.raises(SystemExit, match=r"--peers: got 'fi'; allowed: flashinfer"):
+        bench.main(["--peers", "fi", "--shapes", "16x35k"])
