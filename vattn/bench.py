@@ -362,6 +362,10 @@ def main(argv=None) -> int:
     note = sglang_note() if not peers else f"peers: {', '.join(peers)}"
     print(note, flush=True)
     records, skipped = [], {}
+    if peers:
+        from vattn.peers import prewarm
+
+        prewarm(shapes, peers)
     config = _parse_config(a.config)
     for shape in (select(a.sweep) if a.sweep else []):
         for c in sweep_configs():

@@ -408,3 +408,70 @@ def _record(shape, impl, prep, b, us, plan_us, rel_err, nan, graph) -> dict:
                 main_us=us - plan_us, reduce_us=0.0, tbps=prep.kv_bytes / us / 1e6, kv_bytes=prep.kv_bytes,
                 replicas=len(b.tables), l2_cold=b.l2_cold, rel_err=rel_err, nan=nan, graph=graph,
                 page_size=1 if impl.startswith("sglang") else shape.page_size, **prep.info)
+
+
+# -- FlashInfer's JIT: build every configuration a run needs at once, before timing anything -----------------
+
+def prewarm(shapes, names, timeout_s: int = 420) -> None:
+    """FlashInfer JIT-builds each (backend, dtypes, head_dim) module at first use, 35-40 s each on the H200's
+    nvcc; built one by one inside the sweep they would eat most of a 10-minute call. One child process per
+    distinct configuration builds them side by side (16 cores) into FLASHINFER_WORKSPACE_BASE's cache."""
+    import os
+    import subprocess
+
+    fi = [n for n in names if n.startswith("flashinfer")]
+    if not fi or importlib_find("flashinfer") is None:
+        return
+    jobs = {}  # one job per module: backend, decode or prefill, the cache's dtype, head_dim (G is a runtime value)
+    for n in fi:
+        for s in shapes:
+            q1 = int(all(q == 1 for q in s.q_lens))
+            kv = "bf16" if n == "flashinfer_bf16" else s.kv_dtype
+            if not (q1 and n == "flashinfer_fa3"):
+                jobs.setdefault((n == "flashinfer_fa3", q1, kv, s.head_dim),
+                                (n, s.head_dim, s.num_q_heads, s.num_kv_heads, s.kv_dtype, q1))
+    jobs = sorted(jobs.values())
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-m", "vattn.peers", "--warm", *map(str, j)], env=os.environ.copy())
+             for j in jobs]
+    for j, p in zip(jobs, procs):
+        try:
+            rc = p.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = "timeout"
+        if rc != 0:
+            print(f"peer prewarm {j}: exit {rc} (the bench builds it at first use instead)", file=sys.stderr)
+    print(f"peer prewarm: {len(jobs)} FlashInfer configurations in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def importlib_find(module: str):
+    import importlib.util
+
+    return importlib.util.find_spec(module)
+
+
+def _warm_one(name: str, head_dim: int, hq: int, hkv: int, kv_dtype: str, q1: int) -> None:
+    from vattn import bench
+    from vattn.bench_shapes import Shape
+
+    q = 1 if q1 else 4
+    shape = Shape("warm", (100, 37), (q, q), head_dim=head_dim, num_q_heads=hq, num_kv_heads=hkv, kv_dtype=kv_dtype)
+    b = bench.Batch(shape)
+    try:
+        prep = FACTORIES[name](shape, b)
+    except PeerUnavailable as exc:
+        print(f"peer prewarm: {exc}", file=sys.stderr)
+        return
+    prep.run(0)
+    import torch
+
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 8 and sys.argv[1] == "--warm":
+        n, *rest = sys.argv[2:]
+        _warm_one(n, *(int(x) if x.isdigit() else x for x in rest))
+    else:
+        sys.exit("usage: python -m vattn.peers --warm NAME HEAD_DIM HQ HKV KV_DTYPE Q1")

@@ -122,3 +122,32 @@ def test_gpu_only_peers_say_so_on_a_cpu(cpu_batch):
 def test_bench_cli_rejects_an_unknown_peer():
     with pytest.raises(SystemExit, match=r"--peers: got 'fi'; allowed: flashinfer"):
         bench.main(["--peers", "fi", "--shapes", "16x35k"])
+
+
+def test_prewarm_builds_each_flashinfer_module_once(monkeypatch, capsys):
+    import subprocess
+
+    from vattn.bench_shapes import select
+
+    started = []
+
+    class Child:
+        def __init__(self, argv, env):
+            started.append(argv[3:])
+
+        def wait(self, timeout):
+            return 0
+
+    monkeypatch.setattr(peers, "importlib_find", lambda module: object())
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    peers.prewarm(select("16x35k,16x35k-gqa8,16x35k-q1,16x35k-bf16"), ["flashinfer", "flashinfer_bf16",
+                                                                      "flashinfer_fa3", "sdpa"])
+    # fa2 prefill fp8 / bf16 (GQA8 shares GQA16's module), fa2 decode fp8 / bf16, fa3 prefill fp8 / bf16;
+    # no fa3 decode (FlashInfer's decode wrapper has no fa3 backend)
+    assert sorted(started) == [
+        ["--warm", "flashinfer", "256", "16", "1", "bf16", "0"], ["--warm", "flashinfer", "256", "16", "1", "fp8", "0"],
+        ["--warm", "flashinfer", "256", "16", "1", "fp8", "1"],
+        ["--warm", "flashinfer_bf16", "256", "16", "1", "fp8", "1"],
+        ["--warm", "flashinfer_fa3", "256", "16", "1", "bf16", "0"],
+        ["--warm", "flashinfer_fa3", "256", "16", "1", "fp8", "0"]]
+    assert "peer prewarm: 6 FlashInfer configurations" in capsys.readouterr().out
