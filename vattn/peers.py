@@ -155,7 +155,7 @@ def _fa3(shape, b) -> Prepared:
             mod = _import(name, "fa3")
             break
         except PeerUnavailable as exc:
-            errors.append(str(exc))
+            errors.append(str(exc).removeprefix("fa3: not installed (").removesuffix(")"))
     if mod is None or not hasattr(mod, "flash_attn_with_kvcache"):
         raise PeerUnavailable("fa3: not installed (" + "; ".join(errors or ["no flash_attn_with_kvcache"]) + ")")
     q, extra = b.q, {}
@@ -186,12 +186,7 @@ def _sglang(shape, b) -> Prepared:
 
     if b.q.device.type != "cuda":
         raise PeerUnavailable("sglang_triton: needs a CUDA device (Triton kernels)")
-    try:  # a CPU-built torchvision or none at all must not stop the attention kernels' import
-        from tests.vattn.sglang.sglang_env import import_sglang
-
-        import_sglang()
-    except Exception:  # noqa: BLE001 - the import below says what is missing
-        pass
+    _bridge_sglang_import()
     hkv, d = shape.num_kv_heads, shape.head_dim
     k_pool, v_pool = b.k.view(-1, hkv, d), b.v.view(-1, hkv, d)  # page-P NHD pool = token pool, free
     ks = 1.0 if b.k_descale is None else float(b.k_descale)
@@ -199,7 +194,7 @@ def _sglang(shape, b) -> Prepared:
     out = torch.empty_like(b.q)
     if all(n == 1 for n in shape.q_lens):
         dec = _import("sglang.kernels.ops.attention.decode_attention", "sglang_triton")
-        splits = 16
+        splits = 16  # every sequence split 16 ways (sglang's backend picks <= its max per sequence)
         lists = [_slots(shape, t) for t in b.tables]
         logits = torch.empty(shape.batch, shape.num_q_heads, splits, d, dtype=torch.float32, device=b.q.device)
         lse = torch.empty(shape.batch, shape.num_q_heads, splits, dtype=torch.float32, device=b.q.device)
@@ -232,6 +227,22 @@ def _sglang(shape, b) -> Prepared:
             raise PeerUnavailable("sglang_triton: verify_splitkv_fwd declined this shape (can_handle False)")
 
     return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(api="sglang verify_splitkv_fwd"))
+
+
+def _bridge_sglang_import() -> None:
+    """sglang's package import reaches torchvision; tests/vattn/sglang/sglang_env.py bridges a CPU-built or
+    missing torchvision (loaded by path: tests/ is no package). Whatever fails here, the kernel import says."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tests" / "vattn" / "sglang" / "sglang_env.py"
+    try:
+        spec = importlib.util.spec_from_file_location("_vattn_sglang_env", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.import_sglang()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _ends(shape):
@@ -475,3 +486,36 @@ if __name__ == "__main__":
         _warm_one(n, *(int(x) if x.isdigit() else x for x in rest))
     else:
         sys.exit("usage: python -m vattn.peers --warm NAME HEAD_DIM HQ HKV KV_DTYPE Q1")
+
+
+def peer_table(records: list[dict]) -> str:
+    """Issue 8's markdown table: per shape, vattn's fastest planner and each peer: us (TB/s, % of the run's read
+    ceiling), or why it has no time (wrong output, skipped, failed); then vattn / best peer in time."""
+    shapes = list(dict.fromkeys(r["shape"] for r in records))
+    impls = [p + v for p in PEERS for v in ("", "+plan") if any(r.get("impl") == p + v for r in records)]
+    head = ["shape", "vattn (best planner)", *impls, "best peer", "vattn / best peer"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in shapes:
+        rows = {r["impl"]: r for r in records if r["shape"] == s and "impl" in r}
+        mine = [r for r in records if r["shape"] == s and r.get("impl") == "vattn" and "error" not in r]
+        best_v = min(mine, key=lambda r: r["us"]) if mine else None
+        timed = [rows[i] for i in impls if i in rows and "error" not in rows[i] and not i.endswith("+plan")]
+        best_p = min(timed, key=lambda r: r["us"]) if timed else None
+        cells = [s, _cell(best_v) + (f" {best_v['planner']}" if best_v else "")]
+        cells += [_cell(rows.get(i)) for i in impls]
+        cells.append(f"{best_p['impl']} ({best_p['kv_dtype']})" if best_p else "-")
+        cells.append(f"{best_p['us'] / best_v['us']:.2f}x" if best_p and best_v else "-")
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def _cell(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    if "error" in r:
+        e = r["error"]
+        return "**wrong** " + e.split("(")[0].removeprefix("wrong output: ").strip() if e.startswith("wrong") else \
+            e.split(":")[0]
+    ceil = r.get("read_ceiling_tbps")
+    pct = f", {100 * r['tbps'] / ceil:.0f}%" if ceil else ""
+    return f"{r['us']:.1f} ({r['tbps']:.2f}{pct}; err {r['rel_err']:.0e})"

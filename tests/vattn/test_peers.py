@@ -151,3 +151,20 @@ def test_prewarm_builds_each_flashinfer_module_once(monkeypatch, capsys):
         ["--warm", "flashinfer_fa3", "256", "16", "1", "bf16", "0"],
         ["--warm", "flashinfer_fa3", "256", "16", "1", "fp8", "0"]]
     assert "peer prewarm: 6 FlashInfer configurations" in capsys.readouterr().out
+
+
+def test_peer_table_names_the_best_peer_and_says_why_a_peer_has_no_time():
+    base = dict(shape="16x35k", read_ceiling_tbps=4.5, rel_err=1e-3)
+    recs = [dict(base, impl="vattn", planner="balanced", us=150.0, tbps=1.9, kv_dtype="fp8"),
+            dict(base, impl="vattn", planner="fixed", us=145.0, tbps=1.97, kv_dtype="fp8"),
+            dict(base, impl="flashinfer", us=207.0, tbps=1.39, kv_dtype="fp8"),
+            dict(base, impl="flashinfer+plan", us=260.0, tbps=1.1, kv_dtype="fp8"),
+            dict(base, impl="flashinfer_bf16", us=161.0, tbps=3.6, kv_dtype="bf16"),
+            dict(shape="16x35k", impl="fa3", error="wrong output: rel_err 3.00e-01 > 0.02 (not timed)")]
+    text = peers.peer_table(recs)
+    head, _, row = text.splitlines()
+    assert head == ("| shape | vattn (best planner) | flashinfer | flashinfer+plan | flashinfer_bf16 | fa3 | best peer "
+                    "| vattn / best peer |")
+    assert row.startswith("| 16x35k | 145.0 (1.97, 44%; err 1e-03) fixed | 207.0 (1.39, 31%; err 1e-03) |")
+    assert "| **wrong** rel_err 3.00e-01 > 0.02 |" in row
+    assert row.endswith("| flashinfer_bf16 (bf16) | 1.11x |")  # 161 / 145; +plan rows never count as best
