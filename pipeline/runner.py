@@ -64,10 +64,10 @@ def _kill_leftover(manifest: Manifest, arm_run: ArmRun) -> None:
     if not pid or arm_run.host != "local":
         return
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
     except OSError:
         return
-    if arm_run.argv[-1] in cmdline or " ".join(arm_run.argv[1:3]) in cmdline:
+    if argv == list(arm_run.argv):  # the pid may have been reused by an unrelated process
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
