@@ -35,9 +35,11 @@ def _load_commands(recipe, plan) -> dict[str, list[str]]:
 
 
 def cmd_validate(args) -> int:
+    from pipeline.plan import env_diff
+
     recipe = _load(args.recipe)
-    print(f"{args.recipe}: ok ({recipe.engine}, {recipe.placement.mode}, arms differ in "
-          f"{', '.join(sorted(k for k in recipe.arms['on'].env if recipe.arms['on'].env.get(k) != recipe.arms['off'].env.get(k)))})")
+    print(f"{args.recipe}: ok ({recipe.engine}, {recipe.placement.mode}; arms differ in "
+          f"{', '.join(env_diff(recipe))})")
     return 0
 
 
