@@ -339,13 +339,16 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "
                     "rows (those marked default_config when any are) and exit")
     ap.add_argument("--peer-table", default=None, metavar="JSON", help="print issue 8's vattn-vs-peers markdown "
-                    "table of a bench JSON run with --peers, and exit")
+                    "table of bench JSONs run with --peers (comma-separated paths), and exit")
     a = ap.parse_args(argv)
     if a.peer_table:
         from vattn.peers import peer_table
 
-        with open(a.peer_table) as f:
-            print(peer_table(json.load(f)))
+        records = []
+        for path in a.peer_table.split(","):  # e.g. the FlashInfer call's JSON and the sglang call's
+            with open(path) as f:
+                records += json.load(f)
+        print(peer_table(records))
         return 0
     if a.markdown:
         with open(a.markdown) as f:
