@@ -357,7 +357,10 @@ def _check_and_time(shape, b, name, prep, ref, replays, timed_graph) -> list[dic
         us, graph = timed_graph(all_runs, replays) / reps, True
     except Exception as exc:  # capture refused (a host sync inside): time eagerly instead, and say so
         print(f"peer {name}: graph capture failed ({type(exc).__name__}: {exc}); timing eagerly", file=sys.stderr)
-        us, graph = _eager_us(all_runs, replays) / reps, False
+        try:
+            us, graph = _eager_us(all_runs, replays) / reps, False
+        except Exception as exc2:
+            return [dict(_error(shape, name, f"timing failed: {type(exc2).__name__}: {exc2}"), rel_err=rel_err)]
     rec = _record(shape, name, prep, b, us, 0.0, rel_err, nan, graph)
     records = [rec]
     if prep.plan is not None:  # the same calls with plan() inside, host-timed (plan() syncs)
@@ -469,6 +472,7 @@ def _warm_one(name: str, head_dim: int, hq: int, hkv: int, kv_dtype: str, q1: in
     q = 1 if q1 else 4
     shape = Shape("warm", (100, 37), (q, q), head_dim=head_dim, num_q_heads=hq, num_kv_heads=hkv, kv_dtype=kv_dtype)
     b = bench.Batch(shape)
+    b.tables = b.tables[:1]  # a tiny batch gets 256 replicas for cold L2; one wrapper is all a build needs
     try:
         prep = FACTORIES[name](shape, b)
     except PeerUnavailable as exc:

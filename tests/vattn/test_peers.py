@@ -168,3 +168,12 @@ def test_peer_table_names_the_best_peer_and_says_why_a_peer_has_no_time():
     assert row.startswith("| 16x35k | 145.0 (1.97, 44%; err 1e-03) fixed | 207.0 (1.39, 31%; err 1e-03) |")
     assert "| **wrong** rel_err 3.00e-01 > 0.02 |" in row
     assert row.endswith("| flashinfer_bf16 (bf16) | 1.11x |")  # 161 / 145; +plan rows never count as best
+
+
+def test_a_peer_whose_graph_capture_fails_is_timed_eagerly_and_says_so(cpu_batch, capsys):
+    def no_capture(fn, replays):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    (r,) = peers.bench_peers(TINY, cpu_batch(), ["sdpa"], replays=2, timed_graph=no_capture)
+    assert r["graph"] is False and r["us"] > 0 and "error" not in r
+    assert "peer sdpa: graph capture failed (RuntimeError: operation not permitted" in capsys.readouterr().err
