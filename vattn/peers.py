@@ -445,9 +445,11 @@ def prewarm(shapes, names, timeout_s: int = 420) -> None:
                 jobs.setdefault((n == "flashinfer_fa3", q1, kv, s.head_dim),
                                 (n, s.head_dim, s.num_q_heads, s.num_kv_heads, s.kv_dtype, q1))
     jobs = sorted(jobs.values())
+    env = os.environ.copy()
+    # ninja's default -j (cores + 2) in every child would start ~18 nvcc per module at once: out of memory
+    env.setdefault("MAX_JOBS", str(max(2, (os.cpu_count() or 16) // len(jobs) + 1)))
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-m", "vattn.peers", "--warm", *map(str, j)], env=os.environ.copy())
-             for j in jobs]
+    procs = [subprocess.Popen([sys.executable, "-m", "vattn.peers", "--warm", *map(str, j)], env=env) for j in jobs]
     for j, p in zip(jobs, procs):
         try:
             rc = p.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))

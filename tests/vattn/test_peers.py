@@ -134,12 +134,14 @@ def test_prewarm_builds_each_flashinfer_module_once(monkeypatch, capsys):
     class Child:
         def __init__(self, argv, env):
             started.append(argv[3:])
+            assert int(env["MAX_JOBS"]) >= 2
 
         def wait(self, timeout):
             return 0
 
     monkeypatch.setattr(peers, "importlib_find", lambda module: object())
     monkeypatch.setattr(subprocess, "Popen", Child)
+    monkeypatch.delenv("MAX_JOBS", raising=False)
     peers.prewarm(select("16x35k,16x35k-gqa8,16x35k-q1,16x35k-bf16"), ["flashinfer", "flashinfer_bf16",
                                                                       "flashinfer_fa3", "sdpa"])
     # fa2 prefill fp8 / bf16 (GQA8 shares GQA16's module), fa2 decode fp8 / bf16, fa3 prefill fp8 / bf16;
