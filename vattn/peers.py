@@ -186,7 +186,6 @@ def _sglang(shape, b) -> Prepared:
 
     if b.q.device.type != "cuda":
         raise PeerUnavailable("sglang_triton: needs a CUDA device (Triton kernels)")
-    _bridge_sglang_import()
     hkv, d = shape.num_kv_heads, shape.head_dim
     k_pool, v_pool = b.k.view(-1, hkv, d), b.v.view(-1, hkv, d)  # page-P NHD pool = token pool, free
     ks = 1.0 if b.k_descale is None else float(b.k_descale)
@@ -227,22 +226,6 @@ def _sglang(shape, b) -> Prepared:
             raise PeerUnavailable("sglang_triton: verify_splitkv_fwd declined this shape (can_handle False)")
 
     return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(api="sglang verify_splitkv_fwd"))
-
-
-def _bridge_sglang_import() -> None:
-    """sglang's package import reaches torchvision; tests/vattn/sglang/sglang_env.py bridges a CPU-built or
-    missing torchvision (loaded by path: tests/ is no package). Whatever fails here, the kernel import says."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "tests" / "vattn" / "sglang" / "sglang_env.py"
-    try:
-        spec = importlib.util.spec_from_file_location("_vattn_sglang_env", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        mod.import_sglang()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 def _ends(shape):
