@@ -89,7 +89,7 @@ def _pow2floor(x: int) -> int:
 
 
 def _smallest(lo: int, hi: int, ok) -> int:
-    """Smallest x in [lo, hi] with ok(x), ok monotone and ok(hi) true (the GPU twin bisects the same way)."""
+    """Smallest x in [lo, hi] with ok(x), ok monotone and ok(hi) true (the GPU twin: same bracket, k-ary search)."""
     while lo < hi:
         mid = (lo + hi) // 2
         if ok(mid):
@@ -206,7 +206,7 @@ _MODE_IDS = {mode: i for i, mode in enumerate(PLANNERS)}
 
 def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, work_part, seq_part_start,
                       num_items, batch, width, budget, nseg,
-                      MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr,
+                      MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, NCAND: tl.constexpr,
                       TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr):
     # seq_lens: [B] int32; cu_seqlens_q: [B+1] int32; work_*: [W] int32; seq_part_start: [B+1]; num_items: [1]
     offs = tl.arange(0, BLOCK_B)
@@ -217,18 +217,32 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     # -- segment length (tiles) of every sequence --
     if MODE == 0:  # fixed: nseg segments per sequence (nseg depends on the shape only, computed on the host)
         seg = (tiles + nseg - 1) // nseg
-    else:  # length_aware / balanced: the smallest cap that fits the budget, bisected in 32 fixed steps
+    else:  # length_aware / balanced: the smallest cap that fits the budget (_smallest_cap's bracket)
         live = tl.sum((tiles > 0).to(tl.int32), 0)
+        total = tl.sum(tiles, 0)
+        longest = tl.max(tiles, 0)
         cap_budget = tl.maximum(live, budget)
-        lo = tl.maximum((tl.sum(tiles, 0) + cap_budget - 1) // cap_budget, 1)
+        lo = tl.maximum((total + cap_budget - 1) // cap_budget, 1)
+        slack = tl.maximum(cap_budget - live, 1)  # only read when cap_budget > live
+        hi = tl.where(cap_budget <= live, longest,
+                      tl.minimum(longest, tl.maximum(lo, (total + slack - 1) // slack)))
         if MODE == 1:
-            lo = tl.maximum(lo, (tl.max(tiles, 0) + SEG_CAP - 1) // SEG_CAP)
-        hi = tl.maximum(tl.max(tiles, 0), lo)
-        for _ in range(32):  # > log2 of any tile count an int32 length allows
-            mid = (lo + hi) // 2
-            fits = tl.sum((tiles + mid - 1) // mid, 0) <= cap_budget
-            hi = tl.where(fits, mid, hi)
-            lo = tl.where(fits, lo, mid + 1)
+            lo = tl.maximum(lo, (longest + SEG_CAP - 1) // SEG_CAP)
+            hi = tl.maximum(hi, lo)
+        # NCAND-ary search instead of bisection: each round tests NCAND caps at once (one [NCAND, BLOCK_B]
+        # tile) and keeps the gap between the last infeasible and the first feasible one, so the span
+        # shrinks from s to <= ceil(s / NCAND) - 1 per round: few serial rounds (usually 1-2, since the
+        # bracket is tight), each a handful of warp reductions. hi counts as feasible (as bisection never
+        # tests it), which makes the answer the bisection's one exactly.
+        cand = tl.arange(0, NCAND)
+        while lo < hi:
+            step = (hi - lo + NCAND - 1) // NCAND
+            caps = tl.minimum(lo + cand * step, hi)  # [NCAND], non-decreasing
+            need = tl.sum((tiles[None, :] + caps[:, None] - 1) // caps[:, None], 1)  # [NCAND] pieces per cap
+            fits = (need <= cap_budget) | (caps >= hi)  # monotone in the cap: a prefix fails, the rest fits
+            new_lo = tl.max(tl.where(fits, lo - 1, caps), 0) + 1
+            hi = tl.min(tl.where(fits, caps, hi), 0)
+            lo = new_lo
         if MODE == 2:
             hi = tl.maximum(hi, MIN_CAP)
         seg = tl.zeros_like(tiles) + hi
@@ -237,19 +251,26 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     # -- partial rows: sequence b owns rows starts[b] .. ends[b]-1 --
     ends = tl.cumsum(pieces, 0)
     starts = ends - pieces
+    n_items = tl.sum(pieces, 0)
     tl.store(seq_part_start + offs, starts, mask=offs == 0)
     tl.store(seq_part_start + offs + 1, ends, mask=in_b)
-    tl.store(num_items, tl.sum(pieces, 0))
-    # -- work items: item w belongs to the sequence whose row range holds w --
+    tl.store(num_items, n_items)
+    # -- work items: item w < n_items belongs to sequence #{b : ends[b] <= w} (ends is non-decreasing),
+    # whose first row is the largest such end (0 if none); its length is gathered from memory. Two
+    # reductions of a [BLOCK_W, BLOCK_B] tile per block of items (the host keeps the tile small). --
     for w0 in range(0, width, BLOCK_W):
         w = w0 + tl.arange(0, BLOCK_W)
-        hit = (starts[None, :] <= w[:, None]) & (w[:, None] < ends[None, :])  # [BLOCK_W, BLOCK_B]
-        real = tl.sum(hit.to(tl.int32), 1) > 0
-        seq = tl.sum(tl.where(hit, offs[None, :], 0), 1)
-        first = tl.sum(tl.where(hit, starts[None, :], 0), 1)
-        seg_tokens = tl.sum(tl.where(hit, seg[None, :], 0), 1) * TILE
+        before = ends[None, :] <= w[:, None]  # [BLOCK_W, BLOCK_B]; padded b have ends == n_items > w
+        seq = tl.sum(before.to(tl.int32), 1)
+        first = tl.max(tl.where(before, ends[None, :], 0), 1)
+        real = w < n_items
+        length = tl.load(seq_lens + seq, mask=real, other=0)
+        if MODE == 0:  # a real item's sequence has q_len > 0, so its tiles are cdiv(L, TILE)
+            seg_tokens = (((length + TILE - 1) // TILE + nseg - 1) // nseg) * TILE
+        else:
+            seg_tokens = hi * TILE
         start = (w - first) * seg_tokens
-        end = tl.minimum(tl.sum(tl.where(hit, seq_len[None, :], 0), 1), start + seg_tokens)
+        end = tl.minimum(length, start + seg_tokens)
         m = w < width
         tl.store(work_seq + w, tl.where(real, seq, -1), mask=m)
         tl.store(work_start + w, tl.where(real, start, 0), mask=m)
@@ -308,8 +329,13 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
     _check_out(out, batch, width, seq_lens.device)
     nseg = max(1, min(SEG_MAX, _pow2floor(slots // (max(batch, 1) * num_kv_heads))))
     block_b = max(16, 1 << max(batch - 1, 0).bit_length())
+    # A one-program launch on a tiny problem: one warp (reductions by warp shuffles, no shared-memory
+    # barriers) while the batch fits it, and 2-D tiles ([NCAND, BLOCK_B], [BLOCK_W, BLOCK_B]) of at most
+    # 2048 elements so they stay in registers.
+    num_warps = 1 if block_b <= 32 else 2 if block_b <= 128 else 4
     _plan_kernel()[(1,)](
         seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
         out["seq_part_start"], out["num_items"], batch, width, slot_budget(num_kv_heads, slots), nseg,
-        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(128, 8192 // block_b)),
-        TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES)
+        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(512, 2048 // block_b)),
+        NCAND=max(4, min(32, 2048 // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES,
+        num_warps=num_warps)

@@ -251,14 +251,29 @@ GPU_EDGE_CASES = [
     ([0, 7], [3, 0], 4, 264),
     ([64, 65, 63, 1], [1, 1, 1, 1], 8, 8),  # B * Hkv > SLOTS
 ]
+# Cases that stress the GPU's k-ary cap search and its item-to-sequence lookup.
+_rng = random.Random(11)
+GPU_SEARCH_CASES = [
+    ([262_144] + [3] * 31, [4] * 32, 1, 264),  # one 256k request + many tiny ones
+    ([35_000] * 16, [4] * 16, 1, 264),  # all lengths equal
+    ([5000], [1], 1, 264), ([262_144], [4], 1, 264), ([1], [1], 1, 1),  # B = 1
+    ([0, 0, 0], [1, 2, 0], 1, 264), ([9, 9], [0, 0], 2, 264),  # all empty
+    ([1000] * 40, [1] * 40, 8, 264),  # budget (33) <= live count (40)
+    ([64, 100, 20, 129], [1] * 4, 1, 264),  # one-tile caps: balanced hits its MIN_PIECE_TILES floor
+    ([2_000_000_000, 5, 0, 70_000], [1, 2, 3, 1], 1, 132),  # a span of ~2^25 tiles to search
+    ([_rng.choice([0, _rng.randint(1, 300_000), _rng.randint(1, 300)]) for _ in range(300)],
+     [_rng.randint(0, 4) for _ in range(300)], 8, 528),  # B = 300, Hkv 8 (B > SLOTS / Hkv)
+    ([_rng.randint(1, 500_000) for _ in range(37)], [1] * 37, 2, 1056),  # B not a power of two
+]
 
 
 INTERPRETER_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from test_plan import CASES, GPU_EDGE_CASES, run_gpu
+from test_plan import CASES, GPU_EDGE_CASES, GPU_SEARCH_CASES, run_gpu
 from vattn.plan import PLANNERS
-print(json.dumps({m: [run_gpu(*case, m) for case in GPU_EDGE_CASES + CASES[:6]] for m in PLANNERS}))
+print(json.dumps({m: [run_gpu(*case, m) for case in GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6]]
+                 for m in PLANNERS}))
 """
 
 
@@ -278,7 +293,7 @@ def test_plan_gpu_equals_python_under_interpreter():
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     for mode in PLANNERS:
-        for case, plan in zip(GPU_EDGE_CASES + CASES[:6], got[mode]):
+        for case, plan in zip(GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6], got[mode]):
             lens, qs, hkv, slots = case
             assert plan == plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode).__dict__, (mode, case)
 
@@ -317,7 +332,7 @@ def cuda_available():
 @pytest.mark.parametrize("mode", PLANNERS)
 def test_plan_gpu_equals_python_on_cuda(mode):
     rng = random.Random(7)
-    cases = GPU_EDGE_CASES + CASES
+    cases = GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES
     for _ in range(40):  # larger batches than the CPU cases: B up to 256, L up to 2M
         batch = rng.randint(41, 256)
         cases.append(([rng.choice([0, rng.randint(1, 2_000_000), rng.randint(1, 5000)]) for _ in range(batch)],
