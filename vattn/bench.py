@@ -15,8 +15,10 @@ import argparse
 import datetime
 import json
 import math
+import os
 import statistics
 import sys
+import time
 from dataclasses import replace
 
 from vattn.bench_report import format_table, markdown_table
@@ -39,8 +41,6 @@ def _timed_graph(fn, replays: int) -> float:
     import torch
 
     if DEVICE == "cpu":  # --dry-run: the interpreter checks the plumbing, timings mean nothing
-        import time
-
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
@@ -104,7 +104,7 @@ class Batch:
 
         gen = torch.Generator(device=DEVICE).manual_seed(seed)
         p, hkv, d = shape.page_size, shape.num_kv_heads, shape.head_dim
-        self.kv_dtype = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16}[shape.kv_dtype]
+        self.kv_dtype = self.kv_torch_dtype(shape)
         pages = [-(-n // p) for n in shape.seq_lens]
         per_replica = max(1, sum(pages))
         self.replicas = max(4, min(256, math.ceil(4 * L2_BYTES / max(shape.kv_bytes, 1))))
@@ -137,6 +137,13 @@ class Batch:
         self.k_descale = torch.tensor([0.9], device=DEVICE) if fp8 else None
         self.v_descale = torch.tensor([1.1], device=DEVICE) if fp8 else None
         self.scale = 1.0 / math.sqrt(d)
+
+
+    @staticmethod
+    def kv_torch_dtype(shape: Shape):
+        import torch
+
+        return {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16}[shape.kv_dtype]
 
 
 def _random_cache(pages, p, hkv, d, dtype, gen, chunk=1 << 27):
@@ -267,15 +274,19 @@ def _batch_cache(shape: Shape) -> Batch:
 
 
 def sweep_configs():
-    """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV)."""
+    """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV), as
+    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor, pv_fp8, partial_bf16)."""
     from vattn.kernel import MainConfig
 
-    # call 2 of 2026-11-29 (16 x 35k): fp16-widened K best at bn64/w4/s3; fp8 QK 30% faster but 2.4e-2
-    plain = [(64, 4, 2, 0, False), (64, 4, 3, 0, False), (64, 4, 2, 1, True), (64, 4, 2, 2, False),
-             (64, 4, 2, 2, True), (64, 4, 3, 2, False), (32, 4, 3, 2, True)]
-    out = [MainConfig(block_n=n, num_warps=w, num_stages=st, qk_fp8=qk, prefetch_pages=pf)
-           for n, w, st, qk, pf in plain]
-    return out
+    # 2026-11-29 run B (16 x 35k): the default then, split-Q fp8 Q.K^T + page prefetch, 150.7 us; the rest
+    # are the K-major formulation (fp8 P.V without a K-major V) and bf16 partials, first measured next
+    grid = [(64, 4, 2, 2, 1, 0, 0, 0), (64, 4, 2, 2, 1, 0, 0, 1), (64, 4, 2, 2, 1, 1, 0, 1),
+            (64, 4, 2, 2, 1, 1, 2, 1), (64, 4, 2, 2, 1, 1, 1, 1), (64, 4, 2, 1, 1, 1, 1, 1),
+            (64, 4, 3, 2, 1, 1, 2, 1), (64, 4, 2, 2, 0, 1, 2, 1), (64, 8, 2, 2, 1, 1, 2, 1),
+            (128, 8, 2, 2, 1, 1, 2, 1), (64, 4, 3, 0, 0, 1, 0, 1), (32, 4, 3, 2, 1, 1, 2, 1)]
+    return [MainConfig(block_n=n, num_warps=w, num_stages=st, qk_fp8=qk, prefetch_pages=bool(pf),
+                       kmajor=bool(km), pv_fp8=pv, partial_bf16=bool(pb))
+            for n, w, st, qk, pf, km, pv, pb in grid]
 
 
 def sglang_note() -> str | None:
@@ -302,7 +313,9 @@ def _run_one(shape, planners, replays, config, check, label=None) -> list[dict]:
 
 def _label(c) -> str:
     return (f"vattn[bn{c.block_n},w{c.num_warps},s{c.num_stages}"
-            f"{['', ',qk8', ',qk8x2'][int(c.qk_fp8)]}{',pf' if c.prefetch_pages else ''}]")
+            f"{['', ',qk8', ',qk8x2'][int(c.qk_fp8)]}{',pf' if c.prefetch_pages else ''}"
+            f"{',kmaj' if c.kmajor else ''}{['', ',pv8', ',pv8x2'][int(c.pv_fp8)]}"
+            f"{',pbf16' if c.partial_bf16 else ''}]")
 
 
 def _parse_config(text: str | None):
@@ -311,11 +324,12 @@ def _parse_config(text: str | None):
     from vattn.kernel import MainConfig
 
     try:
-        n, w, s, qk, pf = (int(x) for x in text.split(","))
+        n, w, s, qk, pf, km, pv, pb = (int(x) for x in (text + ",0,0,0").split(",")[:8])
     except ValueError:
-        raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,prefetch_pages "
-                         "e.g. 64,4,2,0,1")
-    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=qk, prefetch_pages=bool(pf))
+        raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,prefetch_pages"
+                         "[,kmajor,pv_fp8,partial_bf16] e.g. 64,4,2,2,1,1,2,1")
+    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km),
+                      pv_fp8=pv, partial_bf16=bool(pb))
 
 
 def main(argv=None) -> int:
@@ -325,7 +339,8 @@ def main(argv=None) -> int:
     ap.add_argument("--planners", default=",".join(PLANNER_ORDER), help="comma-separated subset of "
                     "balanced,length_aware,fixed")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")
-    ap.add_argument("--config", default=None, help="main-kernel config block_n,warps,stages,qk_fp8,prefetch_pages")
+    ap.add_argument("--config", default=None, help="main-kernel config block_n,warps,stages,qk_fp8,prefetch_pages"
+                    "[,kmajor,pv_fp8,partial_bf16]")
     ap.add_argument("--sweep", default="", help="shapes to sweep main-kernel configs on (balanced planner) "
                     "before the main run, e.g. 16x35k")
     ap.add_argument("--use-sweep-best", action="store_true", help="run the shapes with the sweep's fastest "
@@ -378,12 +393,12 @@ def main(argv=None) -> int:
 
         prewarm(shapes, peers)
     config = _parse_config(a.config)
-    for shape in (select(a.sweep) if a.sweep else []):
-        for c in sweep_configs():
-            if c.qk_fp8 and shape.kv_dtype != "fp8":
-                continue
-            records += _run_one(shape, ["balanced"], a.replays, c, not a.no_check, label=_label(c))
-            print(format_table([_stamp(records[-1], device, date, ceiling)]).splitlines()[-1], flush=True)
+    sweep = [(shape, c) for shape in (select(a.sweep) if a.sweep else []) for c in sweep_configs()
+             if shape.kv_dtype == "fp8" or not (c.qk_fp8 or c.pv_fp8)]
+    precompile(sweep)
+    for shape, c in sweep:
+        records += _run_one(shape, ["balanced"], a.replays, c, not a.no_check, label=_label(c))
+        print(format_table([_stamp(records[-1], device, date, ceiling)]).splitlines()[-1], flush=True)
     if a.use_sweep_best:
         config = _best_of_sweep(records) or config
         print(f"--use-sweep-best: {config}", flush=True)
@@ -420,6 +435,36 @@ def _dry_run(a) -> int:
         json.dump(records, f, indent=1)
     print(format_table(records))
     return 1 if any("error" in r and not r["error"].startswith("skipped:") for r in records) else 0
+
+
+def precompile(pairs) -> None:
+    """Compile the main kernel of every (shape, config) side by side, one process each, into Triton's
+    on-disk cache, so that the timed sweep after it does not compile one variant at a time."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if len(pairs) < 2:
+        return
+    t0 = time.perf_counter()
+    workers = min(len(pairs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        failed = [msg for msg in pool.map(_compile_one, pairs) if msg]
+    for msg in failed:  # the sweep records the failure again, as that variant's error row
+        print(f"precompile: {msg}", file=sys.stderr)
+    print(f"precompiled {len(pairs)} variants in {time.perf_counter() - t0:.0f} s on {workers} processes", flush=True)
+
+
+def _compile_one(pair) -> str | None:
+    shape, config = pair
+    try:
+        import vattn
+
+        vattn.Workspace(head_dim=shape.head_dim, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
+                        kv_dtype=Batch.kv_torch_dtype(shape), q_dtype=_q_dtype(), page_size=shape.page_size,
+                        max_q_len=max(shape.q_lens), max_batch=shape.batch, config=config)
+    except Exception as exc:
+        return f"{shape.name} {_label(config)}: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _parse_peers(text: str) -> list[str]:
@@ -462,7 +507,8 @@ def _for_shape(config, shape: Shape):
 
     rows = max(shape.q_lens) * shape.gqa
     warps = default_config(shape.head_dim, rows, shape.kv_dtype == "fp8").num_warps
-    return replace(config, num_warps=warps, qk_fp8=config.qk_fp8 if shape.kv_dtype == "fp8" else 0)
+    fp8 = shape.kv_dtype == "fp8"
+    return replace(config, num_warps=warps, qk_fp8=config.qk_fp8 if fp8 else 0, pv_fp8=config.pv_fp8 if fp8 else 0)
 
 
 def _stamp(r: dict, device: str, date: str, ceiling: float) -> dict:

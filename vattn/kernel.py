@@ -34,6 +34,14 @@ class MainConfig:
     # (Q kept to ~2^-8, K read as stored: no per-element widening of K)
     qk_fp8: int = 0
     prefetch_pages: bool = False  # load the next tile's page ids one iteration ahead
+    # K-major formulation: S^T = K.Q^T and O^T = V^T.P^T, so the KV tile is the M side of both dots
+    # (M = 64 tokens / D): wgmma applies even with 16 packed rows (q_len 1), and fp8 P.V needs no
+    # K-major V in shared memory (V^T is the register operand)
+    kmajor: bool = False
+    # fp8 KV with kmajor only: 0 = V widened to fp16; 1 = P scaled and cast to e4m3, one fp8 V^T.P^T;
+    # 2 = P split into e4m3 hi + lo/16, two fp8 dots (as qk_fp8 2 does for Q)
+    pv_fp8: int = 0
+    partial_bf16: bool = False  # O partials in bf16 (half the partial bytes written and re-read)
 
 
 def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
@@ -52,6 +60,70 @@ def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
 
 
 @triton.jit
+def _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q, kv_len, h,
+            G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
+            HAS_DESCALE: tl.constexpr, CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr):
+    """The packed Q tile [QR_PAD, D] as matrix operands, with each row's folded logit scale and causal
+    limit. Returns (q, q_lo, row_scale, limit); q_lo is meaningful only when QK_FP8 == 2."""
+    rows = tl.arange(0, QR_PAD)
+    tok = rows // G
+    row_ok = (tok < n_q) & (rows < QROWS)
+    d = tl.arange(0, D)
+    q_off = (q0 + tok).to(tl.int64)[:, None] * stride_qt + (h * G + rows % G)[:, None] * stride_qh
+    q = tl.load(q_ptr + q_off + d[None, :], mask=row_ok[:, None], other=0.0)
+    # token j sees KV positions < kv_len - n_q + j + 1 (causal over the last n_q)
+    limit = tl.where(row_ok, kv_len - n_q + tok + 1, 0)
+    # one folded scale: logits in the log2 domain straight out of the dot
+    qk_scale = softmax_scale * 1.44269504  # 1/ln(2)
+    if HAS_DESCALE:
+        qk_scale = qk_scale * tl.load(k_descale_ptr)
+    if QK_FP8 > 0:
+        # per-row e4m3 quantisation of Q; its scale joins the folded scale
+        q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
+        q_s = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
+        q_f = q.to(tl.float32) / q_s[:, None]
+        q8 = q_f.to(tl.float8e4nv)
+        # e4m3 rounds to within 1/16 of a value: the residual x 16 fits e4m3 again
+        q_lo = ((q_f - q8.to(tl.float32)) * 16.0).to(tl.float8e4nv)
+        return q8, q_lo, q_s * qk_scale, limit
+    elif SCALE_Q:
+        q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
+        q_s = tl.where(q_amax > 32768.0, q_amax / 32768.0, 1.0)
+        q16 = (q.to(tl.float32) / q_s[:, None]).to(CDT)
+        return q16, q16, q_s * qk_scale, limit
+    else:
+        q16 = q.to(CDT)
+        return q16, q16, tl.full([QR_PAD], 1.0, tl.float32) * qk_scale, limit
+
+
+@triton.jit
+def _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
+                   part, h, acc, m_i, l_i, v_descale_ptr,
+                   QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr, HAS_DESCALE: tl.constexpr,
+                   ACC_T: tl.constexpr, PV_SCALE: tl.constexpr):
+    """Normalise and write one partial: O = acc / l (x v_descale / PV_SCALE), lse2 = m + log2(l);
+    a row that saw no key writes (O 0, lse -inf). acc is [QR_PAD, D], or [D, QR_PAD] when ACC_T."""
+    rows = tl.arange(0, QR_PAD)
+    d = tl.arange(0, D)
+    has = l_i > 0.0
+    o_scale = tl.where(has, (1.0 / PV_SCALE) / tl.where(has, l_i, 1.0), 0.0)
+    if HAS_DESCALE:
+        o_scale = o_scale * tl.load(v_descale_ptr)
+    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    store_ok = rows < QROWS
+    o_base = o_part_ptr + part * stride_ow + h * stride_oh
+    if ACC_T:
+        out = acc * o_scale[None, :]
+        tl.store(o_base + rows[None, :] * stride_or + d[:, None], out.to(o_part_ptr.dtype.element_ty),
+                 mask=store_ok[None, :])
+    else:
+        out = acc * o_scale[:, None]
+        tl.store(o_base + rows[:, None] * stride_or + d[None, :], out.to(o_part_ptr.dtype.element_ty),
+                 mask=store_ok[:, None])
+    tl.store(lse_part_ptr + part * stride_lw + h * stride_lh + rows, lse2, mask=store_ok)
+
+
+@triton.jit
 def _attn_main_kernel(
     # [T, Hq, D]
     q_ptr, stride_qt, stride_qh,
@@ -67,13 +139,14 @@ def _attn_main_kernel(
     k_descale_ptr, v_descale_ptr, softmax_scale,
     # [W] int32 each: the plan
     work_seq_ptr, work_start_ptr, work_end_ptr, work_part_ptr,
-    # [W, Hkv, QROWS, D] fp32
+    # [W, Hkv, QROWS, D] fp32 or bf16
     o_part_ptr, stride_ow, stride_oh, stride_or,
     # [W, Hkv, QROWS] fp32
     lse_part_ptr, stride_lw, stride_lh,
     G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
     CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+    KMAJOR: tl.constexpr, PV_FP8: tl.constexpr,
 ):
     # CDT: the matrix operand dtype. fp8 KV widens to fp16 (one cvt per two values on sm_89+;
     # to bf16 it takes several), and fp16 keeps more bits than bf16. SCALE_Q: bf16 Q into fp16
@@ -91,43 +164,17 @@ def _attn_main_kernel(
     kv_len = tl.load(seq_lens_ptr + seq)
     q0 = tl.load(cu_q_ptr + seq)
     n_q = tl.load(cu_q_ptr + seq + 1) - q0
-
-    # -- load the packed Q tile --
-    rows = tl.arange(0, QR_PAD)
-    tok = rows // G
-    row_ok = (tok < n_q) & (rows < QROWS)
+    q, q_lo, row_scale, limit = _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q,
+                                        kv_len, h, G, QROWS, QR_PAD, D, HAS_DESCALE, CDT, SCALE_Q, QK_FP8)
     d = tl.arange(0, D)
-    q_off = (q0 + tok).to(tl.int64)[:, None] * stride_qt + (h * G + rows % G)[:, None] * stride_qh
-    q = tl.load(q_ptr + q_off + d[None, :], mask=row_ok[:, None], other=0.0)
-    # token j sees KV positions < kv_len - n_q + j + 1 (causal over the last n_q)
-    limit = tl.where(row_ok, kv_len - n_q + tok + 1, 0)
-
-    # one folded scale: logits in the log2 domain straight out of the dot
-    qk_scale = softmax_scale * 1.44269504  # 1/ln(2)
-    if HAS_DESCALE:
-        qk_scale = qk_scale * tl.load(k_descale_ptr)
-    if QK_FP8 > 0:
-        # per-row e4m3 quantisation of Q; its scale joins the folded scale
-        q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
-        q_s = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
-        q_f = q.to(tl.float32) / q_s[:, None]
-        q = q_f.to(tl.float8e4nv)
-        if QK_FP8 == 2:
-            # e4m3 rounds to within 1/16 of a value: the residual x 16 fits e4m3 again
-            q_lo = ((q_f - q.to(tl.float32)) * 16.0).to(tl.float8e4nv)
-        row_scale = q_s * qk_scale
-    elif SCALE_Q:
-        q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
-        q_s = tl.where(q_amax > 32768.0, q_amax / 32768.0, 1.0)
-        q = (q.to(tl.float32) / q_s[:, None]).to(CDT)
-        row_scale = q_s * qk_scale
-    else:
-        q = q.to(CDT)
-        row_scale = tl.full([QR_PAD], 1.0, tl.float32) * qk_scale
-
     m_i = tl.full([QR_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([QR_PAD], tl.float32)
-    acc = tl.zeros([QR_PAD, D], tl.float32)
+    if KMAJOR:
+        acc = tl.zeros([D, QR_PAD], tl.float32)  # O^T
+        q_t = tl.trans(q)
+        q_lo_t = tl.trans(q_lo)
+    else:
+        acc = tl.zeros([QR_PAD, D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     if PREFETCH_PAGES:
         first = start + tl.arange(0, BLOCK_N)
@@ -146,40 +193,64 @@ def _attn_main_kernel(
         in_page = pos % PAGE
         k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
         k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        # -- compute qk --
-        if QK_FP8 == 2:
-            k_t = tl.trans(k)
-            qk = tl.dot(q_lo, k_t) * 0.0625
-            qk = tl.dot(q, k_t, qk)
-        elif QK_FP8 == 1:
-            qk = tl.dot(q, tl.trans(k))
-        else:
-            qk = tl.dot(q, tl.trans(k.to(CDT)))
-        ok = (pos[None, :] < limit[:, None]) & pos_ok[None, :]
-        qk = tl.where(ok, qk * row_scale[:, None], float("-inf"))
-        # -- online softmax; a fully masked row keeps m = -inf and p = 0, never NaN --
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
-        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        # -- compute p.v --
-        acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v.to(CDT))
+        if KMAJOR:
+            # -- S^T [BLOCK_N, QR_PAD]: keys on the M side --
+            if QK_FP8 == 2:
+                s_t = tl.dot(k, q_lo_t) * 0.0625
+                s_t = tl.dot(k, q_t, s_t)
+            elif QK_FP8 == 1:
+                s_t = tl.dot(k, q_t)
+            else:
+                s_t = tl.dot(k.to(CDT), q_t)
+            ok = (pos[:, None] < limit[None, :]) & pos_ok[:, None]
+            s_t = tl.where(ok, s_t * row_scale[None, :], float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_safe)
+            p_t = tl.math.exp2(s_t - m_safe[None, :])
+            l_i = l_i * alpha + tl.sum(p_t, axis=0)
+            v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+            v_t = tl.trans(v)
+            acc = acc * alpha[None, :]
+            if PV_FP8 == 2:
+                # 16 p ~ 16 hi + lo: hi x 16 is exact in e4m3 (hi <= 16), so both dots share one
+                # accumulator holding 256 x (P.V)
+                p_s = p_t * 16.0
+                p_hi = p_s.to(tl.float8e4nv)
+                p_lo = ((p_s - p_hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
+                acc = tl.dot(v_t, (p_hi.to(tl.float32) * 16.0).to(tl.float8e4nv), acc)
+                acc = tl.dot(v_t, p_lo, acc)
+            elif PV_FP8 == 1:
+                acc = tl.dot(v_t, (p_t * 256.0).to(tl.float8e4nv), acc)
+            else:
+                acc = tl.dot(v_t.to(CDT), p_t.to(CDT), acc)
+        else:
+            # -- S [QR_PAD, BLOCK_N] --
+            if QK_FP8 == 2:
+                k_t = tl.trans(k)
+                qk = tl.dot(q_lo, k_t) * 0.0625
+                qk = tl.dot(q, k_t, qk)
+            elif QK_FP8 == 1:
+                qk = tl.dot(q, tl.trans(k))
+            else:
+                qk = tl.dot(q, tl.trans(k.to(CDT)))
+            ok = (pos[None, :] < limit[:, None]) & pos_ok[None, :]
+            qk = tl.where(ok, qk * row_scale[:, None], float("-inf"))
+            # -- online softmax; a fully masked row keeps m = -inf and p = 0, never NaN --
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(qk - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v.to(CDT))
         m_i = m_new
 
     # -- epilogue: normalise, v_descale once, neutral rows as (O 0, lse -inf) --
-    has = l_i > 0.0
-    o_scale = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
-    if HAS_DESCALE:
-        o_scale = o_scale * tl.load(v_descale_ptr)
-    out = acc * o_scale[:, None]
-    lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    store_ok = rows < QROWS
-    o_base = o_part_ptr + part * stride_ow + h * stride_oh
-    tl.store(o_base + rows[:, None] * stride_or + d[None, :], out, mask=store_ok[:, None])
-    tl.store(lse_part_ptr + part * stride_lw + h * stride_lh + rows, lse2, mask=store_ok)
+    _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
+                   part, h, acc, m_i, l_i, v_descale_ptr, QROWS, QR_PAD, D, HAS_DESCALE,
+                   KMAJOR, 256.0 if (KMAJOR and PV_FP8 > 0) else 1.0)
 
 
 def _pad_rows(qrows: int) -> int:
@@ -224,6 +295,7 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
         HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
+        KMAJOR=config.kmajor, PV_FP8=int(config.pv_fp8) if config.kmajor else 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return args, kwargs
