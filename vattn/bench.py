@@ -275,18 +275,13 @@ def _batch_cache(shape: Shape) -> Batch:
 
 def sweep_configs():
     """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV), as
-    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor, pv_fp8, partial_bf16)."""
+    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor). BENCHMARKS.md's version log has the
+    variants measured and dropped (fp8 P.V, bf16 partials, 8 warps, block_n 32/128)."""
     from vattn.kernel import MainConfig
 
-    # 2026-11-29 run B (16 x 35k): the default then, split-Q fp8 Q.K^T + page prefetch, 150.7 us; the rest
-    # are the K-major formulation (fp8 P.V without a K-major V) and bf16 partials, first measured next
-    grid = [(64, 4, 2, 2, 1, 0, 0, 0), (64, 4, 2, 2, 1, 0, 0, 1), (64, 4, 2, 2, 1, 1, 0, 1),
-            (64, 4, 2, 2, 1, 1, 2, 1), (64, 4, 2, 2, 1, 1, 1, 1), (64, 4, 2, 1, 1, 1, 1, 1),
-            (64, 4, 3, 2, 1, 1, 2, 1), (64, 4, 2, 2, 0, 1, 2, 1), (64, 8, 2, 2, 1, 1, 2, 1),
-            (128, 8, 2, 2, 1, 1, 2, 1), (64, 4, 3, 0, 0, 1, 0, 1), (32, 4, 3, 2, 1, 1, 2, 1)]
-    return [MainConfig(block_n=n, num_warps=w, num_stages=st, qk_fp8=qk, prefetch_pages=bool(pf),
-                       kmajor=bool(km), pv_fp8=pv, partial_bf16=bool(pb))
-            for n, w, st, qk, pf, km, pv, pb in grid]
+    grid = [(64, 4, 2, 2, 1, 0), (64, 4, 2, 2, 1, 1), (64, 4, 3, 2, 1, 1), (64, 4, 3, 0, 0, 0)]
+    return [MainConfig(block_n=n, num_warps=w, num_stages=st, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km))
+            for n, w, st, qk, pf, km in grid]
 
 
 def sglang_note() -> str | None:
@@ -314,8 +309,7 @@ def _run_one(shape, planners, replays, config, check, label=None) -> list[dict]:
 def _label(c) -> str:
     return (f"vattn[bn{c.block_n},w{c.num_warps},s{c.num_stages}"
             f"{['', ',qk8', ',qk8x2'][int(c.qk_fp8)]}{',pf' if c.prefetch_pages else ''}"
-            f"{',kmaj' if c.kmajor else ''}{['', ',pv8', ',pv8x2'][int(c.pv_fp8)]}"
-            f"{',pbf16' if c.partial_bf16 else ''}]")
+            f"{',kmaj' if c.kmajor else ''}]")
 
 
 def _parse_config(text: str | None):
@@ -324,12 +318,11 @@ def _parse_config(text: str | None):
     from vattn.kernel import MainConfig
 
     try:
-        n, w, s, qk, pf, km, pv, pb = (int(x) for x in (text + ",0,0,0").split(",")[:8])
+        n, w, s, qk, pf, km = (int(x) for x in (text + ",0").split(",")[:6])
     except ValueError:
         raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,prefetch_pages"
-                         "[,kmajor,pv_fp8,partial_bf16] e.g. 64,4,2,2,1,1,2,1")
-    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km),
-                      pv_fp8=pv, partial_bf16=bool(pb))
+                         "[,kmajor] e.g. 64,4,2,2,1,1")
+    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km))
 
 
 def main(argv=None) -> int:
@@ -340,7 +333,7 @@ def main(argv=None) -> int:
                     "balanced,length_aware,fixed")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")
     ap.add_argument("--config", default=None, help="main-kernel config block_n,warps,stages,qk_fp8,prefetch_pages"
-                    "[,kmajor,pv_fp8,partial_bf16]")
+                    "[,kmajor]")
     ap.add_argument("--sweep", default="", help="shapes to sweep main-kernel configs on (balanced planner) "
                     "before the main run, e.g. 16x35k")
     ap.add_argument("--use-sweep-best", action="store_true", help="run the shapes with the sweep's fastest "
@@ -394,7 +387,7 @@ def main(argv=None) -> int:
         prewarm(shapes, peers)
     config = _parse_config(a.config)
     sweep = [(shape, c) for shape in (select(a.sweep) if a.sweep else []) for c in sweep_configs()
-             if shape.kv_dtype == "fp8" or not (c.qk_fp8 or c.pv_fp8)]
+             if shape.kv_dtype == "fp8" or not c.qk_fp8]
     precompile(sweep)
     for shape, c in sweep:
         records += _run_one(shape, ["balanced"], a.replays, c, not a.no_check, label=_label(c))
@@ -507,8 +500,7 @@ def _for_shape(config, shape: Shape):
 
     rows = max(shape.q_lens) * shape.gqa
     warps = default_config(shape.head_dim, rows, shape.kv_dtype == "fp8").num_warps
-    fp8 = shape.kv_dtype == "fp8"
-    return replace(config, num_warps=warps, qk_fp8=config.qk_fp8 if fp8 else 0, pv_fp8=config.pv_fp8 if fp8 else 0)
+    return replace(config, num_warps=warps, qk_fp8=config.qk_fp8 if shape.kv_dtype == "fp8" else 0)
 
 
 def _stamp(r: dict, device: str, date: str, ceiling: float) -> dict:

@@ -35,28 +35,27 @@ class MainConfig:
     qk_fp8: int = 0
     prefetch_pages: bool = False  # load the next tile's page ids one iteration ahead
     # K-major formulation: S^T = K.Q^T and O^T = V^T.P^T, so the KV tile is the M side of both dots
-    # (M = 64 tokens / D): wgmma applies even with 16 packed rows (q_len 1), and fp8 P.V needs no
-    # K-major V in shared memory (V^T is the register operand)
+    # (M = 64 tokens, D): Hopper's wgmma needs M >= 64, which 16 or 32 packed rows alone do not give
     kmajor: bool = False
-    # fp8 KV with kmajor only: 0 = V widened to fp16; 1 = P scaled and cast to e4m3, one fp8 V^T.P^T;
-    # 2 = P split into e4m3 hi + lo/16, two fp8 dots (as qk_fp8 2 does for Q)
-    pv_fp8: int = 0
-    partial_bf16: bool = False  # O partials in bf16 (half the partial bytes written and re-read)
 
 
 def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
     """Config used when the caller gives none, from the H200 runs of 2026-11-29 (BENCHMARKS.md):
     - 4 warps (2 programs/SM) beat 8 warps (1/SM), 1.42 to 0.94 TB/s on 16 x 35k; 8 warps only
       where acc[QROWS, D] fp32 would not fit 4 warps' registers (more than 64 x 256);
-    - fp8 KV with >= 64 packed rows: split-Q fp8 Q.K^T + page prefetch, 150.7 us on 16 x 35k
-      against 176.5 us widening K to fp16; with fewer rows (GQA8 q4, hd128, q1) it lost
-      (239 vs 198 us on 16 x 35k GQA8), so those widen K to fp16 with 3 stages.
+    - fp8 KV with 64 packed rows: split-Q fp8 Q.K^T + page prefetch, 150.7 us on 16 x 35k against
+      176.5 us widening K to fp16;
+    - fp8 KV with 16 or 32 packed rows (q_len 1 x GQA16, q_len 4 x GQA8): the same in the K-major
+      formulation, main kernel 119.5 us against 137.0 on 16 x 35k q1 and 97.6 against 110.3 on
+      32 x 8k hd128 GQA8 (at 64 rows it was 11x slower: 1495 us);
+    - otherwise (bf16/fp16 KV, or more than 64 rows) K and V widened to the 16-bit type, 3 stages.
     The interpreter computes fp8 dots wrong (KERNEL.md): there K is always widened."""
     rows = _pad_rows(qrows)
     warps = 8 if head_dim * rows > 256 * 64 else 4
     interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    qk = 2 if kv_is_fp8 and rows >= 64 and not interp else 0
-    return MainConfig(block_n=64, num_warps=warps, num_stages=2 if qk else 3, qk_fp8=qk, prefetch_pages=qk > 0)
+    if not kv_is_fp8 or interp or rows > 64:
+        return MainConfig(block_n=64, num_warps=warps, num_stages=3)
+    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=2, prefetch_pages=True, kmajor=rows < 64)
 
 
 @triton.jit
@@ -100,13 +99,13 @@ def _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q, 
 def _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
                    part, h, acc, m_i, l_i, v_descale_ptr,
                    QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr, HAS_DESCALE: tl.constexpr,
-                   ACC_T: tl.constexpr, PV_SCALE: tl.constexpr):
-    """Normalise and write one partial: O = acc / l (x v_descale / PV_SCALE), lse2 = m + log2(l);
+                   ACC_T: tl.constexpr):
+    """Normalise and write one partial: O = acc / l (x v_descale), lse2 = m + log2(l);
     a row that saw no key writes (O 0, lse -inf). acc is [QR_PAD, D], or [D, QR_PAD] when ACC_T."""
     rows = tl.arange(0, QR_PAD)
     d = tl.arange(0, D)
     has = l_i > 0.0
-    o_scale = tl.where(has, (1.0 / PV_SCALE) / tl.where(has, l_i, 1.0), 0.0)
+    o_scale = tl.where(has, 1.0 / tl.where(has, l_i, 1.0), 0.0)
     if HAS_DESCALE:
         o_scale = o_scale * tl.load(v_descale_ptr)
     lse2 = tl.where(has, m_i + tl.math.log2(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -114,12 +113,10 @@ def _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, st
     o_base = o_part_ptr + part * stride_ow + h * stride_oh
     if ACC_T:
         out = acc * o_scale[None, :]
-        tl.store(o_base + rows[None, :] * stride_or + d[:, None], out.to(o_part_ptr.dtype.element_ty),
-                 mask=store_ok[None, :])
+        tl.store(o_base + rows[None, :] * stride_or + d[:, None], out, mask=store_ok[None, :])
     else:
         out = acc * o_scale[:, None]
-        tl.store(o_base + rows[:, None] * stride_or + d[None, :], out.to(o_part_ptr.dtype.element_ty),
-                 mask=store_ok[:, None])
+        tl.store(o_base + rows[:, None] * stride_or + d[None, :], out, mask=store_ok[:, None])
     tl.store(lse_part_ptr + part * stride_lw + h * stride_lh + rows, lse2, mask=store_ok)
 
 
@@ -139,14 +136,14 @@ def _attn_main_kernel(
     k_descale_ptr, v_descale_ptr, softmax_scale,
     # [W] int32 each: the plan
     work_seq_ptr, work_start_ptr, work_end_ptr, work_part_ptr,
-    # [W, Hkv, QROWS, D] fp32 or bf16
+    # [W, Hkv, QROWS, D] fp32
     o_part_ptr, stride_ow, stride_oh, stride_or,
     # [W, Hkv, QROWS] fp32
     lse_part_ptr, stride_lw, stride_lh,
     G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
     CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
-    KMAJOR: tl.constexpr, PV_FP8: tl.constexpr,
+    KMAJOR: tl.constexpr,
 ):
     # CDT: the matrix operand dtype. fp8 KV widens to fp16 (one cvt per two values on sm_89+;
     # to bf16 it takes several), and fp16 keeps more bits than bf16. SCALE_Q: bf16 Q into fp16
@@ -212,19 +209,7 @@ def _attn_main_kernel(
             l_i = l_i * alpha + tl.sum(p_t, axis=0)
             v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
             v_t = tl.trans(v)
-            acc = acc * alpha[None, :]
-            if PV_FP8 == 2:
-                # 16 p ~ 16 hi + lo: hi x 16 is exact in e4m3 (hi <= 16), so both dots share one
-                # accumulator holding 256 x (P.V)
-                p_s = p_t * 16.0
-                p_hi = p_s.to(tl.float8e4nv)
-                p_lo = ((p_s - p_hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
-                acc = tl.dot(v_t, (p_hi.to(tl.float32) * 16.0).to(tl.float8e4nv), acc)
-                acc = tl.dot(v_t, p_lo, acc)
-            elif PV_FP8 == 1:
-                acc = tl.dot(v_t, (p_t * 256.0).to(tl.float8e4nv), acc)
-            else:
-                acc = tl.dot(v_t.to(CDT), p_t.to(CDT), acc)
+            acc = tl.dot(v_t.to(CDT), p_t.to(CDT), acc * alpha[None, :])
         else:
             # -- S [QR_PAD, BLOCK_N] --
             if QK_FP8 == 2:
@@ -249,8 +234,7 @@ def _attn_main_kernel(
 
     # -- epilogue: normalise, v_descale once, neutral rows as (O 0, lse -inf) --
     _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
-                   part, h, acc, m_i, l_i, v_descale_ptr, QROWS, QR_PAD, D, HAS_DESCALE,
-                   KMAJOR, 256.0 if (KMAJOR and PV_FP8 > 0) else 1.0)
+                   part, h, acc, m_i, l_i, v_descale_ptr, QROWS, QR_PAD, D, HAS_DESCALE, KMAJOR)
 
 
 def _pad_rows(qrows: int) -> int:
@@ -295,7 +279,7 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
         HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
-        KMAJOR=config.kmajor, PV_FP8=int(config.pv_fp8) if config.kmajor else 0,
+        KMAJOR=config.kmajor,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return args, kwargs

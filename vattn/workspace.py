@@ -87,7 +87,6 @@ class Workspace:
         self.max_q_len, self.max_batch = max_q_len, max_batch
         self.programs_per_sm, self.kernel_info = None, {}
         self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
-        self.partial_dtype = torch.bfloat16 if self.config.partial_bf16 else torch.float32
         self.slots = slots if slots is not None else self._measure_slots()
         self._alloc()
 
@@ -102,9 +101,8 @@ class Workspace:
         self.plan_buffers["num_items"] = torch.zeros(1, **i32)
         qrows = self.max_q_len * self.gqa
         f32 = dict(dtype=torch.float32, device=self.device)
-        # O_part [W, Hkv, QROWS, D] fp32 or bf16 (normalised), lse2_part [W, Hkv, QROWS] fp32
-        self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, dtype=self.partial_dtype,
-                                  device=self.device)
+        # O_part [W, Hkv, QROWS, D] fp32 (normalised), lse2_part [W, Hkv, QROWS] fp32
+        self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, **f32)
         self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
 
     def _measure_slots(self) -> int:
@@ -130,7 +128,7 @@ class Workspace:
         kv = torch.zeros(1, self.page_size, hkv, d, device=dev).to(self.kv_dtype)
         i32 = torch.zeros(2, dtype=torch.int32, device=dev)
         scale = torch.ones(1, dtype=torch.float32, device=dev)
-        o = torch.zeros(1, hkv, max_q_len * self.gqa, d, dtype=self.partial_dtype, device=dev)
+        o = torch.zeros(1, hkv, max_q_len * self.gqa, d, dtype=torch.float32, device=dev)
         lse = torch.zeros(1, hkv, max_q_len * self.gqa, dtype=torch.float32, device=dev)
         plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part")}
         descale = scale if self.kv_dtype == _fp8() else None

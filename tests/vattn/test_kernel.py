@@ -144,18 +144,17 @@ def test_interp_bf16_q_scaled_into_fp16_with_page_prefetch(kv):
 
 @interp_only
 @pytest.mark.parametrize("page_size,kv", [(16, "fp16"), (1, "fp8"), (64, "fp8")])
-def test_interp_kmajor_with_bf16_partials(page_size, kv):
-    """The K-major formulation (S^T = K.Q^T, O^T = V^T.P^T) and bf16 partials compute the same function
-    (the interpreter's fp16 dots; fp8 KV is widened: its fp8 dots are wrong on the CPU)."""
+def test_interp_kmajor(page_size, kv):
+    """The K-major formulation (S^T = K.Q^T, O^T = V^T.P^T) computes the same function (the interpreter's
+    fp16 dots; fp8 KV is widened: its fp8 dots are wrong on the CPU)."""
     from vattn.kernel import MainConfig
 
     dtype = {"fp16": torch.float16, "fp8": torch.float8_e4m3fn}[kv]
     b = make_batch([200, 0, 71, 5, 129, 4], [4, 2, 1, 0, 3, 4], page_size=page_size, kv_dtype=dtype, gqa=2)
     out, pl = run_api(b, "balanced", max_q_len=4, slots=12,
-                           config=MainConfig(block_n=32, kmajor=True, partial_bf16=True, prefetch_pages=True))
-    assert pl.workspace.o_part.dtype == torch.bfloat16
+                           config=MainConfig(block_n=32, kmajor=True, prefetch_pages=True))
     assert not out.isnan().any()
-    assert rel_err(out, reference(b)) < 5e-3  # one more bf16 rounding (of the partials) than fp32 partials
+    assert rel_err(out, reference(b)) < 3e-3
     assert out[int(b["cu_seqlens_q"][1]):int(b["cu_seqlens_q"][2])].abs().max() == 0  # L = 0
 
 
@@ -298,9 +297,8 @@ def test_gpu_against_reference(name, mode):
 @pytest.mark.parametrize("cfg", [dict(qk_fp8=1), dict(prefetch_pages=True), dict(block_n=32, num_stages=3),
                                  dict(block_n=128, num_warps=8), dict(num_stages=3, prefetch_pages=True),
                                  dict(qk_fp8=2), dict(qk_fp8=2, prefetch_pages=True, block_n=32, num_stages=3),
-                                 dict(partial_bf16=True), dict(kmajor=True), dict(kmajor=True, qk_fp8=2, pv_fp8=2),
-                                 dict(kmajor=True, qk_fp8=2, pv_fp8=1, partial_bf16=True, prefetch_pages=True),
-                                 dict(kmajor=True, qk_fp8=1, pv_fp8=2, num_stages=3)])
+                                 dict(kmajor=True), dict(kmajor=True, qk_fp8=2, prefetch_pages=True),
+                                 dict(kmajor=True, qk_fp8=2, num_stages=3, block_n=32)])
 def test_gpu_kernel_configs(cfg):
     """The variants vattn.bench sweeps compute the same function."""
     from vattn.kernel import MainConfig
