@@ -253,7 +253,9 @@ def _record(shape: Shape, mode: str, pl, ws, b: Batch, times: dict, on_gpu: bool
         config=ws.config.__dict__, programs_per_sm=ws.programs_per_sm, kernel_info=ws.kernel_info,
         replicas=b.replicas, l2_cold=b.l2_cold, rel_err=rel_err, nan=nan,
         flashinfer_fp8_us=fi, speedup_vs_flashinfer_fp8=(fi / times["us"]) if fi else None,
-        flashinfer_best_us=FLASHINFER_BEST_US.get(shape.name))
+        flashinfer_best_us=FLASHINFER_BEST_US.get(shape.name),
+        # a skewed batch's lengths, so the cost model can be checked against it (vattn/cost.py)
+        seq_lens=list(shape.seq_lens) if len(set(shape.seq_lens)) > 1 else None)
 
 
 _BATCHES: dict = {}

@@ -198,20 +198,23 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
     return t
 
 
-def kernel_path(q_lens, gqa: int, kv_dtype: str) -> tuple[str, int]:
+def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int) -> tuple[str, int]:
     """(path, packed rows) the main kernel compiles for this batch: vattn.kernel.default_config's rule
-    (rows padded to a power of two >= 16; split-Q fp8 Q.K^T from 64 rows with an fp8 cache, else an fp8
-    cache is widened to fp16 in registers; a 16-bit cache is used as stored)."""
+    (rows padded to a power of two >= 16; split-Q fp8 Q.K^T from 64 rows with an fp8 cache, the same in
+    the K-major formulation at 16 rows and hd256, else an fp8 cache is widened to fp16 in registers; a
+    16-bit cache is used as stored)."""
     rows = max(16, 1 << (max(max(q_lens, default=1), 1) * gqa - 1).bit_length())
     if kv_dtype != "fp8":
         return "bf16", rows
+    if rows == 16 and head_dim == 256:
+        return "fp8x2_kmajor", rows
     return ("fp8x2" if rows >= 64 else "fp8to16"), rows
 
 
-def _wave_bytes_per_us(v: VattnModel, q_lens, gqa: int, kv_dtype: str, page_size: int) -> float:
+def _wave_bytes_per_us(v: VattnModel, q_lens, gqa: int, kv_dtype: str, page_size: int, head_dim: int) -> float:
     if not v.dot_tflops:
         return v.wave_tbps * 1e6 * v.page_efficiency[page_size]
-    path, rows = kernel_path(q_lens, gqa, kv_dtype)
+    path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim)
     if path not in v.dot_tflops or path not in v.path_tbps:
         raise ValueError(f"kernel path: {path} ({rows} rows, {kv_dtype} cache) has no path_tbps/dot_tflops in "
                          f"the profile; it knows {sorted(v.dot_tflops)}")
@@ -228,7 +231,7 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
     if page_size not in v.page_efficiency:
         raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
     splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=prof.slots, mode=planner)
-    wave = _wave_bytes_per_us(v, q_lens, gqa, kv_dtype, page_size)  # bytes/us with every slot busy
+    wave = _wave_bytes_per_us(v, q_lens, gqa, kv_dtype, page_size, head_dim)  # bytes/us with every slot busy
     token_bytes = head_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
     latency = v.piece_latency_us * wave / prof.slots  # a prologue costs its slot's fair share of time
     runs, reduce_bytes = [], 0

@@ -43,19 +43,20 @@ def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
     """Config used when the caller gives none, from the H200 runs of 2026-11-29 (BENCHMARKS.md):
     - 4 warps (2 programs/SM) beat 8 warps (1/SM), 1.42 to 0.94 TB/s on 16 x 35k; 8 warps only
       where acc[QROWS, D] fp32 would not fit 4 warps' registers (more than 64 x 256);
-    - fp8 KV with 64 packed rows: split-Q fp8 Q.K^T + page prefetch, 150.7 us on 16 x 35k against
-      176.5 us widening K to fp16;
-    - fp8 KV with 16 or 32 packed rows (q_len 1 x GQA16, q_len 4 x GQA8): the same in the K-major
-      formulation, main kernel 119.5 us against 137.0 on 16 x 35k q1 and 97.6 against 110.3 on
-      32 x 8k hd128 GQA8 (at 64 rows it was 11x slower: 1495 us);
-    - otherwise (bf16/fp16 KV, or more than 64 rows) K and V widened to the 16-bit type, 3 stages.
+    - fp8 KV with >= 64 packed rows: split-Q fp8 Q.K^T + page prefetch, 150.7 us on 16 x 35k against
+      176.5 us widening K to fp16; at 128 rows (q8) 233-242 us against 286 us widened;
+    - fp8 KV, hd256, 16 packed rows (q_len 1 x GQA16): the same in the K-major formulation, main
+      kernel 116.9 us against 137.0 (at 64 rows K-major was 11x slower, at 32 rows 18% slower);
+    - otherwise (bf16/fp16 KV, or fp8 with 16 rows at hd128 or 32 rows) K and V widened to the 16-bit
+      type, 3 stages: 16 x 35k GQA8 181 us main against 213 us K-major split-Q.
     The interpreter computes fp8 dots wrong (KERNEL.md): there K is always widened."""
     rows = _pad_rows(qrows)
     warps = 8 if head_dim * rows > 256 * 64 else 4
     interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if not kv_is_fp8 or interp or rows > 64:
+    kmajor = rows == 16 and head_dim == 256
+    if not kv_is_fp8 or interp or not (rows >= 64 or kmajor):
         return MainConfig(block_n=64, num_warps=warps, num_stages=3)
-    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=2, prefetch_pages=True, kmajor=rows < 64)
+    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=2, prefetch_pages=True, kmajor=kmajor)
 
 
 @triton.jit

@@ -113,13 +113,17 @@ def test_h200_vattn_fits_the_bench(planner):
 
 
 def test_h200_kernel_paths_follow_the_default_config():
-    # vattn.kernel.default_config: split-Q fp8 from 64 packed rows, fp8 widened below, bf16 as stored
-    assert kernel_path([4] * 3, 16, "fp8") == ("fp8x2", 64)
-    assert kernel_path([4, 1], 8, "fp8") == ("fp8to16", 32)
-    assert kernel_path([1], 16, "fp8") == ("fp8to16", 16)
-    assert kernel_path([1], 4, "fp8") == ("fp8to16", 16)
-    assert kernel_path([8], 16, "fp8") == ("fp8x2", 128)
-    assert kernel_path([4], 16, "bf16") == ("bf16", 64)
+    # vattn.kernel.default_config: split-Q fp8 from 64 packed rows (K-major at 16 rows and hd256), fp8
+    # widened otherwise, bf16 as stored
+    from vattn.kernel import default_config
+
+    for q_lens, gqa, kv, hd, want in (([4] * 3, 16, "fp8", 256, ("fp8x2", 64)), ([4, 1], 8, "fp8", 256, ("fp8to16", 32)),
+                                      ([1], 16, "fp8", 256, ("fp8x2_kmajor", 16)), ([1], 4, "fp8", 128, ("fp8to16", 16)),
+                                      ([4], 4, "fp8", 128, ("fp8to16", 16)), ([8], 16, "fp8", 256, ("fp8x2", 128)),
+                                      ([4], 16, "bf16", 256, ("bf16", 64))):
+        assert kernel_path(q_lens, gqa, kv, hd) == want
+        cfg = default_config(hd, max(q_lens) * gqa, kv == "fp8")
+        assert (cfg.qk_fp8 == 2, cfg.kmajor) == (want[0].startswith("fp8x2"), want[0] == "fp8x2_kmajor")
     # GQA8 q4 reads fewer bytes per row than GQA16 q4 but is slower per byte (BENCHMARKS.md: 1.45 vs 1.90 TB/s)
     gqa8 = predict([35_000] * 16, 4, dict(HD256, gqa=8))
     assert gqa8 > predict([35_000] * 16, 4, HD256)
@@ -233,9 +237,9 @@ def test_profile_errors(tmp_path):
         load_profile(str(fast))
     text = (config_dir / "h200.yaml").read_text()
     nopath = tmp_path / "nopath.yaml"
-    nopath.write_text(text.replace("    bf16: 435.0", ""))
+    nopath.write_text(text.replace("    bf16: 436.0", ""))
     with pytest.raises(ValueError, match=r"kernel path: bf16 \(64 rows, bf16 cache\) has no path_tbps/dot_tflops "
-                                         r"in the profile; it knows \['fp8to16', 'fp8x2'\]"):
+                                         r"in the profile; it knows \['fp8to16', 'fp8x2', 'fp8x2_kmajor'\]"):
         predict([10], 4, dict(HD256, kv_dtype="bf16"), profile=load_profile(str(nopath)))
     broken = tmp_path / "broken.yaml"
     broken.write_text(text.replace("baseline: flashinfer", "baseline: fa3"))
