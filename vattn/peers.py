@@ -114,6 +114,12 @@ def _flashinfer(shape, b, backend: str, bf16: bool, name: str) -> Prepared:
     decode = all(n == 1 for n in shape.q_lens)
     if decode and backend != "fa2":
         raise PeerUnavailable(f"{name}: q_len 1 runs FlashInfer's decode wrapper, which has no {backend} backend")
+    q, q_scale = b.q, None
+    if backend == "fa3" and k.dtype == torch.float8_e4m3fn:
+        # its sm90 kernel has no bf16 x e4m3 matrix op (nvcc: "No eligible GMMA operator"): an fp8 cache
+        # needs e4m3 Q too, quantised per tensor once here, as an engine quantises Q before the call
+        q_scale = float(b.q.abs().amax().float().clamp_min(1e-12)) / 448.0
+        q = (b.q.float() / q_scale).to(torch.float8_e4m3fn)
     qo = b.cu.to(torch.int32)
     lists = [_pages(shape, t) for t in b.tables]
     wrappers = []
@@ -125,7 +131,9 @@ def _flashinfer(shape, b, backend: str, bf16: bool, name: str) -> Prepared:
 
     def plan(r):
         indptr, indices, last = lists[r]
-        common = dict(q_data_type=b.q.dtype, kv_data_type=k.dtype, sm_scale=b.scale)
+        common = dict(q_data_type=q.dtype, kv_data_type=k.dtype, sm_scale=b.scale)
+        if q.dtype != b.q.dtype:
+            common["o_data_type"] = b.q.dtype
         if decode:
             wrappers[r].plan(indptr, indices, last, shape.num_q_heads, shape.num_kv_heads, shape.head_dim,
                              shape.page_size, **common)
@@ -136,7 +144,7 @@ def _flashinfer(shape, b, backend: str, bf16: bool, name: str) -> Prepared:
     out = torch.empty_like(b.q)
 
     def run(r):
-        wrappers[r].run(b.q, (k, v), k_scale=kscale, v_scale=vscale, out=out)
+        wrappers[r].run(q, (k, v), q_scale=q_scale, k_scale=kscale, v_scale=vscale, out=out)
 
     for r in range(len(b.tables)):
         plan(r)
