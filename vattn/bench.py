@@ -286,13 +286,14 @@ def sweep_configs():
             for n, w, st, qk, pf, km in grid]
 
 
-def sglang_note() -> str | None:
-    """sglang's Triton kernels are the baseline only when importable (not on the H200 image)."""
-    try:
-        import sglang.srt.layers.attention.triton_ops.decode_attention  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install: either way no baseline
-        return f"sglang baseline skipped: not importable ({type(exc).__name__}: {exc})"
-    return "sglang importable, but no adapter is implemented in this version: baseline skipped"
+def sglang_baseline() -> tuple[list[str], str]:
+    """Without --peers, sglang's Triton kernels are timed as the baseline whenever sglang imports."""
+    from vattn.peers import sglang_importable
+
+    why = sglang_importable()
+    if why:
+        return [], f"sglang baseline skipped: not importable ({why})"
+    return ["sglang_triton"], "sglang baseline: sglang_triton (vattn/peers.py)"
 
 
 def _run_one(shape, planners, replays, config, check, label=None) -> list[dict]:
@@ -380,7 +381,10 @@ def main(argv=None) -> int:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     ceiling = read_ceiling_tbps()
     print(f"device {device}; read ceiling {ceiling:.2f} TB/s; {date}", flush=True)
-    note = sglang_note() if not peers else f"peers: {', '.join(peers)}"
+    if peers:
+        note = f"peers: {', '.join(peers)}"
+    else:
+        peers, note = sglang_baseline()
     print(note, flush=True)
     records, skipped = [], {}
     if peers:

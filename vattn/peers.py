@@ -209,6 +209,21 @@ def _fa3(shape, b) -> Prepared:
                     info=dict(api=f"{mod.__name__}.{fn}"))
 
 
+SGLANG_KERNELS = ("sglang.kernels.ops.attention.decode_attention", "sglang.kernels.ops.attention.verify_splitkv")
+
+
+def sglang_importable() -> str | None:
+    """None when sglang's Triton attention kernels import here, else why not (one line)."""
+    import importlib
+
+    for module in SGLANG_KERNELS:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # ImportError, or a broken install: either way no baseline
+            return f"{module}: {type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
 def _sglang(shape, b) -> Prepared:
     import torch
 
@@ -220,7 +235,7 @@ def _sglang(shape, b) -> Prepared:
     vs = 1.0 if b.v_descale is None else float(b.v_descale)
     out = torch.empty_like(b.q)
     if all(n == 1 for n in shape.q_lens):
-        dec = _import("sglang.kernels.ops.attention.decode_attention", "sglang_triton")
+        dec = _import(SGLANG_KERNELS[0], "sglang_triton")
         splits = 16  # every sequence split 16 ways (sglang's backend picks <= its max per sequence)
         lists = [_slots(shape, t) for t in b.tables]
         logits = torch.empty(shape.batch, shape.num_q_heads, splits, d, dtype=torch.float32, device=b.q.device)
@@ -236,7 +251,7 @@ def _sglang(shape, b) -> Prepared:
     if len(set(shape.q_lens)) != 1:
         raise PeerUnavailable("sglang_triton: verify_splitkv_fwd takes one q_len per batch (ragged is the "
                               "draft extend's extend_attention_fwd, not adapted)")
-    ver = _import("sglang.kernels.ops.attention.verify_splitkv", "sglang_triton")
+    ver = _import(SGLANG_KERNELS[1], "sglang_triton")
     n = shape.q_lens[0]
     # the new tokens' K/V enter as extend tensors (dequantised, as the engine holds them before the cache write)
     ext = []

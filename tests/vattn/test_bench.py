@@ -43,3 +43,13 @@ def test_markdown_table_shows_default_rows_only():
                 rel_err=1.8e-3, run="r")
     text = markdown_table([dict(base, default_config=True), dict(base, planner="fixed", default_config=False)])
     assert "| 16x35k | fp8 | 4 | 16 | balanced | 150.0 |" in text and "1.38x" in text and "fixed" not in text
+
+
+def test_sglang_triton_is_the_baseline_when_sglang_imports(monkeypatch):
+    from vattn import bench, peers
+
+    monkeypatch.setattr(peers, "sglang_importable", lambda: None)
+    assert bench.sglang_baseline()[0] == ["sglang_triton"]
+    monkeypatch.setattr(peers, "sglang_importable", lambda: "sglang: ModuleNotFoundError: No module named 'orjson'")
+    names, note = bench.sglang_baseline()
+    assert names == [] and "orjson" in note and "skipped" in note
