@@ -138,7 +138,6 @@ class Batch:
         self.v_descale = torch.tensor([1.1], device=DEVICE) if fp8 else None
         self.scale = 1.0 / math.sqrt(d)
 
-
     @staticmethod
     def kv_torch_dtype(shape: Shape):
         import torch
