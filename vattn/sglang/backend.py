@@ -173,24 +173,25 @@ class VattnAttnBackend(TritonAttnBackend):
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):
-        if k is not None and v is not None and self._serves(layer, forward_batch, q, sinks, score_mod,
-                                                            aux_tensors):
-            out = self._forward_vattn(q, k, v, layer, forward_batch, save_kv_cache)
-            if out is not None:
-                return out
-        return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache,
-                                      sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
+        return self._vattn_or_base(super().forward_extend, q, k, v, layer, forward_batch, save_kv_cache,
+                                   sinks, score_mod, aux_tensors)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None,
                        score_mod=None, aux_tensors=None):
         q = q.reshape(-1, layer.tp_q_head_num * layer.qk_head_dim)  # as the base: decode output is [T, H*D]
+        return self._vattn_or_base(super().forward_decode, q, k, v, layer, forward_batch, save_kv_cache,
+                                   sinks, score_mod, aux_tensors)
+
+    def _vattn_or_base(self, base_forward, q, k, v, layer, forward_batch, save_kv_cache, sinks, score_mod,
+                       aux_tensors):
+        """vattn where the gate lets this layer and batch through, else (or if vattn declines) the base."""
         if k is not None and v is not None and self._serves(layer, forward_batch, q, sinks, score_mod,
                                                             aux_tensors):
             out = self._forward_vattn(q, k, v, layer, forward_batch, save_kv_cache)
             if out is not None:
                 return out
-        return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache,
-                                      sinks=sinks, score_mod=score_mod, aux_tensors=aux_tensors)
+        return base_forward(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, sinks=sinks,
+                            score_mod=score_mod, aux_tensors=aux_tensors)
 
     def _save_kv(self, forward_batch, layer, k, v) -> None:
         """The base's own KV write (non-MLA, no DCP: the gate refuses those)."""
