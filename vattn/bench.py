@@ -276,18 +276,13 @@ def _batch_cache(shape: Shape) -> Batch:
 
 def sweep_configs():
     """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV), as
-    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor, spread, pdl). BENCHMARKS.md's version log has
-    the variants measured and dropped (fp8 P.V, bf16 partials, 8 warps, block_n 32/128)."""
-    grid = [(64, 4, 2, 2, 1, 0, 1, 1), (64, 4, 2, 2, 1, 0, 1, 0), (64, 4, 2, 2, 1, 0, 2, 1), (64, 4, 2, 2, 1, 0, 4, 1),
-            (64, 4, 2, 2, 1, 1, 1, 1), (64, 4, 2, 2, 1, 1, 4, 1), (64, 4, 3, 0, 0, 0, 1, 1)]
-    return [_config(*fields) for fields in grid]
-
-
-def _config(block_n, warps, stages, qk_fp8, prefetch, kmajor=0, spread=1, pdl=1):
+    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor). BENCHMARKS.md's version log has the
+    variants measured and dropped (fp8 P.V, bf16 partials, 8 warps, block_n 32/128)."""
     from vattn.kernel import MainConfig
 
-    return MainConfig(block_n=block_n, num_warps=warps, num_stages=stages, qk_fp8=qk_fp8,
-                      prefetch_pages=bool(prefetch), kmajor=bool(kmajor), spread=spread, pdl=bool(pdl))
+    grid = [(64, 4, 2, 2, 1, 0), (64, 4, 2, 2, 1, 1), (64, 4, 3, 2, 1, 1), (64, 4, 3, 0, 0, 0)]
+    return [MainConfig(block_n=n, num_warps=w, num_stages=st, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km))
+            for n, w, st, qk, pf, km in grid]
 
 
 def sglang_baseline() -> tuple[list[str], str]:
@@ -316,21 +311,20 @@ def _run_one(shape, planners, replays, config, check, label=None) -> list[dict]:
 def _label(c) -> str:
     return (f"vattn[bn{c.block_n},w{c.num_warps},s{c.num_stages}"
             f"{['', ',qk8', ',qk8x2'][int(c.qk_fp8)]}{',pf' if c.prefetch_pages else ''}"
-            f"{',kmaj' if c.kmajor else ''}{f',spread{c.spread}' if c.spread > 1 else ''}"
-            f"{'' if c.pdl else ',nopdl'}]")
+            f"{',kmaj' if c.kmajor else ''}]")
 
 
 def _parse_config(text: str | None):
     if not text:
         return None
-    fields = "block_n,num_warps,num_stages,qk_fp8,prefetch_pages[,kmajor[,spread[,pdl]]]"
+    from vattn.kernel import MainConfig
+
     try:
-        values = [int(x) for x in text.split(",")]
-        if not 5 <= len(values) <= 8:
-            raise ValueError
-        return _config(*values)
+        n, w, s, qk, pf, km = (int(x) for x in (text + ",0").split(",")[:6])
     except ValueError:
-        raise SystemExit(f"--config: got {text!r}; expected {fields}, integers, e.g. 64,4,2,2,1,0,4,1")
+        raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,prefetch_pages"
+                         "[,kmajor] e.g. 64,4,2,2,1,1")
+    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km))
 
 
 def main(argv=None) -> int:
