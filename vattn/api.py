@@ -148,7 +148,7 @@ def _run_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
                   softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa, max_q_len=ws.max_q_len,
                   config=ws.config)
     K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
-                    max_q_len=ws.max_q_len, pdl=ws.config.pdl)
+                    max_q_len=ws.max_q_len)
 
 
 TRITON = Backend("triton", lambda ws, q, k_cache: True, _run_triton)

@@ -213,7 +213,7 @@ def bench_shape(shape: Shape, planners, *, replays: int, config=None, check: boo
         def reduce_all():
             for _ in range(b.replicas):
                 K.launch_reduce(ws.o_part, ws.lse_part, pl.tensors["seq_part_start"], b.cu, b.out, gqa=ws.gqa,
-                                max_q_len=ws.max_q_len, pdl=ws.config.pdl)
+                                max_q_len=ws.max_q_len)
 
         def full_all():
             for r in range(b.replicas):

@@ -37,29 +37,6 @@ class MainConfig:
     # K-major formulation: S^T = K.Q^T and O^T = V^T.P^T, so the KV tile is the M side of both dots
     # (M = 64 tokens, D): Hopper's wgmma needs M >= 64, which 16 or 32 packed rows alone do not give
     kmajor: bool = False
-    # Token order inside a piece: 1 = natural (a tile is BLOCK_N consecutive tokens, i.e. BLOCK_N/PAGE whole
-    # pages); S > 1 = each group of S tiles is read interleaved, a tile taking PAGE/S rows from each of
-    # S x BLOCK_N/PAGE pages, so that the loads in flight spread over S times more pages (see BENCHMARKS.md).
-    # Softmax does not depend on the order; applies where PAGE % S == 0 and PAGE <= BLOCK_N, else natural.
-    spread: int = 1
-    # Hopper+: programmatic dependent launch. The main kernel and the reduce are launched with the PDL
-    # attribute and wait (griddepcontrol.wait) before reading anything an earlier kernel wrote, so their
-    # launch and scheduling overlap the tail of the kernel before them (the plan, the main kernel).
-    pdl: bool = True
-
-
-def pdl_available(device) -> bool:
-    """PDL needs a compiled (not interpreted) launch on a CUDA device of compute capability >= 9.0."""
-    import torch
-
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or device.type != "cuda":
-        return False
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:
-        return False
-    return (torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait")
-            and "launch_pdl" in CUDAOptions.__dataclass_fields__)
 
 
 def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
@@ -120,24 +97,6 @@ def _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q, 
 
 
 @triton.jit
-def _tile_pos(s, start, end, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SPREAD: tl.constexpr):
-    """KV positions of the tile that starts at s in a piece [start, end). SPREAD > 1: within each full
-    group of SPREAD tiles (SPREAD x BLOCK_N tokens, whole pages since start is a multiple of the KV tile),
-    tile t takes rows t*C .. t*C+C-1 (C = PAGE/SPREAD) of every page of the group; the group's tokens
-    are still each read exactly once. A short last group keeps the natural order."""
-    j = tl.arange(0, BLOCK_N)
-    if SPREAD > 1:
-        C: tl.constexpr = PAGE // SPREAD
-        GROUP: tl.constexpr = SPREAD * BLOCK_N
-        g0 = start + ((s - start) // GROUP) * GROUP
-        t = ((s - start) // BLOCK_N) % SPREAD
-        spread = g0 + (j // C) * PAGE + t * C + j % C
-        return tl.where(g0 + GROUP <= end, spread, s + j)
-    else:
-        return s + j
-
-
-@triton.jit
 def _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
                    part, h, acc, m_i, l_i, v_descale_ptr,
                    QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr, HAS_DESCALE: tl.constexpr,
@@ -185,7 +144,7 @@ def _attn_main_kernel(
     G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
     CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
-    KMAJOR: tl.constexpr, SPREAD: tl.constexpr, USE_GDC: tl.constexpr,
+    KMAJOR: tl.constexpr,
 ):
     # CDT: the matrix operand dtype. fp8 KV widens to fp16 (one cvt per two values on sm_89+;
     # to bf16 it takes several), and fp16 keeps more bits than bf16. SCALE_Q: bf16 Q into fp16
@@ -194,11 +153,6 @@ def _attn_main_kernel(
     tl.static_assert(QR_PAD >= 16)  # tl.dot needs M >= 16
     w = tl.program_id(0)
     h = tl.program_id(1)
-    if USE_GDC:
-        # everything below reads what earlier kernels wrote (the plan, q, the cache); the reduce may launch
-        # now: it waits for this grid's completion before it reads a partial
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     seq = tl.load(work_seq_ptr + w)
     if seq < 0:  # idle item: fixed-size plans pad with these
         return
@@ -221,16 +175,16 @@ def _attn_main_kernel(
         acc = tl.zeros([QR_PAD, D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     if PREFETCH_PAGES:
-        first = _tile_pos(start, start, end, BLOCK_N, PAGE, SPREAD)
+        first = start + tl.arange(0, BLOCK_N)
         page_next = tl.load(bt_row + first // PAGE, mask=first < end, other=0)
     for s in range(start, end, BLOCK_N):
         # -- gather the K/V tile through the page table --
-        pos = _tile_pos(s, start, end, BLOCK_N, PAGE, SPREAD)
+        pos = s + tl.arange(0, BLOCK_N)
         pos_ok = pos < end
         if PREFETCH_PAGES:
             # the K/V addresses then depend on a loop-carried value, not a load of this iteration
             page = page_next.to(tl.int64)
-            ahead = _tile_pos(s + BLOCK_N, start, end, BLOCK_N, PAGE, SPREAD)
+            ahead = pos + BLOCK_N
             page_next = tl.load(bt_row + ahead // PAGE, mask=ahead < end, other=0)
         else:
             page = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
@@ -322,20 +276,14 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
     )
     qrows = max_q_len * gqa
     cdt = _compute_dtype(q.dtype, k_cache.dtype)
-    use_gdc = config.pdl and pdl_available(q.device)
     kwargs = dict(
         G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
         HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
-        KMAJOR=config.kmajor, SPREAD=_spread(config.spread, page, config.block_n),
-        USE_GDC=use_gdc, launch_pdl=use_gdc,
+        KMAJOR=config.kmajor,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return args, kwargs
-
-
-def _spread(spread: int, page: int, block_n: int) -> int:
-    return spread if spread > 1 and page % spread == 0 and page <= block_n else 1
 
 
 def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -359,10 +307,8 @@ def _reduce_kernel(
     seq_part_start_ptr, cu_q_ptr,
     # [T, Hq, D]
     out_ptr, stride_ot, stride_oh_out,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, USE_GDC: tl.constexpr,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
-    if USE_GDC:  # launched while the main kernel runs: wait for its partials
-        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     j = tl.program_id(1)
     hq = tl.program_id(2)
@@ -399,18 +345,16 @@ def _reduce_kernel(
 
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int,
-                  max_q_len: int, block_p: int = 16, pdl: bool = True) -> None:
+                  max_q_len: int, block_p: int = 16) -> None:
     """Grid (B, max_q_len, Hq): one program per output row; absent tokens return at once.
     A token whose sequence has no pieces (L = 0) gets O = 0."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
         return
-    use_gdc = pdl and pdl_available(out.device)
     _reduce_kernel[(batch, max_q_len, out.shape[1])](
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1),
-        G=gqa, D=out.shape[2], BLOCK_P=block_p, USE_GDC=use_gdc, num_warps=4 if out.shape[2] >= 128 else 2,
-        launch_pdl=use_gdc,
+        G=gqa, D=out.shape[2], BLOCK_P=block_p, num_warps=4 if out.shape[2] >= 128 else 2,
     )

@@ -207,13 +207,8 @@ _MODE_IDS = {mode: i for i, mode in enumerate(PLANNERS)}
 def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, work_part, seq_part_start,
                       num_items, batch, width, budget, nseg,
                       MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, NCAND: tl.constexpr,
-                      TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr,
-                      TRIGGER: tl.constexpr):
+                      TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr):
     # seq_lens: [B] int32; cu_seqlens_q: [B+1] int32; work_*: [W] int32; seq_part_start: [B+1]; num_items: [1]
-    if TRIGGER:
-        # Hopper+: let the main kernel (launched with PDL, it waits for this grid before reading the plan)
-        # launch now, so that its launch overlaps this kernel
-        tl.extra.cuda.gdc_launch_dependents()
     offs = tl.arange(0, BLOCK_B)
     in_b = offs < batch
     seq_len = tl.load(seq_lens + offs, mask=in_b, other=0)
@@ -261,16 +256,15 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     tl.store(seq_part_start + offs + 1, ends, mask=in_b)
     tl.store(num_items, n_items)
     # -- work items: item w < n_items belongs to sequence #{b : ends[b] <= w} (ends is non-decreasing),
-    # whose first row is the largest such end (0 if none); its length is picked out of the loaded lengths
-    # (a third reduction, not a dependent load). Reductions of a [BLOCK_W, BLOCK_B] tile per block of items
-    # (the host keeps the tile small). --
+    # whose first row is the largest such end (0 if none); its length is gathered from memory. Two
+    # reductions of a [BLOCK_W, BLOCK_B] tile per block of items (the host keeps the tile small). --
     for w0 in range(0, width, BLOCK_W):
         w = w0 + tl.arange(0, BLOCK_W)
         before = ends[None, :] <= w[:, None]  # [BLOCK_W, BLOCK_B]; padded b have ends == n_items > w
         seq = tl.sum(before.to(tl.int32), 1)
         first = tl.max(tl.where(before, ends[None, :], 0), 1)
         real = w < n_items
-        length = tl.sum(tl.where(offs[None, :] == seq[:, None], seq_len[None, :], 0), 1)
+        length = tl.load(seq_lens + seq, mask=real, other=0)
         if MODE == 0:  # a real item's sequence has q_len > 0, so its tiles are cdiv(L, TILE)
             seg_tokens = (((length + TILE - 1) // TILE + nseg - 1) // nseg) * TILE
         else:
@@ -344,10 +338,4 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
         out["seq_part_start"], out["num_items"], batch, width, slot_budget(num_kv_heads, slots), nseg,
         MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(512, 2048 // block_b)),
         NCAND=max(4, min(32, 2048 // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES,
-        TRIGGER=_can_trigger(seq_lens.device), num_warps=num_warps)
-
-
-def _can_trigger(device) -> bool:
-    from vattn.kernel import pdl_available
-
-    return pdl_available(device)
+        num_warps=num_warps)
