@@ -42,6 +42,12 @@ def tolerance(kv_dtype: str) -> float:
     return 2e-2 if kv_dtype == "fp8" else 5e-3
 
 
+# A peer that rounds Q (and P) to e4m3 by design (Prepared.info["lossy"] says how) lands at 3-4e-2 on an fp8
+# cache: over KERNEL.md's 2e-2, so it could not replace vattn, yet it is the kernel an engine runs, and its time
+# is the baseline. It is timed and marked; above this bound an output is broken, not lossy.
+LOSSY_FP8_LIMIT = 0.1
+
+
 class Prepared:
     """A peer ready to launch: run(r) computes replica r into `out` (no host sync, graph-capturable);
     plan(r), where given, redoes the per-batch planning of replica r (for the plan-inside variant)."""
@@ -150,8 +156,10 @@ def _flashinfer(shape, b, backend: str, bf16: bool, name: str) -> Prepared:
         plan(r)
     wrapper = "BatchDecodeWithPagedKVCacheWrapper(tensor cores)" if decode else \
         f"BatchPrefillWithPagedKVCacheWrapper({backend})"
-    return Prepared(run, out, "bf16" if bf16 else shape.kv_dtype, _kv_bytes(shape, k.element_size()), plan,
-                    dict(api=f"flashinfer {getattr(fi, '__version__', '?')} {wrapper}"))
+    info = dict(api=f"flashinfer {getattr(fi, '__version__', '?')} {wrapper}")
+    if q_scale is not None:
+        info["lossy"] = "e4m3 Q, one scale per tensor (its sm90 kernel takes Q and KV of one dtype)"
+    return Prepared(run, out, "bf16" if bf16 else shape.kv_dtype, _kv_bytes(shape, k.element_size()), plan, info)
 
 
 def _fa3_module():
@@ -231,6 +239,12 @@ def _sglang(shape, b) -> Prepared:
         raise PeerUnavailable("sglang_triton: needs a CUDA device (Triton kernels)")
     hkv, d = shape.num_kv_heads, shape.head_dim
     k_pool, v_pool = b.k.view(-1, hkv, d), b.v.view(-1, hkv, d)  # page-P NHD pool = token pool, free
+    if k_pool.numel() >= 2**31:  # seen on bs20-agentic: an illegal address that takes the CUDA context down
+        raise PeerUnavailable(f"sglang_triton: its kernels index the token pool with int32 offsets; this bench's "
+                              f"pool ({len(b.tables)} replicas) has {k_pool.numel()} elements >= 2^31")
+    info = {}
+    if shape.kv_dtype == "fp8":
+        info["lossy"] = "Q and P cast to the cache's e4m3 (its kernels' design)"
     ks = 1.0 if b.k_descale is None else float(b.k_descale)
     vs = 1.0 if b.v_descale is None else float(b.v_descale)
     out = torch.empty_like(b.q)
@@ -247,7 +261,7 @@ def _sglang(shape, b) -> Prepared:
             dec.decode_attention_fwd(b.q, k_pool, v_pool, out, indptr, idx, logits, lse, nsplit, splits, b.scale,
                                      ks, vs)
 
-        return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(api="sglang decode_attention_fwd"))
+        return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(info, api="sglang decode_attention_fwd"))
     if len(set(shape.q_lens)) != 1:
         raise PeerUnavailable("sglang_triton: verify_splitkv_fwd takes one q_len per batch (ragged is the "
                               "draft extend's extend_attention_fwd, not adapted)")
@@ -268,7 +282,7 @@ def _sglang(shape, b) -> Prepared:
         if ok is False:
             raise PeerUnavailable("sglang_triton: verify_splitkv_fwd declined this shape (can_handle False)")
 
-    return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(api="sglang verify_splitkv_fwd"))
+    return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(info, api="sglang verify_splitkv_fwd"))
 
 
 def _ends(shape):
@@ -374,8 +388,9 @@ def _check_and_time(shape, b, name, prep, ref, replays, timed_graph) -> list[dic
     nan = bool(out.isnan().any().item())
     rel_err = float((out - ref).norm() / ref.norm().clamp_min(1e-30))
     tol = tolerance(shape.kv_dtype)
-    if nan or not rel_err <= tol:
-        why = "NaN in output" if nan else f"rel_err {rel_err:.2e} > {tol:g}"
+    limit = LOSSY_FP8_LIMIT if prep.info.get("lossy") and shape.kv_dtype == "fp8" else tol
+    if nan or not rel_err <= limit:
+        why = "NaN in output" if nan else f"rel_err {rel_err:.2e} > {limit:g}"
         return [dict(_error(shape, name, f"wrong output: {why} (not timed)"), rel_err=rel_err, nan=nan)]
     reps = len(b.tables)
     all_runs = lambda: [prep.run(r) for r in range(reps)]
@@ -387,13 +402,13 @@ def _check_and_time(shape, b, name, prep, ref, replays, timed_graph) -> list[dic
             us, graph = _eager_us(all_runs, replays) / reps, False
         except Exception as exc2:
             return [dict(_error(shape, name, f"timing failed: {type(exc2).__name__}: {exc2}"), rel_err=rel_err)]
-    rec = _record(shape, name, prep, b, us, 0.0, rel_err, nan, graph)
+    rec = dict(_record(shape, name, prep, b, us, 0.0, rel_err, nan, graph), within_tolerance=rel_err <= tol)
     records = [rec]
     if prep.plan is not None:  # the same calls with plan() inside, host-timed (plan() syncs)
         plan_us = _host_us(lambda: [prep.plan(r) for r in range(reps)], replays) / reps
         both = _host_us(lambda: [(prep.plan(r), prep.run(r)) for r in range(reps)], replays) / reps
         records.append(dict(_record(shape, name + "+plan", prep, b, both, plan_us, rel_err, nan, False),
-                            planned_inside=True))
+                            planned_inside=True, within_tolerance=rel_err <= tol))
     return records
 
 
@@ -531,7 +546,8 @@ def peer_table(records: list[dict]) -> str:
         rows = {r["impl"]: r for r in records if r["shape"] == s and "impl" in r}
         mine = [r for r in records if r["shape"] == s and r.get("impl") == "vattn" and "error" not in r]
         best_v = min(mine, key=lambda r: r["us"]) if mine else None
-        timed = [rows[i] for i in impls if i in rows and "error" not in rows[i] and not i.endswith("+plan")]
+        timed = [rows[i] for i in impls if i in rows and "error" not in rows[i] and not i.endswith("+plan")
+                 and rows[i].get("within_tolerance", True)]  # the best peer is one that could replace vattn
         best_p = min(timed, key=lambda r: r["us"]) if timed else None
         cells = [s, _cell(best_v) + (f" {best_v['planner']}" if best_v else "")]
         cells += [_cell(rows.get(i)) for i in impls]
@@ -550,4 +566,5 @@ def _cell(r: dict | None) -> str:
             e.split(":")[0]
     ceil = r.get("read_ceiling_tbps")
     pct = f", {100 * r['tbps'] / ceil:.0f}%" if ceil else ""
-    return f"{r['us']:.1f} ({r['tbps']:.2f}{pct}; err {r['rel_err']:.0e})"
+    over = "" if r.get("within_tolerance", True) else " **over tolerance**"
+    return f"{r['us']:.1f} ({r['tbps']:.2f}{pct}; err {r['rel_err']:.0e}{over})"

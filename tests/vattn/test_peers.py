@@ -86,6 +86,29 @@ def test_a_wrong_peer_is_reported_wrong_and_not_timed(cpu_batch, monkeypatch):
     assert r["error"].startswith("wrong output: rel_err 1.00e-01 > 0.005 (not timed)")
 
 
+FP8_TINY = Shape("tiny-peer-fp8", (70, 33), (3, 4), head_dim=32, num_q_heads=4, num_kv_heads=2, kv_dtype="fp8")
+
+
+@pytest.mark.parametrize("scale,timed", [(1.035, True), (1.5, False)])
+def test_a_lossy_peer_is_timed_and_marked_up_to_its_bound(cpu_batch, monkeypatch, scale, timed):
+    """A peer that rounds Q to e4m3 by design (info["lossy"]) is timed with its error marked over KERNEL.md's
+    tolerance; past LOSSY_FP8_LIMIT it is wrong like any other."""
+    def lossy(shape, batch):
+        good = peers._sdpa(shape, batch)
+        run = good.run
+        good.run = lambda r: (run(r), good.out.mul_(scale))
+        good.info["lossy"] = "e4m3 Q"
+        return good
+
+    monkeypatch.setitem(peers.FACTORIES, "sdpa", lossy)
+    (r,) = peers.bench_peers(FP8_TINY, cpu_batch(FP8_TINY), ["sdpa"], replays=1, timed_graph=lambda fn, n: 1.0)
+    if timed:
+        assert r["us"] > 0 and r["within_tolerance"] is False and r["lossy"] == "e4m3 Q"
+        assert "**over tolerance**" in peers._cell(dict(r, read_ceiling_tbps=4.5))
+    else:
+        assert "us" not in r and r["error"].startswith("wrong output: rel_err 5.00e-01 > 0.1 (not timed)")
+
+
 def test_a_peer_that_raises_is_an_error_record(cpu_batch, monkeypatch):
     def boom(shape, batch):
         def run(r):
@@ -162,14 +185,17 @@ def test_peer_table_names_the_best_peer_and_says_why_a_peer_has_no_time():
             dict(base, impl="flashinfer", us=207.0, tbps=1.39, kv_dtype="fp8"),
             dict(base, impl="flashinfer+plan", us=260.0, tbps=1.1, kv_dtype="fp8"),
             dict(base, impl="flashinfer_bf16", us=161.0, tbps=3.6, kv_dtype="bf16"),
-            dict(shape="16x35k", impl="fa3", error="wrong output: rel_err 3.00e-01 > 0.02 (not timed)")]
+            dict(shape="16x35k", impl="fa3", error="wrong output: rel_err 3.00e-01 > 0.02 (not timed)"),
+            dict(base, impl="sglang_triton", us=120.0, tbps=2.3, kv_dtype="fp8", rel_err=3.5e-2, within_tolerance=False)]
     text = peers.peer_table(recs)
     head, _, row = text.splitlines()
-    assert head == ("| shape | vattn (best planner) | flashinfer | flashinfer+plan | flashinfer_bf16 | fa3 | best peer "
-                    "| vattn / best peer |")
+    assert head == ("| shape | vattn (best planner) | flashinfer | flashinfer+plan | flashinfer_bf16 | fa3 | sglang_triton "
+                    "| best peer | vattn / best peer |")
     assert row.startswith("| 16x35k | 145.0 (1.97, 44%; err 1e-03) fixed | 207.0 (1.39, 31%; err 1e-03) |")
     assert "| **wrong** rel_err 3.00e-01 > 0.02 |" in row
-    assert row.endswith("| flashinfer_bf16 (bf16) | 1.11x |")  # 161 / 145; +plan rows never count as best
+    assert "| 120.0 (2.30, 51%; err 4e-02 **over tolerance**) |" in row
+    # 161 / 145: +plan rows and peers over tolerance (the faster sglang here) never count as best
+    assert row.endswith("| flashinfer_bf16 (bf16) | 1.11x |")
 
 
 def test_a_peer_whose_graph_capture_fails_is_timed_eagerly_and_says_so(cpu_batch, capsys):
