@@ -276,13 +276,18 @@ def _batch_cache(shape: Shape) -> Batch:
 
 def sweep_configs():
     """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV), as
-    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor). BENCHMARKS.md's version log has the
-    variants measured and dropped (fp8 P.V, bf16 partials, 8 warps, block_n 32/128)."""
+    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor, hoist_rows). BENCHMARKS.md's version log has the
+    variants measured and dropped (fp8 P.V, bf16 partials, 8 warps, block_n 32/128, PDL, interleaved tiles)."""
+    grid = [(64, 4, 2, 2, 1, 0, 0), (64, 4, 2, 2, 1, 0, 1), (64, 4, 2, 2, 1, 1, 0), (64, 4, 2, 2, 1, 1, 1),
+            (64, 4, 3, 2, 1, 1, 0), (64, 4, 3, 0, 0, 0, 0), (64, 4, 3, 0, 0, 0, 1)]
+    return [_config(*fields) for fields in grid]
+
+
+def _config(block_n, warps, stages, qk_fp8, prefetch, kmajor=0, hoist_rows=0):
     from vattn.kernel import MainConfig
 
-    grid = [(64, 4, 2, 2, 1, 0), (64, 4, 2, 2, 1, 1), (64, 4, 3, 2, 1, 1), (64, 4, 3, 0, 0, 0)]
-    return [MainConfig(block_n=n, num_warps=w, num_stages=st, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km))
-            for n, w, st, qk, pf, km in grid]
+    return MainConfig(block_n=block_n, num_warps=warps, num_stages=stages, qk_fp8=qk_fp8,
+                      prefetch_pages=bool(prefetch), kmajor=bool(kmajor), hoist_rows=bool(hoist_rows))
 
 
 def sglang_baseline() -> tuple[list[str], str]:
@@ -311,20 +316,20 @@ def _run_one(shape, planners, replays, config, check, label=None) -> list[dict]:
 def _label(c) -> str:
     return (f"vattn[bn{c.block_n},w{c.num_warps},s{c.num_stages}"
             f"{['', ',qk8', ',qk8x2'][int(c.qk_fp8)]}{',pf' if c.prefetch_pages else ''}"
-            f"{',kmaj' if c.kmajor else ''}]")
+            f"{',kmaj' if c.kmajor else ''}{',hoist' if c.hoist_rows else ''}]")
 
 
 def _parse_config(text: str | None):
     if not text:
         return None
-    from vattn.kernel import MainConfig
-
     try:
-        n, w, s, qk, pf, km = (int(x) for x in (text + ",0").split(",")[:6])
+        values = [int(x) for x in text.split(",")]
+        if not 5 <= len(values) <= 7:
+            raise ValueError
+        return _config(*values)
     except ValueError:
         raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,prefetch_pages"
-                         "[,kmajor] e.g. 64,4,2,2,1,1")
-    return MainConfig(block_n=n, num_warps=w, num_stages=s, qk_fp8=qk, prefetch_pages=bool(pf), kmajor=bool(km))
+                         "[,kmajor[,hoist_rows]] (integers), e.g. 64,4,2,2,1,1,1")
 
 
 def main(argv=None) -> int:
@@ -335,7 +340,7 @@ def main(argv=None) -> int:
                     "balanced,length_aware,fixed")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")
     ap.add_argument("--config", default=None, help="main-kernel config block_n,warps,stages,qk_fp8,prefetch_pages"
-                    "[,kmajor]")
+                    "[,kmajor[,hoist_rows]]")
     ap.add_argument("--sweep", default="", help="shapes to sweep main-kernel configs on (balanced planner) "
                     "before the main run, e.g. 16x35k")
     ap.add_argument("--use-sweep-best", action="store_true", help="run the shapes with the sweep's fastest "
@@ -350,6 +355,8 @@ def main(argv=None) -> int:
                     "rows (those marked default_config when any are) and exit")
     ap.add_argument("--peer-table", default=None, metavar="JSON", help="print issue 8's vattn-vs-peers markdown "
                     "table of bench JSONs run with --peers (comma-separated paths), and exit")
+    ap.add_argument("--runs", default="", help="with --peer-table: keep the records whose `run` label starts with "
+                    "one of these comma-separated prefixes (a JSON may hold several runs)")
     a = ap.parse_args(argv)
     if a.peer_table:
         from vattn.peers import peer_table
@@ -358,6 +365,11 @@ def main(argv=None) -> int:
         for path in a.peer_table.split(","):  # e.g. the FlashInfer call's JSON and the sglang call's
             with open(path) as f:
                 records += json.load(f)
+        prefixes = tuple(p.strip() for p in a.runs.split(",") if p.strip())
+        if prefixes:
+            records = [r for r in records if r.get("run", "").startswith(prefixes)]
+            if not records:
+                raise SystemExit(f"--runs: got {a.runs!r}; no record's run label starts with it")
         print(peer_table(records))
         return 0
     if a.markdown:

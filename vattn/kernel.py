@@ -37,6 +37,12 @@ class MainConfig:
     # K-major formulation: S^T = K.Q^T and O^T = V^T.P^T, so the KV tile is the M side of both dots
     # (M = 64 tokens, D): Hopper's wgmma needs M >= 64, which 16 or 32 packed rows alone do not give
     kmajor: bool = False
+    # Page-aligned tiles: with every piece starting on a page boundary (vattn.plan cuts at multiples of 64)
+    # and BLOCK_N a multiple of PAGE, a tile's rows sit at the same in-page slots every iteration, so their
+    # offsets (row % PAGE) * stride + head are computed once, and the loop adds page * page_stride only.
+    # Nsight Compute (BENCHMARKS.md) has page 16 issuing ~18% more instructions than page 1 in this
+    # issue-bound loop; off until measured (only vattn.plan's aligned plans may use it).
+    hoist_rows: bool = False
 
 
 def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
@@ -97,6 +103,15 @@ def _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q, 
 
 
 @triton.jit
+def _page_index(s, pos, j_page, PAGE: tl.constexpr, HOIST_ROWS: tl.constexpr):
+    """Page-table column of each row of the tile that starts at s (pos = s + row)."""
+    if HOIST_ROWS:  # s is a multiple of PAGE: one scalar division per tile
+        return s // PAGE + j_page
+    else:
+        return pos // PAGE
+
+
+@triton.jit
 def _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
                    part, h, acc, m_i, l_i, v_descale_ptr,
                    QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr, HAS_DESCALE: tl.constexpr,
@@ -144,7 +159,7 @@ def _attn_main_kernel(
     G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
     CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
-    KMAJOR: tl.constexpr,
+    KMAJOR: tl.constexpr, HOIST_ROWS: tl.constexpr,
 ):
     # CDT: the matrix operand dtype. fp8 KV widens to fp16 (one cvt per two values on sm_89+;
     # to bf16 it takes several), and fp16 keeps more bits than bf16. SCALE_Q: bf16 Q into fp16
@@ -174,9 +189,18 @@ def _attn_main_kernel(
     else:
         acc = tl.zeros([QR_PAD, D], tl.float32)
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
+    if HOIST_ROWS:
+        tl.static_assert(BLOCK_N % PAGE == 0)
+        j = tl.arange(0, BLOCK_N)
+        k_rows = ((j % PAGE) * stride_ks + h * stride_kh).to(tl.int64)
+        v_rows = ((j % PAGE) * stride_vs + h * stride_vh).to(tl.int64)
+        j_page = j // PAGE
+    else:
+        j_page = 0  # unused
     if PREFETCH_PAGES:
         first = start + tl.arange(0, BLOCK_N)
-        page_next = tl.load(bt_row + first // PAGE, mask=first < end, other=0)
+        page_next = tl.load(bt_row + _page_index(start, first, j_page, PAGE, HOIST_ROWS), mask=first < end,
+                            other=0)
     for s in range(start, end, BLOCK_N):
         # -- gather the K/V tile through the page table --
         pos = s + tl.arange(0, BLOCK_N)
@@ -185,13 +209,19 @@ def _attn_main_kernel(
             # the K/V addresses then depend on a loop-carried value, not a load of this iteration
             page = page_next.to(tl.int64)
             ahead = pos + BLOCK_N
-            page_next = tl.load(bt_row + ahead // PAGE, mask=ahead < end, other=0)
+            page_next = tl.load(bt_row + _page_index(s + BLOCK_N, ahead, j_page, PAGE, HOIST_ROWS),
+                                mask=ahead < end, other=0)
         else:
-            page = tl.load(bt_row + pos // PAGE, mask=pos_ok, other=0).to(tl.int64)
-        in_page = pos % PAGE
-        k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+            page = tl.load(bt_row + _page_index(s, pos, j_page, PAGE, HOIST_ROWS), mask=pos_ok,
+                           other=0).to(tl.int64)
+        if HOIST_ROWS:
+            k_off = page * stride_kp + k_rows
+            v_off = page * stride_vp + v_rows
+        else:
+            in_page = pos % PAGE
+            k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+            v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
         k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
         if KMAJOR:
             # -- S^T [BLOCK_N, QR_PAD]: keys on the M side --
             if QK_FP8 == 2:
@@ -280,7 +310,7 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
         HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
-        KMAJOR=config.kmajor,
+        KMAJOR=config.kmajor, HOIST_ROWS=config.hoist_rows and config.block_n % page == 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return args, kwargs

@@ -159,6 +159,22 @@ def test_interp_kmajor(page_size, kv):
 
 
 @interp_only
+@pytest.mark.parametrize("page_size,block_n,kmajor", [(16, 64, False), (16, 32, True), (64, 64, False), (64, 32, False),
+                                                      (1, 64, True)])
+def test_interp_hoisted_row_offsets(page_size, block_n, kmajor):
+    """MainConfig.hoist_rows (row offsets computed once per piece) on vattn.plan's page-aligned pieces: the same
+    function; page 64 with 32-token tiles falls back to the per-tile offsets."""
+    from vattn.kernel import MainConfig
+
+    b = make_batch([200, 0, 1100, 5, 129, 257], [4, 2, 1, 0, 3, 4], page_size=page_size, gqa=2)
+    for mode in ("balanced", "fixed"):
+        out, _ = run_api(b, mode, max_q_len=4, slots=10,
+                         config=MainConfig(block_n=block_n, kmajor=kmajor, prefetch_pages=True, hoist_rows=True))
+        assert not out.isnan().any()
+        assert rel_err(out, reference(b)) < 3e-3
+
+
+@interp_only
 def test_interp_fully_masked_rows_and_caller_out():
     """L < q_len: the first tokens see nothing (O = 0, no NaN); out= is written in place, every row."""
     b = make_batch([2, 66], [4, 1], gqa=4, num_kv_heads=1)
@@ -298,7 +314,9 @@ def test_gpu_against_reference(name, mode):
                                  dict(block_n=128, num_warps=8), dict(num_stages=3, prefetch_pages=True),
                                  dict(qk_fp8=2), dict(qk_fp8=2, prefetch_pages=True, block_n=32, num_stages=3),
                                  dict(kmajor=True), dict(kmajor=True, qk_fp8=2, prefetch_pages=True),
-                                 dict(kmajor=True, qk_fp8=2, num_stages=3, block_n=32)])
+                                 dict(kmajor=True, qk_fp8=2, num_stages=3, block_n=32),
+                                 dict(qk_fp8=2, prefetch_pages=True, hoist_rows=True), dict(hoist_rows=True),
+                                 dict(kmajor=True, qk_fp8=2, prefetch_pages=True, hoist_rows=True)])
 def test_gpu_kernel_configs(cfg):
     """The variants vattn.bench sweeps compute the same function."""
     from vattn.kernel import MainConfig
