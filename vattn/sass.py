@@ -1,0 +1,103 @@
+"""Static evidence for the main kernel without a GPU: compile it for sm_90a and report ptxas's registers and
+spills and the SASS instruction count, per (page size, config). Runs on a CPU-only machine.
+
+    python -m vattn.sass --pages 1,16 --configs 64,4,2,2,1,0,0:64,4,2,2,1,0,1
+
+The loop is issue-bound at 2 programs per SM (BENCHMARKS.md, Nsight Compute), so the instruction count
+of one compiled kernel against another predicts which runs faster. ptxas and cuobjdump: a CUDA toolkit's
+(PATH, /usr/local/cuda/bin) or the ones Triton ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+POINTERS = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
+            "cu_q_ptr": "*i32", "k_descale_ptr": "*fp32", "v_descale_ptr": "*fp32", "work_seq_ptr": "*i32",
+            "work_start_ptr": "*i32", "work_end_ptr": "*i32", "work_part_ptr": "*i32", "o_part_ptr": "*fp32",
+            "lse_part_ptr": "*fp32"}
+INTEGER_OPS = ("IMAD", "IADD", "LEA", "SHF", "LOP3", "ISETP", "SEL", "IMNMX")
+
+
+def _tool(name: str) -> str:
+    """A CUDA toolkit's binary, else the one Triton ships (its ptxas reads PTX ISA <= 8.8)."""
+    import triton
+
+    bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    for path in (shutil.which(name), f"/usr/local/cuda/bin/{name}", str(bundled)):
+        if path and Path(path).exists():
+            return path
+    raise SystemExit(f"{name}: not on PATH, in /usr/local/cuda/bin or in Triton's {bundled.parent}")
+
+
+def ptx(page: int, config, *, head_dim: int = 256, qrows: int = 64) -> str:
+    """Triton's PTX of the main kernel: fp8 KV with descales, bf16 Q, GQA16 packing, the given config."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vattn import kernel as K
+
+    fn = K._attn_main_kernel
+    consts = dict(G=16, QROWS=qrows, QR_PAD=K._pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
+                  HAS_DESCALE=True, CDT=tl.float16, SCALE_Q=True, QK_FP8=config.qk_fp8,
+                  PREFETCH_PAGES=config.prefetch_pages, KMAJOR=config.kmajor,
+                  HOIST_ROWS=config.hoist_rows and config.block_n % page == 0)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in consts:
+            signature[name], constexprs[(i,)] = "constexpr", consts[name]
+        else:
+            signature[name] = POINTERS.get(name, "fp32" if name == "softmax_scale" else "i32")
+        if name in POINTERS or name.startswith("stride"):  # as the launcher specialises them at run time
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+    return compiled.asm["ptx"]
+
+
+def assemble(ptx_text: str) -> dict:
+    """ptxas -v and cuobjdump -sass on one PTX: registers, spill bytes, SASS instructions (all, integer)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
+        # a newer Triton may stamp a PTX ISA newer than the toolkit's ptxas; the kernel uses none of it
+        src.write_text(re.sub(r"^\.version \d+\.\d+", ".version 8.7", ptx_text, count=1, flags=re.M))
+        info = subprocess.run([_tool("ptxas"), "-arch=sm_90a", "-v", str(src), "-o", str(cubin)],
+                              capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    return dict(registers=int(re.search(r"Used (\d+) registers", info).group(1)),
+                spill_bytes=int(re.search(r"(\d+) bytes spill stores", info).group(1)),
+                sass=len(lines), sass_integer=sum(any(op in ln for op in INTEGER_OPS) for ln in lines))
+
+
+def main(argv=None) -> int:
+    from vattn.bench import _label, _parse_config
+
+    ap = argparse.ArgumentParser(prog="python -m vattn.sass", description=__doc__.split("\n")[0])
+    ap.add_argument("--pages", default="1,16,64", help="comma-separated page sizes (default 1,16,64)")
+    ap.add_argument("--configs", default="64,4,2,2,1,0,0:64,4,2,2,1,0,1",
+                    help="colon-separated vattn.bench --config strings (default: split-Q, without/with hoist_rows)")
+    ap.add_argument("--qrows", type=int, default=64, help="packed query rows: q_len x GQA (default 64)")
+    ap.add_argument("--head-dim", type=int, default=256)
+    a = ap.parse_args(argv)
+    print("| page | config | registers | spill bytes | SASS | integer SASS |\n|---|---|---|---|---|---|")
+    for page in (int(p) for p in a.pages.split(",")):
+        for text in a.configs.split(":"):
+            config = _parse_config(text)
+            r = assemble(ptx(page, config, head_dim=a.head_dim, qrows=a.qrows))
+            print(f"| {page} | {_label(config)} | {r['registers']} | {r['spill_bytes']} | {r['sass']} | "
+                  f"{r['sass_integer']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
