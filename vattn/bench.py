@@ -275,19 +275,23 @@ def _batch_cache(shape: Shape) -> Batch:
 
 
 def sweep_configs():
-    """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV), as
-    (block_n, warps, stages, qk_fp8, prefetch_pages, kmajor, hoist_rows). BENCHMARKS.md's version log has the
-    variants measured and dropped (fp8 P.V, bf16 partials, 8 warps, block_n 32/128, PDL, interleaved tiles)."""
-    grid = [(64, 4, 2, 2, 1, 0, 0), (64, 4, 2, 2, 1, 0, 1), (64, 4, 2, 2, 1, 1, 0), (64, 4, 2, 2, 1, 1, 1),
-            (64, 4, 3, 2, 1, 1, 0), (64, 4, 3, 0, 0, 0, 0), (64, 4, 3, 0, 0, 0, 1)]
+    """Main-kernel variants tried by --sweep (fp8 matrix paths only matter with fp8 KV), as (block_n, warps,
+    stages, qk_fp8, prefetch_pages, kmajor, hoist_rows, split_tail, lazy_rescale). BENCHMARKS.md's version log
+    has the variants measured and dropped (fp8 P.V, bf16 partials, 8 warps, block_n 32/128, PDL, interleaved
+    tiles)."""
+    grid = [(64, 4, 2, 2, 1, 0, 0, 0, 0), (64, 4, 2, 2, 1, 0, 1, 0, 0), (64, 4, 2, 2, 1, 0, 1, 1, 0),
+            (64, 4, 2, 2, 1, 0, 1, 0, 1), (64, 4, 2, 2, 1, 0, 1, 1, 1), (64, 4, 2, 2, 1, 1, 0, 0, 0),
+            (64, 4, 2, 2, 1, 1, 1, 1, 1), (64, 4, 3, 0, 0, 0, 0, 0, 0), (64, 4, 3, 0, 0, 0, 1, 0, 0),
+            (64, 4, 3, 0, 0, 0, 1, 1, 1)]
     return [_config(*fields) for fields in grid]
 
 
-def _config(block_n, warps, stages, qk_fp8, prefetch, kmajor=0, hoist_rows=0):
+def _config(block_n, warps, stages, qk_fp8, prefetch, kmajor=0, hoist_rows=0, split_tail=0, lazy_rescale=0):
     from vattn.kernel import MainConfig
 
     return MainConfig(block_n=block_n, num_warps=warps, num_stages=stages, qk_fp8=qk_fp8,
-                      prefetch_pages=bool(prefetch), kmajor=bool(kmajor), hoist_rows=bool(hoist_rows))
+                      prefetch_pages=bool(prefetch), kmajor=bool(kmajor), hoist_rows=bool(hoist_rows),
+                      split_tail=bool(split_tail), lazy_rescale=bool(lazy_rescale))
 
 
 def sglang_baseline() -> tuple[list[str], str]:
@@ -316,7 +320,8 @@ def _run_one(shape, planners, replays, config, check, label=None) -> list[dict]:
 def _label(c) -> str:
     return (f"vattn[bn{c.block_n},w{c.num_warps},s{c.num_stages}"
             f"{['', ',qk8', ',qk8x2'][int(c.qk_fp8)]}{',pf' if c.prefetch_pages else ''}"
-            f"{',kmaj' if c.kmajor else ''}{',hoist' if c.hoist_rows else ''}]")
+            f"{',kmaj' if c.kmajor else ''}{',hoist' if c.hoist_rows else ''}{',split' if c.split_tail else ''}"
+            f"{',lazy' if c.lazy_rescale else ''}]")
 
 
 def _parse_config(text: str | None):
@@ -324,12 +329,12 @@ def _parse_config(text: str | None):
         return None
     try:
         values = [int(x) for x in text.split(",")]
-        if not 5 <= len(values) <= 7:
+        if not 5 <= len(values) <= 9:
             raise ValueError
         return _config(*values)
     except ValueError:
         raise SystemExit(f"--config: got {text!r}; expected block_n,num_warps,num_stages,qk_fp8,prefetch_pages"
-                         "[,kmajor[,hoist_rows]] (integers), e.g. 64,4,2,2,1,1,1")
+                         "[,kmajor[,hoist_rows[,split_tail[,lazy_rescale]]]] (integers), e.g. 64,4,2,2,1,1,1,1,1")
 
 
 def main(argv=None) -> int:
@@ -340,7 +345,7 @@ def main(argv=None) -> int:
                     "balanced,length_aware,fixed")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")
     ap.add_argument("--config", default=None, help="main-kernel config block_n,warps,stages,qk_fp8,prefetch_pages"
-                    "[,kmajor[,hoist_rows]]")
+                    "[,kmajor[,hoist_rows[,split_tail[,lazy_rescale]]]]")
     ap.add_argument("--sweep", default="", help="shapes to sweep main-kernel configs on (balanced planner) "
                     "before the main run, e.g. 16x35k")
     ap.add_argument("--use-sweep-best", action="store_true", help="run the shapes with the sweep's fastest "

@@ -43,6 +43,12 @@ class MainConfig:
     # Nsight Compute (BENCHMARKS.md) has page 16 issuing ~18% more instructions than page 1 in this
     # issue-bound loop; off until measured (only vattn.plan's aligned plans may use it).
     hoist_rows: bool = False
+    # Tiles wholly inside the piece and before every query token's causal limit run without masks (most
+    # of a long piece); the last tiles run masked. Saves the per-element compare and select of the mask.
+    split_tail: bool = False
+    # Rescale the accumulator only when some row's running max grew by more than 2^8 (FlashAttention-4's
+    # trick): P then stays <= 256 (fp16-safe) and the [rows x D] multiply is skipped on most tiles.
+    lazy_rescale: bool = False
 
 
 def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
@@ -137,6 +143,108 @@ def _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, st
 
 
 @triton.jit
+def _kv_tile(s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, limit, d, j_page, k_rows, v_rows,
+             k_ptr, v_ptr, bt_row, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, h,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CDT: tl.constexpr, QK_FP8: tl.constexpr,
+             PREFETCH_PAGES: tl.constexpr, KMAJOR: tl.constexpr, HOIST_ROWS: tl.constexpr, MASKED: tl.constexpr,
+             LAZY: tl.constexpr):
+    """One KV tile [s, s + BLOCK_N) of the piece: gather K/V through the page table, S = Q.K^T, online softmax,
+    acc += P.V. MASKED: the tile may cross `end` or a causal limit (else every position is visible to every
+    row). LAZY: rescale acc only when some row's running max grew by more than 2^8 (P then stays <= 256)."""
+    # -- gather the K/V tile through the page table --
+    pos = s + tl.arange(0, BLOCK_N)
+    pos_ok = pos < end
+    if PREFETCH_PAGES:
+        # the K/V addresses then depend on a loop-carried value, not a load of this iteration
+        page = page_next.to(tl.int64)
+        ahead = pos + BLOCK_N
+        page_next = tl.load(bt_row + _page_index(s + BLOCK_N, ahead, j_page, PAGE, HOIST_ROWS),
+                            mask=ahead < end, other=0)
+    else:
+        page = tl.load(bt_row + _page_index(s, pos, j_page, PAGE, HOIST_ROWS), mask=pos_ok,
+                       other=0).to(tl.int64)
+    if HOIST_ROWS:
+        k_off = page * stride_kp + k_rows
+        v_off = page * stride_vp + v_rows
+    else:
+        in_page = pos % PAGE
+        k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
+        v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
+    if MASKED:
+        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr + k_off[:, None] + d[None, :])
+    # the score tile in the layout of the dots: [QR_PAD, BLOCK_N], or its transpose when K-major
+    AX: tl.constexpr = 0 if KMAJOR else 1
+    if KMAJOR:
+        # -- S^T [BLOCK_N, QR_PAD]: keys on the M side --
+        if QK_FP8 == 2:
+            sc = tl.dot(k, q_lo_t) * 0.0625
+            sc = tl.dot(k, q_t, sc)
+        elif QK_FP8 == 1:
+            sc = tl.dot(k, q_t)
+        else:
+            sc = tl.dot(k.to(CDT), q_t)
+        sc = sc * row_scale[None, :]
+        if MASKED:
+            sc = tl.where((pos[:, None] < limit[None, :]) & pos_ok[:, None], sc, float("-inf"))
+    else:
+        # -- S [QR_PAD, BLOCK_N] --
+        if QK_FP8 == 2:
+            k_t = tl.trans(k)
+            sc = tl.dot(q_lo, k_t) * 0.0625
+            sc = tl.dot(q, k_t, sc)
+        elif QK_FP8 == 1:
+            sc = tl.dot(q, tl.trans(k))
+        else:
+            sc = tl.dot(q, tl.trans(k.to(CDT)))
+        sc = sc * row_scale[:, None]
+        if MASKED:
+            sc = tl.where((pos[None, :] < limit[:, None]) & pos_ok[None, :], sc, float("-inf"))
+    # -- online softmax; a fully masked row keeps m = -inf and p = 0, never NaN --
+    m_new = tl.maximum(m_i, tl.max(sc, axis=AX))
+    if LAZY:
+        grow = tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), axis=0)
+        if grow > 8.0:
+            alpha = tl.math.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            if KMAJOR:
+                acc = acc * alpha[None, :]
+            else:
+                acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_new
+        m_ref = tl.where(m_i == float("-inf"), 0.0, m_i)
+    else:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_ref)
+    if KMAJOR:
+        p = tl.math.exp2(sc - m_ref[None, :])  # P^T
+    else:
+        p = tl.math.exp2(sc - m_ref[:, None])
+    if LAZY:
+        l_i = l_i + tl.sum(p, axis=AX)
+    else:
+        l_i = l_i * alpha + tl.sum(p, axis=AX)
+    if MASKED:
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptr + v_off[:, None] + d[None, :])
+    if KMAJOR:
+        if LAZY:
+            acc = tl.dot(tl.trans(v).to(CDT), p.to(CDT), acc)
+        else:
+            acc = tl.dot(tl.trans(v).to(CDT), p.to(CDT), acc * alpha[None, :])
+    else:
+        if LAZY:
+            acc = tl.dot(p.to(CDT), v.to(CDT), acc)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v.to(CDT))
+    if not LAZY:
+        m_i = m_new
+    return acc, m_i, l_i, page_next
+
+
+@triton.jit
 def _attn_main_kernel(
     # [T, Hq, D]
     q_ptr, stride_qt, stride_qh,
@@ -159,7 +267,7 @@ def _attn_main_kernel(
     G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
     CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
-    KMAJOR: tl.constexpr, HOIST_ROWS: tl.constexpr,
+    KMAJOR: tl.constexpr, HOIST_ROWS: tl.constexpr, SPLIT_TAIL: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
     # CDT: the matrix operand dtype. fp8 KV widens to fp16 (one cvt per two values on sm_89+;
     # to bf16 it takes several), and fp16 keeps more bits than bf16. SCALE_Q: bf16 Q into fp16
@@ -201,67 +309,30 @@ def _attn_main_kernel(
         first = start + tl.arange(0, BLOCK_N)
         page_next = tl.load(bt_row + _page_index(start, first, j_page, PAGE, HOIST_ROWS), mask=first < end,
                             other=0)
-    for s in range(start, end, BLOCK_N):
-        # -- gather the K/V tile through the page table --
-        pos = s + tl.arange(0, BLOCK_N)
-        pos_ok = pos < end
-        if PREFETCH_PAGES:
-            # the K/V addresses then depend on a loop-carried value, not a load of this iteration
-            page = page_next.to(tl.int64)
-            ahead = pos + BLOCK_N
-            page_next = tl.load(bt_row + _page_index(s + BLOCK_N, ahead, j_page, PAGE, HOIST_ROWS),
-                                mask=ahead < end, other=0)
-        else:
-            page = tl.load(bt_row + _page_index(s, pos, j_page, PAGE, HOIST_ROWS), mask=pos_ok,
-                           other=0).to(tl.int64)
-        if HOIST_ROWS:
-            k_off = page * stride_kp + k_rows
-            v_off = page * stride_vp + v_rows
-        else:
-            in_page = pos % PAGE
-            k_off = page * stride_kp + in_page * stride_ks + h * stride_kh
-            v_off = page * stride_vp + in_page * stride_vs + h * stride_vh
-        k = tl.load(k_ptr + k_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-        if KMAJOR:
-            # -- S^T [BLOCK_N, QR_PAD]: keys on the M side --
-            if QK_FP8 == 2:
-                s_t = tl.dot(k, q_lo_t) * 0.0625
-                s_t = tl.dot(k, q_t, s_t)
-            elif QK_FP8 == 1:
-                s_t = tl.dot(k, q_t)
-            else:
-                s_t = tl.dot(k.to(CDT), q_t)
-            ok = (pos[:, None] < limit[None, :]) & pos_ok[:, None]
-            s_t = tl.where(ok, s_t * row_scale[None, :], float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_safe)
-            p_t = tl.math.exp2(s_t - m_safe[None, :])
-            l_i = l_i * alpha + tl.sum(p_t, axis=0)
-            v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-            v_t = tl.trans(v)
-            acc = tl.dot(v_t.to(CDT), p_t.to(CDT), acc * alpha[None, :])
-        else:
-            # -- S [QR_PAD, BLOCK_N] --
-            if QK_FP8 == 2:
-                k_t = tl.trans(k)
-                qk = tl.dot(q_lo, k_t) * 0.0625
-                qk = tl.dot(q, k_t, qk)
-            elif QK_FP8 == 1:
-                qk = tl.dot(q, tl.trans(k))
-            else:
-                qk = tl.dot(q, tl.trans(k.to(CDT)))
-            ok = (pos[None, :] < limit[:, None]) & pos_ok[None, :]
-            qk = tl.where(ok, qk * row_scale[:, None], float("-inf"))
-            # -- online softmax; a fully masked row keeps m = -inf and p = 0, never NaN --
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.math.exp2(m_i - m_safe)
-            p = tl.math.exp2(qk - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v.to(CDT))
-        m_i = m_new
+    if not KMAJOR:
+        q_t = q  # unused: the K-major operands
+        q_lo_t = q_lo
+    if not PREFETCH_PAGES:
+        page_next = 0  # unused
+    if not HOIST_ROWS:
+        k_rows = 0  # unused
+        v_rows = 0
+    body_end = start
+    if SPLIT_TAIL:
+        # tiles wholly inside [start, end) and before the first query token's causal limit need no mask
+        body_end = start + tl.maximum(tl.minimum(end, kv_len - n_q + 1) - start, 0) // BLOCK_N * BLOCK_N
+        for s in range(start, body_end, BLOCK_N):
+            acc, m_i, l_i, page_next = _kv_tile(
+                s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, limit, d, j_page, k_rows,
+                v_rows, k_ptr, v_ptr, bt_row, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, h,
+                PAGE, BLOCK_N, CDT, QK_FP8, PREFETCH_PAGES, KMAJOR, HOIST_ROWS, False, LAZY_RESCALE)
+    for s in range(body_end, end, BLOCK_N):
+        acc, m_i, l_i, page_next = _kv_tile(
+            s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, limit, d, j_page, k_rows, v_rows,
+            k_ptr, v_ptr, bt_row, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, h,
+            PAGE, BLOCK_N, CDT, QK_FP8, PREFETCH_PAGES, KMAJOR, HOIST_ROWS, True, LAZY_RESCALE)
+    # rows past the sequence's tokens (ragged q_len) saw unmasked body tiles: keep them neutral
+    l_i = tl.where(limit > 0, l_i, 0.0)
 
     # -- epilogue: normalise, v_descale once, neutral rows as (O 0, lse -inf) --
     _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
@@ -311,6 +382,7 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
         KMAJOR=config.kmajor, HOIST_ROWS=config.hoist_rows and config.block_n % page == 0,
+        SPLIT_TAIL=config.split_tail, LAZY_RESCALE=config.lazy_rescale,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return args, kwargs

@@ -37,29 +37,38 @@ def _tool(name: str) -> str:
 
 
 def ptx(page: int, config, *, head_dim: int = 256, qrows: int = 64) -> str:
-    """Triton's PTX of the main kernel: fp8 KV with descales, bf16 Q, GQA16 packing, the given config."""
+    """Triton's PTX of the main kernel: fp8 KV with descales, bf16 Q, GQA16 packing, the given config. The
+    constexprs come from vattn.kernel.main_launch_args on meta tensors, as a launch would pass them."""
+    import torch
     import triton
-    import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from vattn import kernel as K
 
+    gqa = 16
+    meta = dict(device="meta")
+    q = torch.empty(8, gqa, head_dim, dtype=torch.bfloat16, **meta)
+    kv = torch.empty(1024, page, 1, head_dim, dtype=torch.float8_e4m3fn, **meta)
+    i32 = torch.empty(64, dtype=torch.int32, **meta)
+    scale = torch.empty(1, dtype=torch.float32, **meta)
+    o = torch.empty(1, 1, qrows, head_dim, dtype=torch.float32, **meta)
+    lse = torch.empty(1, 1, qrows, dtype=torch.float32, **meta)
+    plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part")}
+    _, kwargs = K.main_launch_args(q, kv, kv, i32.view(4, 16), i32, i32, scale, scale, 1.0, plan, o, lse,
+                                   gqa=gqa, max_q_len=qrows // gqa, config=config)
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages")}
     fn = K._attn_main_kernel
-    consts = dict(G=16, QROWS=qrows, QR_PAD=K._pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
-                  HAS_DESCALE=True, CDT=tl.float16, SCALE_Q=True, QK_FP8=config.qk_fp8,
-                  PREFETCH_PAGES=config.prefetch_pages, KMAJOR=config.kmajor,
-                  HOIST_ROWS=config.hoist_rows and config.block_n % page == 0)
     signature, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
-        if name in consts:
-            signature[name], constexprs[(i,)] = "constexpr", consts[name]
+        if name in kwargs:
+            signature[name], constexprs[(i,)] = "constexpr", kwargs[name]
         else:
             signature[name] = POINTERS.get(name, "fp32" if name == "softmax_scale" else "i32")
         if name in POINTERS or name.startswith("stride"):  # as the launcher specialises them at run time
             attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+                              options=options)
     return compiled.asm["ptx"]
 
 
@@ -73,10 +82,23 @@ def assemble(ptx_text: str) -> dict:
                               capture_output=True, text=True, check=True).stderr
         sass = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True, text=True,
                               check=True).stdout
-    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,5}\*/", ln)]
     return dict(registers=int(re.search(r"Used (\d+) registers", info).group(1)),
                 spill_bytes=int(re.search(r"(\d+) bytes spill stores", info).group(1)),
-                sass=len(lines), sass_integer=sum(any(op in ln for op in INTEGER_OPS) for ln in lines))
+                sass=len(lines), sass_integer=sum(any(op in ln for op in INTEGER_OPS) for ln in lines),
+                loops=_loops(lines))
+
+
+def _loops(lines: list[str]) -> list[int]:
+    """Instructions in each backward branch's span, in code order: the KV loops' bodies, each issued once per
+    tile (with split_tail: the unmasked body, then the masked tail). SASS instructions are 16 bytes apart.
+    A forward branch inside a body (lazy_rescale's) makes the span an upper bound."""
+    spans = []
+    for ln in lines:
+        m = re.match(r"\s+/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?BRA\s.*?0x([0-9a-f]+)", ln)
+        if m and int(m.group(2), 16) < int(m.group(1), 16):
+            spans.append((int(m.group(1), 16) - int(m.group(2), 16)) // 16 + 1)
+    return spans
 
 
 def main(argv=None) -> int:
@@ -89,13 +111,13 @@ def main(argv=None) -> int:
     ap.add_argument("--qrows", type=int, default=64, help="packed query rows: q_len x GQA (default 64)")
     ap.add_argument("--head-dim", type=int, default=256)
     a = ap.parse_args(argv)
-    print("| page | config | registers | spill bytes | SASS | integer SASS |\n|---|---|---|---|---|---|")
+    print("| page | config | registers | spill bytes | SASS | integer SASS | loop bodies |\n|---|---|---|---|---|---|---|")
     for page in (int(p) for p in a.pages.split(",")):
         for text in a.configs.split(":"):
             config = _parse_config(text)
             r = assemble(ptx(page, config, head_dim=a.head_dim, qrows=a.qrows))
             print(f"| {page} | {_label(config)} | {r['registers']} | {r['spill_bytes']} | {r['sass']} | "
-                  f"{r['sass_integer']} |", flush=True)
+                  f"{r['sass_integer']} | {' / '.join(map(str, r['loops']))} |", flush=True)
     return 0
 
 

@@ -175,6 +175,25 @@ def test_interp_hoisted_row_offsets(page_size, block_n, kmajor):
 
 
 @interp_only
+@pytest.mark.parametrize("split,lazy", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("page_size,kmajor", [(16, False), (1, True), (64, False)])
+def test_interp_unmasked_body_and_lazy_rescale(page_size, kmajor, split, lazy):
+    """MainConfig.split_tail (unmasked tiles, a masked tail) and lazy_rescale compute the same function: ragged
+    q_len incl. 0, L = 0, pieces with and without a causal tail, and keys that raise the running max by far more
+    than 2^8 late in a piece (the rescale branch) as well as small rises (the skipped branch)."""
+    from vattn.kernel import MainConfig
+
+    b = make_batch([700, 0, 1100, 5, 129, 257], [4, 2, 1, 0, 3, 4], page_size=page_size, gqa=2)
+    hot = b["block_tables"][2, 9].item() if page_size == 64 else b["block_tables"][2, 600 // page_size].item()
+    b["k_cache"][hot] *= 12.0  # sequence 2's scores jump ~12x part-way through
+    for mode in ("balanced", "fixed"):
+        out, _ = run_api(b, mode, max_q_len=4, slots=10, config=MainConfig(
+            block_n=64, kmajor=kmajor, prefetch_pages=True, hoist_rows=True, split_tail=split, lazy_rescale=lazy))
+        assert not out.isnan().any()
+        assert rel_err(out, reference(b)) < 3e-3
+
+
+@interp_only
 def test_interp_fully_masked_rows_and_caller_out():
     """L < q_len: the first tokens see nothing (O = 0, no NaN); out= is written in place, every row."""
     b = make_batch([2, 66], [4, 1], gqa=4, num_kv_heads=1)
@@ -316,7 +335,11 @@ def test_gpu_against_reference(name, mode):
                                  dict(kmajor=True), dict(kmajor=True, qk_fp8=2, prefetch_pages=True),
                                  dict(kmajor=True, qk_fp8=2, num_stages=3, block_n=32),
                                  dict(qk_fp8=2, prefetch_pages=True, hoist_rows=True), dict(hoist_rows=True),
-                                 dict(kmajor=True, qk_fp8=2, prefetch_pages=True, hoist_rows=True)])
+                                 dict(kmajor=True, qk_fp8=2, prefetch_pages=True, hoist_rows=True),
+                                 dict(qk_fp8=2, prefetch_pages=True, hoist_rows=True, split_tail=True, lazy_rescale=True),
+                                 dict(split_tail=True), dict(lazy_rescale=True),
+                                 dict(kmajor=True, qk_fp8=2, prefetch_pages=True, hoist_rows=True, split_tail=True,
+                                      lazy_rescale=True)])
 def test_gpu_kernel_configs(cfg):
     """The variants vattn.bench sweeps compute the same function."""
     from vattn.kernel import MainConfig
