@@ -6,8 +6,10 @@ Each peer is an adapter over a library's public API, imported only when installe
   `BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True)`;
 - flashinfer_bf16: the same on a dequantised bf16 copy of the cache (twice the bytes; KERNEL.md: faster in time);
 - fa3: FlashAttention-3's `flash_attn_with_kvcache` with a page table (fp8 Q quantised per tensor for fp8 KV);
-- sglang_triton: sglang 0.5.23's Triton kernels on its token pool (page 1, the cache viewed as slots):
-  `decode_attention_fwd` for q_len 1, `verify_splitkv_fwd` (prefix from the pool, new tokens as extend K/V);
+- sglang_triton: sglang 0.5.23's Triton kernels on its token pool (page 1, the cache viewed as slots), as its
+  Triton backend runs them on an H200: `decode_attention_fwd` for q_len 1, else `extend_attention_fwd` (prefix
+  from the pool, new tokens as extend K/V); sglang_triton_splitkv: its `verify_splitkv_fwd`, which sglang
+  dispatches on gfx95 only (same arguments);
 - sdpa: torch SDPA per sequence on a gathered, dequantised copy (the gather is outside the timed region): a
   floor reference, the only peer that also runs on a CPU.
 Everything a serving engine does once per batch (plan, page lists, gathers) happens before timing; FlashInfer
@@ -21,7 +23,7 @@ import statistics
 import sys
 import time
 
-PEERS = ("flashinfer", "flashinfer_bf16", "flashinfer_fa3", "fa3", "sglang_triton", "sdpa")
+PEERS = ("flashinfer", "flashinfer_bf16", "flashinfer_fa3", "fa3", "sglang_triton", "sglang_triton_splitkv", "sdpa")
 FLASHINFER_WORKSPACE_BYTES = 256 << 20
 
 
@@ -72,15 +74,16 @@ def _pages(shape, table):
     return indptr, indices, last
 
 
-def _slots(shape, table, first: int = 0, last_off: int = 0):
-    """Token-pool slot ids (page * P + offset) of positions [first, L - last_off) of each sequence, concatenated,
-    and their indptr: sglang's kv_indices / kv_indptr on the page-P pool viewed as [slots, Hkv, D]."""
+def _slots(shape, table, new_tokens=None):
+    """Token-pool slot ids (page * P + offset) of each sequence's positions, concatenated, and their indptr:
+    sglang's kv_indices / kv_indptr on the page-P pool viewed as [slots, Hkv, D]. new_tokens: per sequence,
+    the last positions to leave out (the prefix only, as sglang's extend kernels take it)."""
     import torch
 
     p, dev = shape.page_size, table.device
     parts, indptr = [], [0]
     for b, n in enumerate(shape.seq_lens):
-        pos = torch.arange(first, max(first, n - last_off), device=dev)
+        pos = torch.arange(0, n - (new_tokens[b] if new_tokens else 0), device=dev)
         parts.append((table[b, pos // p].long() * p + pos % p).to(torch.int32))
         indptr.append(indptr[-1] + parts[-1].numel())
     return torch.cat(parts), torch.tensor(indptr, dtype=torch.int32, device=dev)
@@ -217,7 +220,10 @@ def _fa3(shape, b) -> Prepared:
                     info=dict(api=f"{mod.__name__}.{fn}"))
 
 
-SGLANG_KERNELS = ("sglang.kernels.ops.attention.decode_attention", "sglang.kernels.ops.attention.verify_splitkv")
+# decode (q_len 1), the extend kernel sglang's Triton backend runs target-verify with on NVIDIA, and the split-KV
+# verify kernel it runs only on gfx95 (TritonAttnBackend.use_verify_splitkv needs is_gfx95_supported())
+SGLANG_KERNELS = ("sglang.kernels.ops.attention.decode_attention", "sglang.kernels.ops.attention.extend_attention",
+                  "sglang.kernels.ops.attention.verify_splitkv")
 
 
 def sglang_importable() -> str | None:
@@ -232,15 +238,19 @@ def sglang_importable() -> str | None:
     return None
 
 
-def _sglang(shape, b) -> Prepared:
+def _sglang(shape, b, split_kv: bool) -> Prepared:
+    """sglang_triton: what sglang's Triton backend runs on an H200 (decode_attention_fwd for q_len 1, else
+    extend_attention_fwd: new tokens as extend K/V, the prefix from the pool); sglang_triton_splitkv: its
+    split-KV verify kernel, which sglang dispatches on gfx95 only, run here for comparison."""
     import torch
 
+    name = "sglang_triton_splitkv" if split_kv else "sglang_triton"
     if b.q.device.type != "cuda":
-        raise PeerUnavailable("sglang_triton: needs a CUDA device (Triton kernels)")
+        raise PeerUnavailable(f"{name}: needs a CUDA device (Triton kernels)")
     hkv, d = shape.num_kv_heads, shape.head_dim
     k_pool, v_pool = b.k.view(-1, hkv, d), b.v.view(-1, hkv, d)  # page-P NHD pool = token pool, free
     if k_pool.numel() >= 2**31:  # seen on bs20-agentic: an illegal address that takes the CUDA context down
-        raise PeerUnavailable(f"sglang_triton: its kernels index the token pool with int32 offsets; this bench's "
+        raise PeerUnavailable(f"{name}: its kernels index the token pool with int32 offsets; this bench's "
                               f"pool ({len(b.tables)} replicas) has {k_pool.numel()} elements >= 2^31")
     info = {}
     if shape.kv_dtype == "fp8":
@@ -249,7 +259,10 @@ def _sglang(shape, b) -> Prepared:
     vs = 1.0 if b.v_descale is None else float(b.v_descale)
     out = torch.empty_like(b.q)
     if all(n == 1 for n in shape.q_lens):
-        dec = _import(SGLANG_KERNELS[0], "sglang_triton")
+        if split_kv:
+            raise PeerUnavailable(f"{name}: q_len 1 is decode, which sglang runs with decode_attention_fwd "
+                                  "(sglang_triton)")
+        dec = _import(SGLANG_KERNELS[0], name)
         splits = 16  # every sequence split 16 ways (sglang's backend picks <= its max per sequence)
         lists = [_slots(shape, t) for t in b.tables]
         logits = torch.empty(shape.batch, shape.num_q_heads, splits, d, dtype=torch.float32, device=b.q.device)
@@ -262,27 +275,29 @@ def _sglang(shape, b) -> Prepared:
                                      ks, vs)
 
         return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(info, api="sglang decode_attention_fwd"))
-    if len(set(shape.q_lens)) != 1:
-        raise PeerUnavailable("sglang_triton: verify_splitkv_fwd takes one q_len per batch (ragged is the "
-                              "draft extend's extend_attention_fwd, not adapted)")
-    ver = _import(SGLANG_KERNELS[1], "sglang_triton")
-    n = shape.q_lens[0]
+    if split_kv and len(set(shape.q_lens)) != 1:
+        raise PeerUnavailable(f"{name}: verify_splitkv_fwd takes one q_len per batch")
+    module = _import(SGLANG_KERNELS[2 if split_kv else 1], name)
+    kernel = module.verify_splitkv_fwd if split_kv else module.extend_attention_fwd
     # the new tokens' K/V enter as extend tensors (dequantised, as the engine holds them before the cache write)
+    news = list(shape.q_lens)
     ext = []
     for t in b.tables:
-        idx, _ = _slots(shape, t, first=0)
-        keep = torch.cat([torch.arange(e - n, e, device=b.q.device) for e in _ends(shape)])
+        idx, _ = _slots(shape, t)
+        keep = torch.cat([torch.arange(e - n, e, device=b.q.device) for e, n in zip(_ends(shape), news)])
         ext.append((_dequant(k_pool[idx[keep].long()], b.k_descale, b.q.dtype),
-                    _dequant(v_pool[idx[keep].long()], b.v_descale, b.q.dtype), _slots(shape, t, last_off=n)))
+                    _dequant(v_pool[idx[keep].long()], b.v_descale, b.q.dtype), _slots(shape, t, new_tokens=news)))
 
     def run(r):
         ke, ve, (idx, indptr) = ext[r]
-        ok = ver.verify_splitkv_fwd(b.q, ke, ve, out, k_pool, v_pool, b.cu, indptr, idx, None, True, None, n,
-                                    ks, vs, sm_scale=b.scale)
-        if ok is False:
-            raise PeerUnavailable("sglang_triton: verify_splitkv_fwd declined this shape (can_handle False)")
+        # the same positional arguments for both (verify_splitkv_fwd mirrors extend_attention_fwd's)
+        ran = kernel(b.q, ke, ve, out, k_pool, v_pool, b.cu, indptr, idx, None, True, None, max(news), ks, vs,
+                     sm_scale=b.scale)
+        if ran is False:
+            raise PeerUnavailable(f"{name}: verify_splitkv_fwd declined this shape (can_handle False)")
 
-    return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(info, api="sglang verify_splitkv_fwd"))
+    api = "sglang verify_splitkv_fwd" if split_kv else "sglang extend_attention_fwd"
+    return Prepared(run, out, shape.kv_dtype, shape.kv_bytes, info=dict(info, api=api))
 
 
 def _ends(shape):
@@ -341,7 +356,8 @@ FACTORIES = {
     "flashinfer_bf16": lambda s, b: _flashinfer(s, b, "fa2", True, "flashinfer_bf16"),
     "flashinfer_fa3": lambda s, b: _flashinfer(s, b, "fa3", False, "flashinfer_fa3"),
     "fa3": _fa3,
-    "sglang_triton": _sglang,
+    "sglang_triton": lambda s, b: _sglang(s, b, split_kv=False),
+    "sglang_triton_splitkv": lambda s, b: _sglang(s, b, split_kv=True),
     "sdpa": _sdpa,
 }
 

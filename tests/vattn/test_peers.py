@@ -40,8 +40,8 @@ def test_page_lists_rebuild_each_sequence(cpu_batch):
     indptr, indices, last = peers._pages(TINY, b.tables[1])
     assert indptr.tolist() == [0, 5, 8, 9] and last.tolist() == [6, 1, 16]
     assert indices[5:8].tolist() == b.tables[1][1, :3].tolist()
-    slots, sptr = peers._slots(TINY, b.tables[1], last_off=1)
-    assert sptr.tolist() == [0, 69, 101, 116]
+    slots, sptr = peers._slots(TINY, b.tables[1], new_tokens=list(TINY.q_lens))  # the prefixes: L - q_len
+    assert sptr.tolist() == [0, 67, 99, 111]
     assert slots[69].item() == b.tables[1][1, 0].item() * 16  # sequence 1, position 0
 
 
