@@ -42,7 +42,7 @@ def test_page_lists_rebuild_each_sequence(cpu_batch):
     assert indices[5:8].tolist() == b.tables[1][1, :3].tolist()
     slots, sptr = peers._slots(TINY, b.tables[1], new_tokens=list(TINY.q_lens))  # the prefixes: L - q_len
     assert sptr.tolist() == [0, 67, 99, 111]
-    assert slots[69].item() == b.tables[1][1, 0].item() * 16  # sequence 1, position 0
+    assert slots[67].item() == b.tables[1][1, 0].item() * 16  # sequence 1, position 0
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp16", "fp8"])
