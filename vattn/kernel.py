@@ -296,6 +296,7 @@ def _attn_main_kernel(
         q_lo_t = tl.trans(q_lo)
     else:
         acc = tl.zeros([QR_PAD, D], tl.float32)
+        q_t, q_lo_t = q, q_lo  # unused
     bt_row = bt_ptr + seq.to(tl.int64) * stride_bt
     if HOIST_ROWS:
         tl.static_assert(BLOCK_N % PAGE == 0)
@@ -304,19 +305,13 @@ def _attn_main_kernel(
         v_rows = ((j % PAGE) * stride_vs + h * stride_vh).to(tl.int64)
         j_page = j // PAGE
     else:
-        j_page = 0  # unused
+        j_page, k_rows, v_rows = 0, 0, 0  # unused
     if PREFETCH_PAGES:
         first = start + tl.arange(0, BLOCK_N)
         page_next = tl.load(bt_row + _page_index(start, first, j_page, PAGE, HOIST_ROWS), mask=first < end,
                             other=0)
-    if not KMAJOR:
-        q_t = q  # unused: the K-major operands
-        q_lo_t = q_lo
-    if not PREFETCH_PAGES:
+    else:
         page_next = 0  # unused
-    if not HOIST_ROWS:
-        k_rows = 0  # unused
-        v_rows = 0
     body_end = start
     if SPLIT_TAIL:
         # tiles wholly inside [start, end) and before the first query token's causal limit need no mask
