@@ -326,8 +326,8 @@ def _attn_main_kernel(
             s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, limit, d, j_page, k_rows, v_rows,
             k_ptr, v_ptr, bt_row, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, h,
             PAGE, BLOCK_N, CDT, QK_FP8, PREFETCH_PAGES, KMAJOR, HOIST_ROWS, True, LAZY_RESCALE)
-    # rows past the sequence's tokens (ragged q_len) saw unmasked body tiles: keep them neutral
-    l_i = tl.where(limit > 0, l_i, 0.0)
+    if SPLIT_TAIL:  # rows past the sequence's tokens (ragged q_len) saw the unmasked tiles: keep them neutral
+        l_i = tl.where(limit > 0, l_i, 0.0)
 
     # -- epilogue: normalise, v_descale once, neutral rows as (O 0, lse -inf) --
     _store_partial(o_part_ptr, stride_ow, stride_oh, stride_or, lse_part_ptr, stride_lw, stride_lh,
