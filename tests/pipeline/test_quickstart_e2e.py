@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -27,9 +26,15 @@ def _records(arm_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def _median_tpot(records: list[dict]) -> float:
-    return statistics.median(r["metrics"]["inter_token_latency"]["value"] for r in records
-                             if "inter_token_latency" in r.get("metrics", {}))
+def _matched_tpot(run: Path) -> dict:
+    """The report's matched-request decode time per token row (off = before, on = after)."""
+    from analysis.load import add_match_key, profiling_only, read_jsonl, records_frame
+    from analysis.metrics import match_requests, matched_deltas
+
+    off, on = (add_match_key(profiling_only(records_frame(read_jsonl(run / f"arms/{arm}/aiperf/profile_export.jsonl"))))
+               for arm in ("off", "on"))
+    rows = matched_deltas(match_requests(off, on), n_boot=200)
+    return rows[rows["key"] == "tpot_ms"].iloc[0].to_dict()
 
 
 def test_quickstart_ab_end_to_end(tmp_path):
@@ -53,8 +58,13 @@ def test_quickstart_ab_end_to_end(tmp_path):
     off_records, on_records = _records(out / "arms/off"), _records(out / "arms/on")
     assert len(off_records) >= 5 and len(on_records) >= 5
     # The emulator's `on` arm models vattn's balanced split against the fixed-split baseline on skewed
-    # agentic batches, so its per-token latency must be lower.
-    assert _median_tpot(on_records) < _median_tpot(off_records)
+    # agentic batches, so the same requests decode faster. Compared request by request, as the report does:
+    # the gain sits in the long-context requests, and the pooled median TPOT (short contexts, where the
+    # split barely matters) moved by less than this 2-core machine's noise (seen: +1.8% in one CI run, while
+    # 71 of 85 matched requests were faster).
+    tpot = _matched_tpot(out)
+    assert tpot["faster"] > 2 * tpot["slower"], tpot
+    assert tpot["median_req_delta_pct"] < 0 and tpot["delta_pct"] < 0, tpot
 
     for arm in ("off", "on"):
         assert (out / f"arms/{arm}/accuracy/gsm8k.jsonl").stat().st_size > 0
