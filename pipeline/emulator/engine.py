@@ -7,12 +7,19 @@ the cycle's model time and sleeps until the cycle's deadline. Deadlines chain (n
 deadline), so the Python work of a cycle overlaps its sleep and wall time tracks model time. At the
 deadline the results land: a request that finished its prompt emits its first token; every decode
 sequence emits its accepted tokens (1 .. draft_tokens + 1).
+
+Acceptance is a property of the request, not of the arm: with greedy decoding and a kernel that changes
+no answers, the same prompt gets the same draft tokens accepted at the same steps whichever kernel runs.
+So each request draws its acceptance from its own generator, seeded by the prompt; the A/B then compares
+the same acceptance sequences, and a matched request's TPOT moves only with the cycle times.
 """
 from __future__ import annotations
 
 import asyncio
+import array
 import random
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -32,6 +39,7 @@ class Request:
     max_new: int              # tokens this request will generate
     end_reason: str           # finish_reason once max_new tokens are out: "length" | "stop"
     hasher: BlockHasher       # chained block hashes of prompt (+ output as it grows)
+    accept_rng: random.Random  # this request's acceptance draws (seeded by its prompt)
     arrival: float = field(default_factory=time.monotonic)
     cached: int = 0           # prompt tokens served by the prefix cache
     prefilled: int = 0        # prompt tokens in KV (cached ones included)
@@ -55,7 +63,6 @@ class Engine:
         self.cfg, self.timer, self.tokens, self.arm = cfg, timer, tokens, arm
         self.metrics, self.cycle_log = metrics, cycle_log
         self.cache = PrefixCache(cfg.prefix_block_tokens, cfg.prefix_cache_tokens, not cfg.disable_prefix_cache)
-        self.rng = random.Random(cfg.seed)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._wake = asyncio.Event()
@@ -67,7 +74,9 @@ class Engine:
     def new_request(self, ids: list[int], max_new: int, end_reason: str) -> Request:
         hasher = BlockHasher(self.cfg.prefix_block_tokens)
         hasher.extend(ids)
-        return Request(prompt_len=len(ids), max_new=max_new, end_reason=end_reason, hasher=hasher)
+        prompt_key = zlib.crc32(array.array("q", ids).tobytes())
+        return Request(prompt_len=len(ids), max_new=max_new, end_reason=end_reason, hasher=hasher,
+                       accept_rng=random.Random(self.cfg.seed * 2**32 + prompt_key))
 
     def submit(self, req: Request) -> None:
         self.waiting.append(req)
@@ -105,7 +114,7 @@ class Engine:
         decode = [r for r in self.running if r.decoding]
         if not prefill and not decode:  # only aborted requests were queued
             return
-        accepted = [self._sample_accept() for _ in decode]
+        accepted = [self._sample_accept(r.accept_rng) for r in decode]
         ctx = [r.ctx for r in decode]
         ct = self.timer.cycle(ctx, accepted, [(p, c) for _, p, c in prefill])
         self._deadline = start + ct.step_us * 1e-6 * self.cfg.time_scale
@@ -150,9 +159,9 @@ class Engine:
                 budget -= c
         return chunks
 
-    def _sample_accept(self) -> int:
+    def _sample_accept(self, rng: random.Random) -> int:
         n = 1
-        rand = self.rng.random
+        rand = rng.random
         for p in self.cfg.accept_probs:
             if rand() >= p:
                 break

@@ -25,8 +25,8 @@ from pipeline.emulator.timing import Arm, StepTimer, make_attention
 from pipeline.emulator.tokens import load_tokens
 
 log = logging.getLogger("pipeline.emulator")
-# Tokenize and hash larger prompts on one worker thread (tokenizers releases the GIL), so the engine
-# loop keeps its deadlines; one thread, so on a 2-core machine the loop keeps a core.
+# Tokenize and hash larger prompts on one worker thread (the tokenizer's batch call releases the GIL), so
+# the engine loop keeps its deadlines; one thread, so on a 2-core machine the loop keeps a core.
 BIG_PROMPT_CHARS = 16_000
 BIG_PROMPT_TOKENS = 16_384
 ENGINE = web.AppKey("engine", Engine)
