@@ -55,6 +55,21 @@ def fmt_floor(v, has_repeat: bool = True) -> str:
     return f"±{v:.1f}%" if v is not None and np.isfinite(v) else "n/a"
 
 
+SIGN_P_NOTE = 0.01  # a sign test this strong is worth a clause when the mean's CI says nothing
+
+
+def _sign_clause(row) -> str:
+    """Matched requests only: the mean of per-request TPOTs follows its largest values, and one request
+    that sat behind another's long prefill in one arm only can swing it by several percent; the sign test
+    counts requests and is not moved by that. When it is clear, say so next to the mean's verdict."""
+    p, faster, slower = row.get("sign_p"), row.get("faster"), row.get("slower")
+    if p is None or not np.isfinite(p) or p >= SIGN_P_NOTE or faster == slower:
+        return ""
+    word, k = ("faster", faster) if faster > slower else ("slower", slower)
+    return (f"; but {k} of {faster + slower} matched requests were {word} (sign test p={p:.2g}, median "
+            f"per-request delta {row['median_req_delta_pct']:+.1f}%): the mean is carried by a few outliers")
+
+
 def verdict(c: Comparison) -> str:
     """One line: the matched decode-time-per-token delta (the kernel's direct effect), else TPOT p50."""
     m = c.matched[c.matched["key"] == "tpot_ms"] if not c.matched.empty else c.matched
@@ -67,7 +82,7 @@ def verdict(c: Comparison) -> str:
         return (f"{head}: no conclusion: {row['sessions']} session(s) behind it, fewer than the "
                 f"{stats.MIN_SESSIONS} a session bootstrap needs; run longer or with more sessions.")
     if not (row["lo"] > 0 or row["hi"] < 0):
-        return f"{head}: no detectable change (the 95% CI includes 0)."
+        return f"{head}: no detectable change in the mean (the 95% CI includes 0){_sign_clause(row)}."
     word = "slower" if row["lo"] > 0 else "faster"   # from the CI, which excludes 0 here
     if floor is not None and np.isfinite(floor) and abs(row["delta_pct"]) <= floor:
         return f"{head}: {word}, but within the A/A noise floor ({fmt_floor(floor)})."

@@ -312,3 +312,15 @@ def test_verdict_within_aa_noise_floor(tmp_path):
     assert "decode time per token (matched, n=8) -3.0% [-3.0, -3.0]" in line
     # ... but two runs of the same config differ by far more than that.
     assert ": faster, but within the A/A noise floor (±" in line
+
+
+def test_verdict_names_a_clear_sign_test_when_an_outlier_hides_the_mean(tmp_path):
+    from analysis_records import make_run, record
+
+    # Eleven requests 5% faster; the twelfth stalled behind another request's prefill in `on` only.
+    off = [record(f"s{i}", 0, i, tpot=10.0) for i in range(12)]
+    on = [record(f"s{i}", 0, i, tpot=100.0 if i == 11 else 9.5) for i in range(12)]
+    line = write_report(make_run(tmp_path / "outlier", {"off": off, "on": on}), n_boot=N_BOOT).read_text().splitlines()[2]
+    assert "no detectable change in the mean (the 95% CI includes 0)" in line
+    # Two-sided exact sign test, 11 of 12: 2 * (1 + 12) / 2**12 = 0.0063.
+    assert "but 11 of 12 matched requests were faster (sign test p=0.0063, median per-request delta -5.0%)" in line
