@@ -16,10 +16,8 @@ the same acceptance sequences, and a matched request's TPOT moves only with the 
 from __future__ import annotations
 
 import asyncio
-import array
 import random
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -74,9 +72,9 @@ class Engine:
     def new_request(self, ids: list[int], max_new: int, end_reason: str) -> Request:
         hasher = BlockHasher(self.cfg.prefix_block_tokens)
         hasher.extend(ids)
-        prompt_key = zlib.crc32(array.array("q", ids).tobytes())
+        # hash() of a tuple of ints is the same in every process (only str and bytes hashes are salted)
         return Request(prompt_len=len(ids), max_new=max_new, end_reason=end_reason, hasher=hasher,
-                       accept_rng=random.Random(self.cfg.seed * 2**32 + prompt_key))
+                       accept_rng=random.Random(hash((self.cfg.seed, tuple(ids)))))
 
     def submit(self, req: Request) -> None:
         self.waiting.append(req)

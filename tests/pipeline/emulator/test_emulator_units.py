@@ -133,3 +133,29 @@ def test_long_messages_are_memoised_with_a_token_capacity(wordlevel_dir, monkeyp
     t.chat_ids([("user", "delta " * 500)])            # 2700 > 2500: the least recent (long1) goes
     assert long1 not in t._memo and long2 in t._memo and t._memo_tokens == 1500
     assert t.chat_ids([("user", long1)]) == first     # re-encoded, same ids
+
+
+def test_acceptance_is_a_property_of_the_request_not_of_the_arm():
+    from pipeline.emulator.engine import Engine
+    from pipeline.emulator.metrics import Metrics
+    from pipeline.emulator.timing import Arm, CostModelAttention
+
+    cfg = config_from_argv(["--seed", "7"])
+
+    def draws(env: dict, prompt: list[int], batch_mates: int, n: int = 200) -> list[int]:
+        arm = Arm.from_env(env)
+        engine = Engine(cfg, StepTimer(cfg, CostModelAttention(cfg, arm)), Tokens(0), arm, Metrics("m"), None)
+        req = engine.new_request(prompt, 10, "length")
+        mates = [engine.new_request([9, i], 10, "length") for i in range(batch_mates)]
+        out = []
+        for _ in range(n):  # one draw per cycle for every sequence in the batch, as _cycle does
+            out.append(engine._sample_accept(req.accept_rng))
+            for m in mates:
+                engine._sample_accept(m.accept_rng)
+        return out
+
+    prompt = list(range(1000, 1300))
+    off = draws({"VATTN": "0"}, prompt, batch_mates=0)
+    on = draws({"VATTN": "1", "VATTN_PLAN": "balanced"}, prompt, batch_mates=5)  # other arm, other batch
+    assert off == on and set(off) == {1, 2, 3, 4}
+    assert draws({"VATTN": "0"}, prompt[:-1] + [7], batch_mates=0) != off  # another prompt, another sequence
