@@ -14,11 +14,22 @@ Layout (see DESIGN.md, "Data flow"):
         accuracy/<task>.summary.json
         accuracy_result.json
         emulator_cycles.jsonl            emulator only: one line per speculative cycle
+
+and the repository's own folders that the pipeline reads (presets under configs/).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIGS_DIR = REPO_ROOT / "configs"              # presets a recipe lists under `presets:`
+MODEL_PRESETS_DIR = CONFIGS_DIR / "models"       # the emulator's model-shape presets
+
+
+def preset_file(name: str, folder: Path = CONFIGS_DIR) -> Path:
+    """configs/<name>.yaml (or <folder>/<name>.yaml): presets are named without the suffix."""
+    return folder / f"{name}.yaml"
 
 
 @dataclass(frozen=True)

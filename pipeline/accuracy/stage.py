@@ -18,7 +18,7 @@ from pipeline.accuracy import gpqa, gsm8k
 from pipeline.accuracy.data import DataError
 from pipeline.accuracy.records import (prompt_hash, read_records, records_path, summarize,
                                        summary_path, write_records)
-from pipeline.accuracy.spec import AccuracySpec, TaskSpec
+from pipeline.config.accuracy import AccuracySpec, TaskSpec
 from pipeline.io import write_json_atomic
 
 Progress = Callable[[str], None]

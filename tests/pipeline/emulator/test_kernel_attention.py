@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from emu_harness import MODEL, REPO, start_emulator
 
-from pipeline.emulator.config import ConfigError, build_config
+from pipeline.config.emulator import ConfigError, build_config
 from pipeline.emulator.kernel_attention import GIB, MIN_POOL_BYTES, KernelAttention, pool_pages_for, warmup_batches
-from pipeline.emulator.timing import Arm, CostModelAttention, StepTimer
+from pipeline.emulator.arm import Arm
+from pipeline.emulator.cost_attention import CostModelAttention
+from pipeline.emulator.timing import StepTimer
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 interp_only = pytest.mark.skipif(not INTERP, reason="runs in the TRITON_INTERPRET=1 subprocess below")
