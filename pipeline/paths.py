@@ -32,6 +32,15 @@ def preset_file(name: str, folder: Path = CONFIGS_DIR) -> Path:
     return folder / f"{name}.yaml"
 
 
+def task_records(accuracy_dir: Path, task: str) -> Path:
+    """<accuracy_dir>/<task>.jsonl: an arm's accuracy/ folder, or `pipeline eval --out DIR`."""
+    return Path(accuracy_dir) / f"{task}.jsonl"
+
+
+def task_summary(accuracy_dir: Path, task: str) -> Path:
+    return Path(accuracy_dir) / f"{task}.summary.json"
+
+
 @dataclass(frozen=True)
 class ArmPaths:
     root: Path
@@ -70,10 +79,10 @@ class ArmPaths:
         return self.root / "accuracy"
 
     def accuracy_records(self, task: str) -> Path:
-        return self.accuracy_dir / f"{task}.jsonl"
+        return task_records(self.accuracy_dir, task)
 
     def accuracy_summary(self, task: str) -> Path:
-        return self.accuracy_dir / f"{task}.summary.json"
+        return task_summary(self.accuracy_dir, task)
 
     @property
     def emulator_cycles(self) -> Path:
