@@ -27,8 +27,8 @@ CONFIGS_DIR = REPO_ROOT / "configs"              # presets a recipe lists under 
 MODEL_PRESETS_DIR = CONFIGS_DIR / "models"       # the emulator's model-shape presets
 
 
-def preset_file(name: str, folder: Path = CONFIGS_DIR) -> Path:
-    """configs/<name>.yaml (or <folder>/<name>.yaml): presets are named without the suffix."""
+def preset_file(name: str, folder: Path) -> Path:
+    """<folder>/<name>.yaml: presets are named without the suffix (folder: CONFIGS_DIR, MODEL_PRESETS_DIR)."""
     return folder / f"{name}.yaml"
 
 

@@ -43,7 +43,7 @@ def merged_recipe_dict(path: Path) -> dict:
         raise RecipeError(f"presets: expected a list of preset names, found {presets!r}")
     merged: dict = {}
     for i, name in enumerate(presets):
-        preset_path = preset_file(name, CONFIGS_DIR)  # the module's name, so tests can point it elsewhere
+        preset_path = preset_file(name, CONFIGS_DIR)
         if not preset_path.is_file():
             known = sorted(str(p.relative_to(CONFIGS_DIR))[:-5] for p in CONFIGS_DIR.rglob("*.yaml"))
             raise RecipeError(f"presets[{i}]: unknown preset {name!r}; available: {known}")
