@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from analysis import stats
+from analysis.formatting import fmt
 from analysis.metrics import KEY, MATCHED_METRICS
 
 if TYPE_CHECKING:
@@ -221,8 +222,6 @@ def _ci(lo: float, hi: float) -> str:
 
 def placement_md(run: "Run", n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> list[str]:
     """Markdown for "Placement: concurrent with swap", or [] when the run is not concurrent with a swap."""
-    from analysis.report import fmt   # lazy: report imports this module
-
     if not is_concurrent(run.manifest):
         return []
     try:

@@ -16,6 +16,7 @@ import numpy as np
 
 from analysis import accuracy, cycles, placement, plots, stats
 from analysis.compare import Comparison, compare as run_compare
+from analysis.formatting import fmt, fmt_delta, fmt_floor
 from analysis.load import AnalysisError
 from analysis.provenance import provenance_md
 from analysis.rundir import Run, load_run
@@ -34,25 +35,6 @@ DEFINITIONS = (
     f"{stats.N_BOOT} times with seed {stats.SEED}. The A/A noise floor, when an arm ran twice, is the "
     "largest |delta| inside the 95% CI of the same statistic between the two runs of one arm: a delta "
     "smaller than it cannot be told from run-to-run drift.")
-
-
-def fmt(v: float) -> str:
-    if v is None or not np.isfinite(v):
-        return "n/a"
-    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
-
-
-def fmt_delta(pct: float, lo: float, hi: float) -> str:
-    if not np.isfinite(pct):
-        return "n/a"
-    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else f" [no CI: < {stats.MIN_SESSIONS} sessions]"
-    return f"{pct:+.1f}%{ci}"
-
-
-def fmt_floor(v, has_repeat: bool = True) -> str:
-    if not has_repeat:
-        return "no repeat"
-    return f"±{v:.1f}%" if v is not None and np.isfinite(v) else "n/a"
 
 
 SIGN_P_NOTE = 0.01  # a sign test this strong is worth a clause when the mean's CI says nothing

@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def _load(path: str):
-    from pipeline.recipe import load_recipe
+    from pipeline.config.recipe import load_recipe
 
     return load_recipe(path)
 
@@ -54,9 +54,9 @@ def cmd_plan(args) -> int:
 
 
 def _resume(run_dir: Path, recipe_path: str | None):
+    from pipeline.config.recipe import Recipe, recipe_to_dict
     from pipeline.manifest import Manifest
     from pipeline.paths import RunPaths
-    from pipeline.recipe import Recipe, recipe_to_dict
 
     paths = RunPaths(run_dir)
     if not paths.manifest.is_file():
@@ -70,10 +70,10 @@ def _resume(run_dir: Path, recipe_path: str | None):
 
 
 def cmd_run(args) -> int:
+    from pipeline.config.recipe import recipe_to_dict
     from pipeline.manifest import Manifest
     from pipeline.paths import RunPaths
     from pipeline.plan import build_plan
-    from pipeline.recipe import recipe_to_dict
     from pipeline.runner import check_matched_gpus, execute, host_facts, make_hosts
 
     if args.resume:
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.recipe import RecipeError
+    from pipeline.config.base import RecipeError
 
     args = build_parser().parse_args(argv)
     try:

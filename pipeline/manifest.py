@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.hosts import Host
 from pipeline.io import read_json, write_json_atomic
+from pipeline.paths import REPO_ROOT
 
 PACKAGES = ("vattn-pipeline", "aiperf", "torch", "triton", "sglang", "vllm", "pydantic", "pandas")
 
@@ -34,14 +35,13 @@ def package_versions() -> dict[str, str]:
 
 
 def git_sha() -> str:
-    repo = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              timeout=5)
+        head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=5)
         if head.returncode != 0:  # not a git checkout (e.g. a copied tree on a GPU host)
             return os.environ.get("PIPELINE_GIT_SHA", "unknown")
         sha = head.stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                                capture_output=True, text=True, timeout=5).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

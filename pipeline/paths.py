@@ -14,11 +14,31 @@ Layout (see DESIGN.md, "Data flow"):
         accuracy/<task>.summary.json
         accuracy_result.json
         emulator_cycles.jsonl            emulator only: one line per speculative cycle
+
+and the repository's own folders that the pipeline reads (presets under configs/).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIGS_DIR = REPO_ROOT / "configs"              # presets a recipe lists under `presets:`
+MODEL_PRESETS_DIR = CONFIGS_DIR / "models"       # the emulator's model-shape presets
+
+
+def preset_file(name: str, folder: Path) -> Path:
+    """<folder>/<name>.yaml: presets are named without the suffix (folder: CONFIGS_DIR, MODEL_PRESETS_DIR)."""
+    return folder / f"{name}.yaml"
+
+
+def task_records(accuracy_dir: Path, task: str) -> Path:
+    """<accuracy_dir>/<task>.jsonl: an arm's accuracy/ folder, or `pipeline eval --out DIR`."""
+    return Path(accuracy_dir) / f"{task}.jsonl"
+
+
+def task_summary(accuracy_dir: Path, task: str) -> Path:
+    return Path(accuracy_dir) / f"{task}.summary.json"
 
 
 @dataclass(frozen=True)
@@ -59,10 +79,10 @@ class ArmPaths:
         return self.root / "accuracy"
 
     def accuracy_records(self, task: str) -> Path:
-        return self.accuracy_dir / f"{task}.jsonl"
+        return task_records(self.accuracy_dir, task)
 
     def accuracy_summary(self, task: str) -> Path:
-        return self.accuracy_dir / f"{task}.summary.json"
+        return task_summary(self.accuracy_dir, task)
 
     @property
     def emulator_cycles(self) -> Path:

@@ -8,10 +8,12 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.engines.base import LaunchContext, get_engine
+from pipeline.config.arms import arm_server_args
+from pipeline.config.recipe import Recipe
+from pipeline.engines import get_engine
+from pipeline.engines.base import LaunchContext
 from pipeline.hosts import shell_join
 from pipeline.paths import RunPaths
-from pipeline.recipe import Recipe
 
 STAGES = ("server", "load", "accuracy")
 
@@ -99,7 +101,8 @@ def build_plan(recipe: Recipe, run_dir: Path) -> RunPlan:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             env["HIP_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
         ctx = LaunchContext(model=recipe.model, tokenizer=recipe.tokenizer, port=port,
-                            bind="127.0.0.1" if local else "0.0.0.0", server_args=recipe.server.args,
+                            bind="127.0.0.1" if local else "0.0.0.0",
+                            server_args=arm_server_args(recipe.server, recipe.arms[arm]),
                             launch=recipe.server.launch, artifact_dir=artifact_dir,
                             python=sys.executable if local else host.python)
         address = "127.0.0.1" if local else host.address

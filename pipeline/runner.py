@@ -12,13 +12,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from pipeline.engines.base import get_engine
+from pipeline.config.recipe import Recipe
+from pipeline.engines import get_engine
 from pipeline.hosts import Host, HostError, LocalHost, SshHost
 from pipeline.io import write_json_atomic
 from pipeline.manifest import Manifest, gpu_facts, now
 from pipeline.paths import RunPaths
 from pipeline.plan import ArmRun, RunPlan
-from pipeline.recipe import Recipe
 from pipeline.stages.server import save_result, start_server
 
 

@@ -1,6 +1,6 @@
 """Accuracy: GSM8K and GPQA-diamond against any OpenAI-compatible server, paired across arms.
 
-    spec.py       AccuracySpec (the recipe's `accuracy:` section)
+    (the spec, AccuracySpec, is the recipe's `accuracy:` block: pipeline/config/accuracy.py)
     stage.py      run_accuracy(spec, url=, model=, out_dir=) -> AccuracyResult
     cli.py        `pipeline eval` (add_eval_arguments, run_eval, eval_main)
     compare.py    paired tests between arms (McNemar, sign-flip, output divergence)

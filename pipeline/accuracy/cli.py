@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.accuracy.spec import TASK_NAMES
+from pipeline.config.accuracy import TASK_NAMES
 
 
 def _json_object(text: str) -> dict:
@@ -54,7 +54,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace):
-    from pipeline.accuracy.spec import AccuracySpec
+    from pipeline.config.accuracy import AccuracySpec
 
     task = {"name": args.task, "data": args.data, "shots_data": args.shots_data,
             "limit": args.limit, "repeats": args.repeats, "concurrency": args.concurrency,

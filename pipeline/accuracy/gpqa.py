@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.accuracy.data import HubSource, load_hub, read_rows, require_fields, row_id
-from pipeline.accuracy.spec import TaskSpec
+from pipeline.config.accuracy import TaskSpec
 
 HUB = HubSource("Idavidrein/gpqa", "gpqa_diamond", ("train",),
                 "Question, Correct Answer, Incorrect Answer 1, Incorrect Answer 2, "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from pipeline.accuracy.data import DataError, HubSource, load_hub, read_rows, require_fields, row_id
-from pipeline.accuracy.spec import TaskSpec
+from pipeline.config.accuracy import TaskSpec
 
 HUB = HubSource("openai/gsm8k", "main", ("test", "train"), "question, answer ('... #### N')")
 FIELDS = ("question", "answer")

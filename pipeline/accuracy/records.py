@@ -16,16 +16,6 @@ from typing import Iterable
 from pipeline.io import write_text_atomic
 
 
-def records_path(out_dir: Path, task: str) -> Path:
-    """Same file as ArmPaths.accuracy_records(task) when out_dir is ArmPaths.accuracy_dir
-    (a test pins the agreement); `pipeline eval --out DIR` writes DIR/<task>.jsonl."""
-    return Path(out_dir) / f"{task}.jsonl"
-
-
-def summary_path(out_dir: Path, task: str) -> Path:
-    return Path(out_dir) / f"{task}.summary.json"
-
-
 def prompt_hash(messages: list[dict]) -> str:
     blob = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -16,10 +16,10 @@ from typing import Callable
 
 from pipeline.accuracy import gpqa, gsm8k
 from pipeline.accuracy.data import DataError
-from pipeline.accuracy.records import (prompt_hash, read_records, records_path, summarize,
-                                       summary_path, write_records)
-from pipeline.accuracy.spec import AccuracySpec, TaskSpec
+from pipeline.accuracy.records import prompt_hash, read_records, summarize, write_records
+from pipeline.config.accuracy import AccuracySpec, TaskSpec
 from pipeline.io import write_json_atomic
+from pipeline.paths import task_records, task_summary
 
 Progress = Callable[[str], None]
 
@@ -128,7 +128,7 @@ def _resume(path: Path, jobs: list[_Job], model: str) -> tuple[dict, list[dict]]
 def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, model: str,
               out_dir: Path, progress: Progress) -> TaskResult:
     start = time.perf_counter()
-    path, spath = records_path(out_dir, task.name), summary_path(out_dir, task.name)
+    path, spath = task_records(out_dir, task.name), task_summary(out_dir, task.name)
     kept, extra = _resume(path, jobs, model)
     todo = [j for j in jobs if (j.id, j.repeat) not in kept]
     # Rewrite first: drops failed and torn lines, so the append below starts clean.

@@ -3,10 +3,15 @@
     python -m pipeline.emulator --host 127.0.0.1 --port PORT --model NAME [--config FILE.yaml] [--<field> VALUE ...]
 
 Files, one concern each:
-    config.py        EmulatorConfig (pydantic, every field a flag), model presets from configs/models/
+    cli.py           the command line: one flag per EmulatorConfig field (pipeline/config/emulator.py,
+                     which also reads the model presets in configs/models/)
     tokens.py        prompt token counting and one-vocab-word-per-token output text
     prefix_cache.py  chained block hashes, LRU capacity in tokens
-    timing.py        the arm (VATTN / VATTN_PLAN env), attention backends (cost model | kernel), StepTimer
+    arm.py           the arm, from the kernel switch in the env (VATTN / VATTN_PLAN, vattn/switch.py)
+    attention.py     the attention models' protocol and the factory: cost model | kernel
+    cost_attention.py  vattn's cost model on a hardware profile (any CPU)
+    kernel_attention.py  the real vattn kernel timed on a GPU (kernel in the loop)
+    timing.py        StepTimer: one cycle's time = non-attention + attention of the batch
     engine.py        continuous batching, chunked prefill, speculative-decoding cycles, deadline sleeps
     protocol.py      OpenAI request parsing and 4xx errors
     server.py        aiohttp routes: /v1/chat/completions, /v1/completions, /v1/models, /health,

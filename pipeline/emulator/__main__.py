@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.emulator.config import ConfigError, config_from_argv
+from pipeline.config.emulator import ConfigError
+from pipeline.emulator.cli import config_from_argv
 from pipeline.emulator.tokens import TokenizerError
 
 

@@ -21,11 +21,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from pipeline.emulator.config import EmulatorConfig
+from pipeline.config.emulator import EmulatorConfig
+from pipeline.emulator.arm import Arm
 from pipeline.emulator.cyclelog import CycleLog
 from pipeline.emulator.metrics import Metrics
 from pipeline.emulator.prefix_cache import BlockHasher, PrefixCache
-from pipeline.emulator.timing import Arm, StepTimer
+from pipeline.emulator.timing import StepTimer
 from pipeline.emulator.tokens import Tokens
 
 CATCH_UP_S = 0.02  # a cycle that starts later than this after the last deadline restarts the clock

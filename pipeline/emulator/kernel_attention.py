@@ -30,7 +30,9 @@ import math
 import time
 from typing import Any
 
-from pipeline.emulator.config import ConfigError, EmulatorConfig
+from pipeline.config.emulator import ConfigError, EmulatorConfig
+from pipeline.emulator.arm import Arm
+from pipeline.emulator.cost_attention import CostModelAttention
 
 GIB = 1 << 30
 MIN_POOL_BYTES = 1 * GIB  # >> 60 MB L2: a page reused round-robin has long left the cache
@@ -215,12 +217,10 @@ class KernelAttention:
 
     name = "kernel"
 
-    def __init__(self, cfg: EmulatorConfig, arm, *, device: str | None = None, kv_dtype=None, q_dtype=None,
+    def __init__(self, cfg: EmulatorConfig, arm: Arm, *, device: str | None = None, kv_dtype=None, q_dtype=None,
                  pool_pages: int | None = None):
         """device/kv_dtype/q_dtype/pool_pages: tests only (a CPU run under TRITON_INTERPRET=1 with fp16)."""
         import torch
-
-        from pipeline.emulator.timing import CostModelAttention
 
         if device is None and not torch.cuda.is_available():
             raise ConfigError("attention: kernel needs a CUDA GPU; use attention: model on CPU")

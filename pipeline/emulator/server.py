@@ -15,13 +15,15 @@ from typing import Any
 
 from aiohttp import web
 
-from pipeline.emulator.config import EmulatorConfig
+from pipeline.config.emulator import EmulatorConfig
+from pipeline.emulator.arm import Arm
+from pipeline.emulator.attention import make_attention
 from pipeline.emulator.cyclelog import CycleLog
 from pipeline.emulator.engine import Engine, Request
 from pipeline.emulator.metrics import Metrics
 from pipeline.emulator.protocol import (ApiError, chat_messages, check_model, completion_prompt, params,
                                         read_body)
-from pipeline.emulator.timing import Arm, StepTimer, make_attention
+from pipeline.emulator.timing import StepTimer
 from pipeline.emulator.tokens import load_tokens
 
 log = logging.getLogger("pipeline.emulator")

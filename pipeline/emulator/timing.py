@@ -5,8 +5,8 @@ A cycle (one speculative-decoding step, MTP / EAGLE) runs, for the decode sequen
   draft extend    draft_attention_layers x one call, q_len = tokens accepted this cycle (ragged 1..d+1)
   draft decode    draft_attention_layers x (draft_tokens - 1) calls, q_len 1
 and prefills this cycle's chunks (chunked prefill, mixed into the same cycle). Decode attention time
-comes from an AttentionBackend (the strategy: vattn's cost model on any CPU, or the real kernel timed on
-a GPU: pipeline/emulator/kernel_attention.py, which also carries the cost model so both are logged).
+comes from an AttentionBackend (pipeline/emulator/attention.py: vattn's cost model on any CPU, or the real
+kernel timed on a GPU, which also carries the cost model so both are logged).
 Prefill attention is a FLOP model: a chunk of c tokens over a cached prefix of p tokens costs
 4 * q_heads * head_dim * c * (p + (c + 1) / 2) FLOPs (causal QK^T and PV) per layer, at
 prefill_attention_tflops. Non-attention time = non_attn_base_us + non_attn_per_token_us * tokens
@@ -14,83 +14,10 @@ processed (prefill chunk tokens + (draft_tokens + 1) per decode sequence).
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
 
-from pipeline.emulator.config import ConfigError, EmulatorConfig
-
-PLANNERS = ("fixed", "length_aware", "balanced")
-
-
-@dataclass(frozen=True)
-class Arm:
-    """The kernel settings an engine reads from its environment (the A/B switch)."""
-
-    vattn: bool
-    impl: str       # "vattn" | "baseline"
-    planner: str    # split planner used by `impl`
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Arm":
-        env = os.environ if env is None else env
-        flag = env.get("VATTN", "0")
-        if flag not in ("0", "1"):
-            raise ConfigError(f"env VATTN: {flag!r} is not allowed; set VATTN=0 (baseline) or VATTN=1 (vattn)")
-        plan = env.get("VATTN_PLAN", "balanced")
-        if plan not in PLANNERS:
-            raise ConfigError(f"env VATTN_PLAN: {plan!r} is not allowed; allowed: {', '.join(PLANNERS)}")
-        if flag == "0":
-            return cls(vattn=False, impl="baseline", planner="fixed")
-        return cls(vattn=True, impl="vattn", planner=plan)
-
-    def info(self) -> dict[str, Any]:
-        env = {k: os.environ[k] for k in ("VATTN", "VATTN_PLAN") if k in os.environ}
-        return {**dataclasses.asdict(self), "env": env}
-
-
-class AttentionBackend(Protocol):
-    """Time of ONE attention-layer call on this batch, in microseconds."""
-
-    name: str
-
-    def layer_us(self, seq_lens: list[int], q_lens: list[int]) -> float: ...
-
-    def info(self) -> dict[str, Any]: ...
-
-
-class CostModelAttention:
-    """vattn's cost model (plan + main + reduce makespan) on a hardware profile; runs on any CPU."""
-
-    name = "model"
-
-    def __init__(self, cfg: EmulatorConfig, arm: Arm):
-        from vattn import cost
-
-        self._predict = cost.predict_attention_us
-        try:
-            self.profile = cost.load_profile(cfg.hardware)
-        except (ValueError, OSError) as e:
-            raise ConfigError(f"hardware: {cfg.hardware!r}: {e}") from None
-        self._kw = dict(impl=arm.impl, planner=arm.planner, profile=self.profile, num_kv_heads=cfg.num_kv_heads,
-                        head_dim=cfg.head_dim, gqa=cfg.gqa, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size)
-
-    def layer_us(self, seq_lens: list[int], q_lens: list[int]) -> float:
-        return self._predict(seq_lens, q_lens, **self._kw)
-
-    def info(self) -> dict[str, Any]:
-        p = self.profile
-        profile = dataclasses.asdict(p) if dataclasses.is_dataclass(p) else dict(vars(p))
-        return {"attention": self.name, "hardware": profile}
-
-
-def make_attention(cfg: EmulatorConfig, arm: Arm) -> AttentionBackend:
-    if cfg.attention == "kernel":  # torch and vattn load only when the kernel runs
-        from pipeline.emulator.kernel_attention import KernelAttention
-
-        return KernelAttention(cfg, arm)
-    return CostModelAttention(cfg, arm)
+from pipeline.config.emulator import EmulatorConfig
+from pipeline.emulator.attention import AttentionBackend
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The engine adapter shape: how to launch a serving engine and how to ask whether it is up.
 
-An adapter is pure: it builds commands and names endpoints. Starting, waiting and stopping live in
-pipeline/stages/server.py, which works the same for every engine and every host.
+An adapter is pure: it builds commands and names endpoints. The registry by name is in
+pipeline/engines/__init__.py; how recipe flags become argv is pipeline/config/server.py's args_to_argv.
+Starting, waiting and stopping live in pipeline/stages/server.py, the same for every engine and host.
 """
 from __future__ import annotations
 
@@ -30,39 +31,3 @@ class Engine(Protocol):
     metrics_path: str | None
 
     def command(self, ctx: LaunchContext) -> list[str]: ...
-
-
-def args_to_argv(args: dict[str, Any] | list[str]) -> list[str]:
-    """{'tp': 2, 'enable_metrics': True, 'x': None, 'ids': [1, 2]} -> ['--tp', '2', '--enable-metrics',
-    '--ids', '1', '2']. A list passes through unchanged."""
-    if isinstance(args, list):
-        return [str(a) for a in args]
-    argv: list[str] = []
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, *(str(v) for v in value)]
-        elif isinstance(value, dict):
-            import json
-
-            argv += [flag, json.dumps(value, separators=(",", ":"))]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def get_engine(name: str) -> Engine:
-    if name == "emulator":
-        from pipeline.engines.emulator import EmulatorEngine
-        return EmulatorEngine()
-    if name == "sglang":
-        from pipeline.engines.sglang import SglangEngine
-        return SglangEngine()
-    if name == "vllm":
-        from pipeline.engines.vllm import VllmEngine
-        return VllmEngine()
-    raise ValueError(f"engine: unknown engine {name!r}; allowed: emulator, sglang, vllm")

@@ -1,7 +1,8 @@
 """The embedded emulator engine: `python -m pipeline.emulator` (see pipeline/emulator/)."""
 from __future__ import annotations
 
-from pipeline.engines.base import LaunchContext, args_to_argv
+from pipeline.config.server import args_to_argv
+from pipeline.engines.base import LaunchContext
 
 
 class EmulatorEngine:

@@ -6,7 +6,8 @@ flag here is one of sglang's own (`check_flags` validates them against the insta
 """
 from __future__ import annotations
 
-from pipeline.engines.base import LaunchContext, args_to_argv
+from pipeline.config.server import args_to_argv
+from pipeline.engines.base import LaunchContext
 
 LAUNCHER = "vattn.sglang.launch"
 # The adapter owns where the server listens and what it serves; the recipe must not set these.

@@ -6,7 +6,8 @@ the model is its positional argument; vLLM uses the checkpoint's tokenizer.
 """
 from __future__ import annotations
 
-from pipeline.engines.base import LaunchContext, args_to_argv
+from pipeline.config.server import args_to_argv
+from pipeline.engines.base import LaunchContext
 
 DEFAULT_LAUNCH = ("vllm", "serve")
 OWNED_FLAGS = ("--host", "--port", "--model")

@@ -29,10 +29,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-
+from pipeline.config.load import LoadSpec, check_trace_dir
 from pipeline.paths import ArmPaths
 
 # aiperf's own loader for kv-cache-tester agentic traces (what pipeline.tracegen writes).
@@ -42,91 +40,6 @@ POLL_S = 0.5
 
 class LoadError(RuntimeError):
     """The load stage failed; the message carries the cause and aiperf's log tail."""
-
-
-class LoadSpec(BaseModel):
-    """The recipe's `load:` block: what aiperf replays, how hard, for how long."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    trace: Path | None = Field(
-        None, description="Directory of agentic traces in aiperf's weka_trace format (one JSON "
-        "per session), e.g. recipes/data/traces/quickstart. Relative paths resolve against the "
-        "recipe's directory when the recipe passes it as context, else the working directory. "
-        "Exactly one of trace / scenario.")
-    scenario: str | None = Field(
-        None, min_length=1, description="aiperf public dataset name (`--public-dataset`, e.g. "
-        "semianalysis-cc-traces-weka-with-subagents); needs a host that can reach the HF hub. "
-        "Exactly one of trace / scenario.")
-    concurrency: int = Field(8, ge=1, le=4096, description="Concurrent requests aiperf keeps "
-                             "in flight (agentic sessions overlap up to this).")
-    benchmark_duration_s: float | None = Field(
-        None, gt=0, le=86_400, description="Profiling window in seconds (preferred over "
-        "request_count: aiperf ends cleanly). Exactly one of benchmark_duration_s / request_count.")
-    request_count: int | None = Field(
-        None, ge=1, le=10_000_000, description="Stop after this many requests instead of a "
-        "window. Exactly one of benchmark_duration_s / request_count.")
-    grace_period_s: float = Field(
-        30.0, ge=0, le=3_600, description="After the window, how long in-flight responses may "
-        "still finish and count (aiperf --benchmark-grace-period).")
-    warmup_requests: int = Field(0, ge=0, le=100_000, description="Requests sent before "
-                                 "profiling starts; not counted in the records.")
-    seed: int = Field(0, ge=0, le=2**31 - 1, description="aiperf --random-seed: prompt "
-                      "synthesis and sampling; the same in both arms.")
-    timeout_s: float = Field(
-        900.0, gt=0, le=86_400, description="Hard bound on aiperf's wall time, start-up "
-        "included; on expiry its process group is killed. Must exceed the window + grace.")
-    streaming: Literal[True] = Field(True, description="Always stream: TTFT and per-token "
-                                     "latency (TPOT) need it.")
-    ignore_eos: Literal[True] = Field(True, description="Always ignore EOS so every request "
-                                      "decodes its trace's output length in both arms.")
-    gpu_telemetry: bool = Field(False, description="Let aiperf collect DCGM GPU telemetry "
-                                "(needs a DCGM exporter on the server host).")
-    min_records: int = Field(1, ge=1, description="Fewest successful profiling records "
-                             "accepted; fewer fails the stage.")
-    extra_args: list[str] = Field(default_factory=list, description="Appended verbatim to "
-                                  "`aiperf profile` (e.g. ['--use-server-token-count']).")
-
-    @field_validator("trace")
-    @classmethod
-    def _trace_dir(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        if v is None:
-            return None
-        base = (info.context or {}).get("base_dir")
-        if base is not None and not v.is_absolute():
-            v = Path(base) / v
-        check_trace_dir(v, field="")  # pydantic's error location already names load.trace
-        return v
-
-    @model_validator(mode="after")
-    def _one_of_each(self) -> "LoadSpec":
-        if (self.trace is None) == (self.scenario is None):
-            raise ValueError("set exactly one of trace (a weka_trace directory) or "
-                             f"scenario (an aiperf public dataset); got trace={self.trace}, "
-                             f"scenario={self.scenario!r}")
-        if (self.benchmark_duration_s is None) == (self.request_count is None):
-            raise ValueError("set exactly one of benchmark_duration_s or request_count "
-                             f"(got {self.benchmark_duration_s}, {self.request_count}); prefer "
-                             "benchmark_duration_s")
-        if self.benchmark_duration_s is not None:
-            need = self.benchmark_duration_s + self.grace_period_s
-            if self.timeout_s <= need:
-                raise ValueError(f"timeout_s: {self.timeout_s} must exceed "
-                                 f"benchmark_duration_s + grace_period_s = {need} (plus "
-                                 "aiperf's start-up, ~30 s on 2 cores)")
-        return self
-
-
-def check_trace_dir(path: Path, field: str = "load.trace: ") -> None:
-    """Raise ValueError (prefixed by `field`) unless `path` is a directory of *.json traces."""
-    hint = "generate one with `python -m pipeline.tracegen traces --out DIR` or fix the path"
-    if not path.exists():
-        raise ValueError(f"{field}directory '{path}' does not exist; {hint}")
-    if not path.is_dir():
-        raise ValueError(f"{field}'{path}' is not a directory (a weka_trace directory holds "
-                         f"one JSON file per session); {hint}")
-    if not any(path.glob("*.json")):
-        raise ValueError(f"{field}directory '{path}' holds no *.json trace files; {hint}")
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from pipeline.config.load import LoadSpec
 from pipeline.paths import ArmPaths
-from pipeline.stages.load import LoadError, LoadSpec, aiperf_command, count_records, run_load
+from pipeline.stages.load import LoadError, aiperf_command, count_records, run_load
 from pipeline.tracegen import PRESETS, read_traces, write_traces
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,6 +20,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from vattn import switch
 from vattn.sglang import gate, metadata
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,8 @@ class VattnAttnBackend(TritonAttnBackend):
         self.model_dtype = model_runner.dtype
         self._vattn_kv_dtype = model_runner.kv_cache_dtype  # not `kv_cache_dtype`: sglang reads that off backends
         self._vattn_max_batch = int(model_runner.req_to_token_pool.size)
-        self.vattn_reason = None if gate.enabled() else "VATTN=0"
-        self.plan_mode = gate.plan_mode()
+        self.vattn_reason = None if switch.enabled() else "VATTN=0"
+        self.plan_mode = switch.plan_mode()
         self.vattn_reason = self.vattn_reason or gate.model_reason(model_facts(self, model_runner))
         # the workspace's tile holds max_q_len * G rows: size it for this server's draft window only
         widest = max(int(self.target_verify_num_tokens_per_req or 1), int(self.num_draft_tokens or 1))

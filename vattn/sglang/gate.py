@@ -4,10 +4,10 @@ Two levels: `model_reason` once per backend (the model and server configuration)
 `layer_reason` per layer and mode (what the layer object says). Each returns None when vattn
 may serve the call, else a short reason; the backend sends every refused call to its base
 backend untouched. Pure Python, no sglang or torch import, so the rules are testable anywhere.
+Whether vattn is switched on at all (VATTN, VATTN_PLAN) is vattn/switch.py's to say.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 HEAD_DIMS = (64, 128, 256)
@@ -17,25 +17,6 @@ Q_DTYPES = ("bfloat16", "float16")
 MAX_GQA = 16
 MAX_Q_LEN = 8  # KERNEL.md: q_len 0..8 per sequence
 MODES = ("target_verify", "draft_extend", "decode")
-PLAN_MODES = ("balanced", "length_aware", "fixed")  # vattn.plan's planners (KERNEL.md)
-
-
-def enabled() -> bool:
-    """`VATTN=0` keeps every call on the base backend (the A/B switch); unset or 1 means on."""
-    value = os.environ.get("VATTN", "1").strip().lower()
-    if value in ("0", "false", "off", "no"):
-        return False
-    if value in ("1", "true", "on", "yes", ""):
-        return True
-    raise ValueError(f"VATTN: got {value!r}; allowed: 0 or 1 (also false/true, off/on)")
-
-
-def plan_mode() -> str:
-    """`VATTN_PLAN` picks vattn's split planner (default balanced), e.g. for a planner A/B."""
-    value = os.environ.get("VATTN_PLAN", "balanced").strip() or "balanced"
-    if value not in PLAN_MODES:
-        raise ValueError(f"VATTN_PLAN: got {value!r}; allowed: {', '.join(PLAN_MODES)}")
-    return value
 
 
 @dataclass(frozen=True)

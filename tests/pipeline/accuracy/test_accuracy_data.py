@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from pipeline.accuracy import gpqa, gsm8k, synthetic
 from pipeline.accuracy.data import DataError
-from pipeline.accuracy.spec import AccuracySpec, TaskSpec
+from pipeline.config.accuracy import AccuracySpec, TaskSpec
 
 DATA = Path(__file__).resolve().parents[3] / "recipes" / "data" / "accuracy"
 GSM, GPQA = DATA / "gsm8k_synthetic.jsonl", DATA / "gpqa_synthetic.jsonl"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.accuracy.spec import AccuracySpec
+from pipeline.config.accuracy import AccuracySpec
 from pipeline.accuracy.stage import run_accuracy
 
 DATA = Path(__file__).resolve().parents[3] / "recipes" / "data" / "accuracy"

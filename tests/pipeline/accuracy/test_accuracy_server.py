@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from acc_server import AnswerServer, load_jsonl
-from pipeline.accuracy.spec import AccuracySpec
+from pipeline.config.accuracy import AccuracySpec
 from pipeline.accuracy.stage import ResumeError, run_accuracy
 from pipeline.paths import ArmPaths
 

@@ -8,8 +8,11 @@ import sys
 import pytest
 from emu_harness import REPO
 
-from pipeline.emulator.config import ConfigError, EmulatorConfig, config_from_argv, make_parser
-from pipeline.emulator.timing import Arm, make_attention
+from pipeline.config.emulator import ConfigError, EmulatorConfig
+from pipeline.emulator.arm import Arm
+from pipeline.emulator.attention import make_attention
+from pipeline.emulator.cli import config_from_argv, make_parser
+from vattn import switch
 
 
 def test_every_field_is_a_described_flag_in_help():
@@ -65,14 +68,23 @@ def test_unknown_yaml_field_is_refused(tmp_path):
 
 
 def test_arm_from_env():
-    assert Arm.from_env({}) == Arm(vattn=False, impl="baseline", planner="fixed")
+    assert Arm.from_env({"VATTN": "0"}) == Arm(vattn=False, impl="baseline", planner="fixed")
     assert Arm.from_env({"VATTN": "0", "VATTN_PLAN": "balanced"}).planner == "fixed"
     assert Arm.from_env({"VATTN": "1"}) == Arm(vattn=True, impl="vattn", planner="balanced")
     assert Arm.from_env({"VATTN": "1", "VATTN_PLAN": "length_aware"}).planner == "length_aware"
-    with pytest.raises(ConfigError, match=r"env VATTN: 'yes' is not allowed; set VATTN=0 .* or VATTN=1"):
-        Arm.from_env({"VATTN": "yes"})
-    with pytest.raises(ConfigError, match=r"env VATTN_PLAN: 'greedy' is not allowed; allowed: fixed, length_aware"):
+    with pytest.raises(ConfigError, match=r"env VATTN: got 'maybe'; allowed: 0 or 1"):
+        Arm.from_env({"VATTN": "maybe"})
+    with pytest.raises(ConfigError, match=r"env VATTN_PLAN: got 'greedy'; allowed: fixed, length_aware"):
         Arm.from_env({"VATTN": "1", "VATTN_PLAN": "greedy"})
+
+
+def test_unset_vattn_means_on_as_in_sglang():
+    # Guarantee (issue 15): one meaning of an unset VATTN. sglang's backend reads vattn.switch; before,
+    # the emulator read unset as off, so one recipe ran vattn in sglang and the baseline here.
+    assert Arm.from_env({}) == Arm(vattn=True, impl="vattn", planner="balanced")
+    for value in (None, "", "0", "1", "off", "true"):
+        env = {} if value is None else {"VATTN": value}
+        assert Arm.from_env(env).vattn is switch.enabled(env)
 
 
 def test_kernel_attention_needs_cuda():
@@ -86,7 +98,7 @@ def test_kernel_attention_needs_cuda():
 
 @pytest.mark.parametrize("argv,env,match", [
     (["--max-running-requests", "0"], {}, "emulator config: max_running_requests: Input should be greater than"),
-    ([], {"VATTN": "2"}, "env VATTN: '2' is not allowed"),
+    ([], {"VATTN": "2"}, "env VATTN: got '2'; allowed: 0 or 1"),
     (["--tokenizer", "/nonexistent"], {}, "tokenizer: '/nonexistent' has no tokenizer.json"),
     (["--hardware", "tpu9"], {}, "hardware: 'tpu9': "),
 ])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.emulator.config import config_from_argv
+from pipeline.emulator.cli import config_from_argv
 from pipeline.emulator.prefix_cache import BlockHasher, PrefixCache
 from pipeline.emulator.timing import StepTimer
 from pipeline.emulator.tokens import HfTokens, Tokens
@@ -138,7 +138,8 @@ def test_long_messages_are_memoised_with_a_token_capacity(wordlevel_dir, monkeyp
 def test_acceptance_is_a_property_of_the_request_not_of_the_arm():
     from pipeline.emulator.engine import Engine
     from pipeline.emulator.metrics import Metrics
-    from pipeline.emulator.timing import Arm, CostModelAttention
+    from pipeline.emulator.arm import Arm
+    from pipeline.emulator.cost_attention import CostModelAttention
 
     cfg = config_from_argv(["--seed", "7"])
 

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from emu_harness import MODEL, REPO, start_emulator
 
-from pipeline.emulator.config import ConfigError, build_config
+from pipeline.config.emulator import ConfigError, build_config
 from pipeline.emulator.kernel_attention import GIB, MIN_POOL_BYTES, KernelAttention, pool_pages_for, warmup_batches
-from pipeline.emulator.timing import Arm, CostModelAttention, StepTimer
+from pipeline.emulator.arm import Arm
+from pipeline.emulator.cost_attention import CostModelAttention
+from pipeline.emulator.timing import StepTimer
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 interp_only = pytest.mark.skipif(not INTERP, reason="runs in the TRITON_INTERPRET=1 subprocess below")
@@ -233,4 +235,12 @@ def test_gpu_emulator_measures_the_kernel_each_cycle(tmp_path, planner):
     median = ratios[len(ratios) // 2]
     print(f"{planner}: {len(decode)} decode cycles, measured/predicted per verify layer: median {median:.2f}, "
           f"range {ratios[0]:.2f}..{ratios[-1]:.2f}")
-    assert 0.2 < median < 5.0, ratios  # plausible: the cost model is a calibrated estimate, not a fit to this run
+    # The cost model claims +-15% of the measured plan + main + reduce on the H200 (tests/vattn/test_cost.py
+    # checks it on every default row of benchmarks/h200-vattn.json), and the timer matches its SMs and
+    # occupancy to the device (KernelAttention._match_slots), so the typical cycle must hold that claim.
+    # Single cycles get a little more room: each is one cold call, timed once. Recorded on the H200 with
+    # this test: median 1.02 (fixed, range 0.95-1.06) and 1.06 (balanced, range 1.03-1.14), BENCHMARKS.md.
+    # There is no CPU version of this bound: on a CPU the kernel runs under Triton's interpreter, whose
+    # time says nothing about the GPU's, so the interp_* tests check plumbing only.
+    assert 1 / 1.15 < median < 1.15, ratios
+    assert 1 / 1.25 < ratios[0] and ratios[-1] < 1.25, ratios

@@ -1,8 +1,9 @@
 """Contract tests of the vattn sglang backend against the real sglang 0.5.23 package (no GPU).
 
 In-process: registration, CLI choices, the EAGLE draft-factory hook, method signatures, and the
-gate. In a subprocess (drive_cpu.py, TRITON_INTERPRET=1): forward calls of the real backend on
-sglang's real pools and metadata, routed to vattn or to the Triton base.
+gate (the VATTN switch itself: tests/vattn/test_switch.py). In a subprocess (drive_cpu.py,
+TRITON_INTERPRET=1): forward calls of the real backend on sglang's real pools and metadata,
+routed to vattn or to the Triton base.
 """
 from __future__ import annotations
 
@@ -120,42 +121,6 @@ def test_draft_factory_gets_vattn_for_draft_extend_and_triton_steps_for_draft_de
     factory._create_backend("prefill_attention_backend", {"triton": triton}, "x {backend_type}", False)
     assert seen[True]["vattn"] is triton  # multi-step draft decode: sglang's Triton container
     assert seen[False]["vattn"] is not triton and callable(seen[False]["vattn"])
-
-
-@pytest.mark.parametrize("env, expected", [(None, True), ("1", True), ("0", False), ("off", False)])
-def test_vattn_env_switch(monkeypatch, env, expected):
-    if env is None:
-        monkeypatch.delenv("VATTN", raising=False)
-    else:
-        monkeypatch.setenv("VATTN", env)
-    assert gate.enabled() is expected
-
-
-def test_vattn_env_switch_rejects_junk(monkeypatch):
-    monkeypatch.setenv("VATTN", "maybe")
-    with pytest.raises(ValueError, match=r"VATTN: got 'maybe'; allowed: 0 or 1"):
-        gate.enabled()
-
-
-@pytest.mark.parametrize("env, expected", [(None, "balanced"), ("fixed", "fixed"), ("length_aware", "length_aware")])
-def test_plan_mode_switch(monkeypatch, env, expected):
-    if env is None:
-        monkeypatch.delenv("VATTN_PLAN", raising=False)
-    else:
-        monkeypatch.setenv("VATTN_PLAN", env)
-    assert gate.plan_mode() == expected
-
-
-def test_plan_mode_rejects_unknown_planners(monkeypatch):
-    monkeypatch.setenv("VATTN_PLAN", "greedy")
-    with pytest.raises(ValueError, match=r"VATTN_PLAN: got 'greedy'; allowed: balanced, length_aware, fixed"):
-        gate.plan_mode()
-
-
-def test_plan_modes_are_vattns_planners():
-    import importlib
-
-    assert set(gate.PLAN_MODES) == set(importlib.import_module("vattn.plan").PLANNERS)
 
 
 QWEN35_TP2 = gate.ModelFacts(head_dim=256, v_head_dim=256, num_q_heads=16, num_kv_heads=1, page_size=16,

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engines.base import LaunchContext, get_engine
+from pipeline.engines import get_engine
+from pipeline.engines.base import LaunchContext
 from pipeline.plan import build_plan
-from pipeline.recipe import load_recipe
+from pipeline.config.recipe import load_recipe
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

@@ -1,4 +1,4 @@
-"""The `accuracy:` section of a recipe: which tasks, which data, how hard to push the server.
+"""The recipe's `accuracy:` block: which tasks, which data, how hard to push the server.
 
 The recipe embeds `AccuracySpec`; `pipeline eval` builds the same model from its flags, so
 both paths validate identically.

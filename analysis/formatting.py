@@ -1,0 +1,29 @@
+"""How the report writes numbers: values, deltas with their CI, and the A/A noise floor.
+
+Shared by the report's tables (report.py) and the placement section (placement.py), so a number
+reads the same in every table.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from analysis import stats
+
+
+def fmt(v: float) -> str:
+    if v is None or not np.isfinite(v):
+        return "n/a"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+
+
+def fmt_delta(pct: float, lo: float, hi: float) -> str:
+    if not np.isfinite(pct):
+        return "n/a"
+    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else f" [no CI: < {stats.MIN_SESSIONS} sessions]"
+    return f"{pct:+.1f}%{ci}"
+
+
+def fmt_floor(v, has_repeat: bool = True) -> str:
+    if not has_repeat:
+        return "no repeat"
+    return f"±{v:.1f}%" if v is not None and np.isfinite(v) else "n/a"

@@ -1,0 +1,56 @@
+"""Presets from configs/: named YAML fragments deep-merged under a recipe before it is validated.
+
+A recipe lists them under `presets:` (paths under configs/, without .yaml); they merge in order, then
+the recipe itself on top, and the merged dict is validated once.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from pipeline.config.base import RecipeError
+from pipeline.paths import CONFIGS_DIR, preset_file
+
+
+def deep_merge(base: dict, top: dict) -> dict:
+    """Mappings merge key by key; anything else (lists included) in `top` replaces `base`."""
+    out = copy.deepcopy(base)
+    for k, v in top.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_yaml(path: Path, what: str) -> dict:
+    """The mapping in a YAML file; RecipeError (naming `what`) if it is missing, invalid or not a mapping."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise RecipeError(f"{what}: file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{what}: {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{what}: {path} must hold a mapping, found {type(data).__name__}")
+    return data
+
+
+def merged_recipe_dict(path: Path) -> dict:
+    """The recipe file with its presets merged under it, not yet validated."""
+    raw = read_yaml(path, "recipe")
+    presets = raw.get("presets", [])
+    if not isinstance(presets, list):
+        raise RecipeError(f"presets: expected a list of preset names, found {presets!r}")
+    merged: dict = {}
+    for i, name in enumerate(presets):
+        preset_path = preset_file(name, CONFIGS_DIR)
+        if not preset_path.is_file():
+            known = sorted(str(p.relative_to(CONFIGS_DIR))[:-5] for p in CONFIGS_DIR.rglob("*.yaml"))
+            raise RecipeError(f"presets[{i}]: unknown preset {name!r}; available: {known}")
+        merged = deep_merge(merged, read_yaml(preset_path, f"presets[{i}]"))
+    merged = deep_merge(merged, raw)
+    if isinstance(merged.get("arms"), dict):
+        # YAML 1.1 reads the bare keys `off:` / `on:` as booleans; they can only mean the arm names here.
+        merged["arms"] = {({False: "off", True: "on"}.get(k, k) if isinstance(k, bool) else k): v
+                          for k, v in merged["arms"].items()}
+    return merged

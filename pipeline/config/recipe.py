@@ -1,0 +1,106 @@
+"""The recipe: one YAML file that says what to A/B, where, and how to load and score it.
+
+Presets listed under `presets:` are deep-merged under it first (presets.py); the merged dict is
+validated once. Relative paths in the recipe resolve against the recipe file's folder, so
+`pipeline run` works from any directory. Each block's model lives in its own module of this package.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from pipeline.config.accuracy import AccuracySpec
+from pipeline.config.arms import ARM_NAMES, ArmSpec, check_arms, check_switch_vars
+from pipeline.config.base import RecipeError, Strict
+from pipeline.config.load import LoadSpec
+from pipeline.config.placement import HostSpec, PlacementSpec, check_placement
+from pipeline.config.presets import merged_recipe_dict
+from pipeline.config.server import ServerSpec
+from vattn.switch import SWITCH_VARS
+
+
+class Recipe(Strict):
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9._-]+$", description="run name (folder prefix)")
+    presets: list[str] = Field(default_factory=list, description="configs/<path>.yaml merged under the recipe")
+    engine: Literal["emulator", "sglang", "vllm"] = Field("emulator", description="serving engine")
+    model: str = Field(..., min_length=1, description="served model name (engines: model path or id)")
+    tokenizer: str | None = Field(None, description="tokenizer dir or id for aiperf and the emulator")
+    hosts: dict[str, HostSpec] = Field(default_factory=lambda: {"local": HostSpec()},
+                                       description="machines by name")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="where and in which order")
+    arms: dict[str, ArmSpec] = Field(..., description="exactly `off` (baseline) and `on` (candidate)")
+    switch_vars: list[str] = Field(default_factory=lambda: list(SWITCH_VARS),
+                                   description="env variables the arms may differ in: the kernel switch "
+                                               "(vattn/switch.py) or part of it")
+    server: ServerSpec = Field(default_factory=ServerSpec, description="engine flags and env shared by arms")
+    load: LoadSpec = Field(..., description="aiperf load")
+    accuracy: AccuracySpec | None = Field(None, description="accuracy tasks run after the load; none to skip")
+    output_dir: str = Field("runs", description="parent folder of run directories (relative to the cwd)")
+
+    @field_validator("arms")
+    @classmethod
+    def _two_arms(cls, arms):
+        if sorted(arms) != sorted(ARM_NAMES):
+            raise ValueError(f"found arms {sorted(arms)}; a recipe has exactly two arms: `off` (baseline) "
+                             f"and `on` (candidate)")
+        return arms
+
+    @field_validator("switch_vars")
+    @classmethod
+    def _fixed_switch(cls, names):
+        return check_switch_vars(names)
+
+    @model_validator(mode="after")
+    def _check(self):
+        check_arms(self.arms, self.server, self.switch_vars)
+        check_placement(self.placement, self.hosts)
+        return self
+
+
+def _format_errors(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "recipe"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling (see `pipeline validate --help` and recipes/quickstart.yaml)"
+        elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+            msg = f"{msg} (found {err['input']!r})"
+        lines.append(f"{loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _resolve_paths(data: dict, base: Path) -> dict:
+    """Make the recipe's input paths absolute, relative to the recipe file's folder."""
+    def resolve(p):
+        return str((base / p).resolve()) if isinstance(p, str) and not Path(p).is_absolute() else p
+
+    data = copy.deepcopy(data)
+    if data.get("tokenizer") and (base / data["tokenizer"]).exists():
+        data["tokenizer"] = resolve(data["tokenizer"])
+    load = data.get("load")
+    if isinstance(load, dict) and load.get("trace"):
+        load["trace"] = resolve(load["trace"])
+    acc = data.get("accuracy")
+    if isinstance(acc, dict):
+        for task in acc.get("tasks") or []:
+            for key in ("data", "shots_data"):
+                if isinstance(task, dict) and task.get(key):
+                    task[key] = resolve(task[key])
+    return data
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    path = Path(path)
+    data = _resolve_paths(merged_recipe_dict(path), path.resolve().parent)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(f"{path}: invalid recipe\n{_format_errors(e)}") from None
+
+
+def recipe_to_dict(r: Recipe) -> dict:
+    return r.model_dump(mode="json")

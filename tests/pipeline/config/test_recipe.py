@@ -1,0 +1,116 @@
+"""Recipe validation: every user-facing error names the field, the value and the fix."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config.base import RecipeError
+from pipeline.config.recipe import load_recipe
+from pipeline.plan import build_plan
+from vattn.switch import SWITCH_VARS
+
+REPO = Path(__file__).resolve().parents[3]
+TRACE = str(REPO / "recipes/data/traces/quickstart")
+
+
+def test_quickstart_recipe_is_valid():
+    r = load_recipe(REPO / "recipes/quickstart.yaml")
+    assert r.engine == "emulator" and r.arms["on"].env["VATTN"] == "1"
+    assert Path(r.load.trace).is_dir()  # resolved against the recipe's folder
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_validates(path):
+    r = load_recipe(path)
+    assert {"off", "on"} == set(r.arms) and all("VATTN" in a.env for a in r.arms.values())
+
+
+def test_bare_yaml_off_on_keys_are_arm_names(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"name: t\nmodel: m\narms:\n  off: {{env: {{VATTN: '0'}}}}\n  on: {{env: {{VATTN: '1'}}}}\n"
+                    f"load: {{trace: {TRACE}, benchmark_duration_s: 10, timeout_s: 120}}\n")
+    assert sorted(load_recipe(path).arms) == ["off", "on"]
+
+
+def test_unknown_field_is_named(write_recipe):
+    with pytest.raises(RecipeError, match=r"concurency: unknown field; check the spelling"):
+        load_recipe(write_recipe(concurency=3))
+    with pytest.raises(RecipeError, match=r"load.durration_s: unknown field"):
+        load_recipe(write_recipe(load={"trace": TRACE, "benchmark_duration_s": 10, "timeout_s": 120,
+                                       "durration_s": 5}))
+
+
+def test_missing_trace_dir(write_recipe):
+    with pytest.raises(RecipeError, match=r"load.trace: directory '.*/no/such/traces' does not exist; generate one "
+                                          r"with `python -m pipeline.tracegen traces"):
+        load_recipe(write_recipe(load={"trace": "no/such/traces", "benchmark_duration_s": 10, "timeout_s": 120}))
+
+
+def test_placement_errors(write_recipe):
+    with pytest.raises(RecipeError, match=r"hosts.local.gpus: \[0\] has 1 GPU\(s\); placement needs 2 "
+                                          r"\(concurrent, gpus_per_arm=1\)"):
+        load_recipe(write_recipe(hosts={"local": {"gpus": [0]}}, placement={"mode": "concurrent", "gpus_per_arm": 1}))
+    with pytest.raises(RecipeError, match=r"placement.hosts\[0\]: unknown host 'gpu1'; defined hosts: \['local'\]"):
+        load_recipe(write_recipe(placement={"hosts": ["gpu1"]}))
+    with pytest.raises(RecipeError, match=r"hosts.node.kind ssh needs `address`|hosts.node: kind ssh needs"):
+        load_recipe(write_recipe(hosts={"node": {"kind": "ssh"}}))
+
+
+def test_unknown_preset_lists_the_available_ones(write_recipe):
+    with pytest.raises(RecipeError, match=r"presets\[0\]: unknown preset 'servers/nope'; available: \["):
+        load_recipe(write_recipe(presets=["servers/nope"]))
+
+
+def test_presets_merge_under_the_recipe(tmp_path, write_recipe, monkeypatch):
+    import pipeline.config.presets as presets
+
+    (tmp_path / "configs" / "servers").mkdir(parents=True)
+    (tmp_path / "configs" / "servers" / "p.yaml").write_text(
+        "server: {args: {hardware: mi355x, max_running_requests: 8}, port: 31000}\n")
+    monkeypatch.setattr(presets, "CONFIGS_DIR", tmp_path / "configs")
+    r = load_recipe(write_recipe(presets=["servers/p"], server={"args": {"max_running_requests": 4}}))
+    assert r.server.args == {"hardware": "mi355x", "max_running_requests": 4} and r.server.port == 31000
+
+
+def _without_switch(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in SWITCH_VARS}
+
+
+def _resolved(a, placement: dict[str, str]) -> tuple[tuple[str, ...], dict[str, str]]:
+    """An arm run's argv and env with its own folder and its placement (port, GPUs) named, not valued:
+    what is left must be the same in both arms."""
+    names = {a.artifact_dir: "<ARM_DIR>", str(a.port): "<PORT>", **placement}
+    argv = tuple(names.get(x, x).replace(a.artifact_dir, "<ARM_DIR>") for x in a.argv)
+    env = {k: names.get(v, v) for k, v in _without_switch(a.env).items()}
+    return argv, env
+
+
+def test_sequential_arms_run_the_same_command_but_for_the_switch(write_recipe, tmp_path):
+    r = load_recipe(write_recipe(placement={"order": "ABBA", "repeats": 1},
+                                 server={"args": {"max_running_requests": 8}, "env": {"OMP_NUM_THREADS": "2"}}))
+    plan = build_plan(r, tmp_path / "run")
+    assert [a.name for a in plan.arm_runs] == ["off", "on", "on.2", "off.2"]
+    assert {a.port for a in plan.arm_runs} == {30000}
+    off, on = plan.arm_runs[0], plan.arm_runs[1]
+    # the whole resolved command and env, not a prefix: only the switch and the arm's own folder differ
+    assert [x.replace(off.artifact_dir, "<ARM_DIR>") for x in off.argv] == \
+           [x.replace(on.artifact_dir, "<ARM_DIR>") for x in on.argv]
+    assert "--max-running-requests" in off.argv
+    assert _without_switch(off.env) == _without_switch(on.env) == {"OMP_NUM_THREADS": "2"}
+    assert set(off.env) ^ set(on.env) <= set(SWITCH_VARS)
+    assert {k for k in set(off.env) | set(on.env) if off.env.get(k) != on.env.get(k)} == {"VATTN"}
+    assert plan.env_diff == {"VATTN": ("0", "1")}
+
+
+def test_concurrent_arms_differ_in_placement_and_switch_only(write_recipe, tmp_path):
+    r = load_recipe(write_recipe(hosts={"local": {"gpus": [0, 1]}},
+                                 placement={"mode": "concurrent", "gpus_per_arm": 1, "swap": True}))
+    plan = build_plan(r, tmp_path / "run")
+    got = [(a.name, a.group, a.gpus, a.port, a.env["CUDA_VISIBLE_DEVICES"]) for a in plan.arm_runs]
+    assert got == [("off", 0, (0,), 30000, "0"), ("on", 0, (1,), 30001, "1"),
+                   ("off.2", 1, (1,), 30001, "1"), ("on.2", 1, (0,), 30000, "0")]
+    off, on = plan.arm_runs[0], plan.arm_runs[1]
+    gpus = {"0": "<GPUS>", "1": "<GPUS>"}
+    assert _resolved(off, gpus) == _resolved(on, gpus)
+    assert plan.env_diff == {"VATTN": ("0", "1")}

@@ -1,0 +1,39 @@
+"""The kernel switch (vattn/switch.py): one parser, one meaning of every value, unset included."""
+from __future__ import annotations
+
+import pytest
+
+from vattn import switch
+from vattn.plan import PLANNERS
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("true", True), (" On ", True),
+                                       ("0", False), ("off", False), ("no", False)])
+def test_vattn_values(value, on):
+    assert switch.parse_vattn(value) is on
+    env = {} if value is None else {"VATTN": value}
+    assert switch.enabled(env) is on
+
+
+def test_vattn_junk_is_refused_with_the_allowed_values():
+    with pytest.raises(ValueError, match=r"VATTN: got 'maybe'; allowed: 0 or 1 .*unset means 1"):
+        switch.enabled({"VATTN": "maybe"})
+
+
+@pytest.mark.parametrize("value, plan", [(None, "balanced"), ("", "balanced"), ("fixed", "fixed"),
+                                         ("length_aware", "length_aware")])
+def test_plan_values(value, plan):
+    assert switch.plan_mode({} if value is None else {"VATTN_PLAN": value}) == plan
+
+
+def test_plan_junk_is_refused_with_vattns_planners():
+    with pytest.raises(ValueError, match=r"VATTN_PLAN: got 'greedy'; allowed: fixed, length_aware, balanced"):
+        switch.plan_mode({"VATTN_PLAN": "greedy"})
+    assert switch.DEFAULT_PLAN in PLANNERS
+
+
+def test_reads_the_process_env_by_default(monkeypatch):
+    monkeypatch.delenv("VATTN", raising=False)
+    monkeypatch.setenv("VATTN_PLAN", "fixed")
+    assert switch.enabled() is True and switch.plan_mode() == "fixed"
+    assert switch.switch_env() == {"VATTN_PLAN": "fixed"}
