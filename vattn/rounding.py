@@ -27,12 +27,14 @@ class Steps:
        "fp16" / "bf16" / "fp32" (Q cast to that type).
     p: the type P is cast to before P.V: "fp16" (fp8 and fp16 KV), "bf16" (bf16 KV) or "fp32".
     q_scale: "row" (one amax per query row, as the kernel) or "tensor" (a mutation).
+    l_of_rounded_p: the softmax sum adds P after its rounding (a mutation; the kernel sums P before).
     """
 
     q: str = "split_e4m3"
     p: str = "fp16"
     q_max: float = E4M3_MAX
     q_scale: str = "row"
+    l_of_rounded_p: bool = False
 
 
 def steps_for(q_dtype, kv_dtype, config) -> Steps:
@@ -111,8 +113,9 @@ def piece(hi, lo, row_scale, limit, k, v, start: int, end: int, steps: Steps, bl
         m_ref = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing stays at p = 0
         alpha = torch.exp2(m - m_ref)
         p = torch.exp2(sc - m_ref[:, None])  # <= 1: rounded at the running max of this tile
-        l = l * alpha + p.sum(dim=1)  # the softmax sum is of P before its rounding
-        acc = acc * alpha[:, None] + cast(p, steps.p) @ v[pos]
+        p_op = cast(p, steps.p)  # P.V's operand
+        l = l * alpha + (p_op if steps.l_of_rounded_p else p).sum(dim=1)  # the kernel sums P before rounding
+        acc = acc * alpha[:, None] + p_op @ v[pos]
         m = m_new
     return acc, m, l
 

@@ -5,12 +5,13 @@ residual, two fp8 Q.K^T dots; P to fp16, or bf16 with bf16 KV), rounding each na
 the GPU's cvt.rn(.satfinite) does and running each dot on the fp32 values of its rounded operands
 (vattn.kernel's EMULATE_LOWP). Its output then equals the model's up to fp32 summation order, measured
 at <= 1.6e-6 relative (Frobenius), while the fp32 reference is 1e-4 .. 2e-3 away. Changing one rounding
-step of the model (Q not quantised, no residual, another amax divisor, P in fp32 or bf16, ...) moves it
-4.5e-5 .. 2e-2 from the kernel: a kernel whose rounding changed that way fails the model comparison.
-The same edits made to vattn/kernel.py itself (amax / 240, the residual dot dropped, P unrounded or in
-bf16, fp16 Q not rounded to bf16, l summed from the rounded P) each failed it in at least one case
-(errors 5.5e-5 .. 1.5e-2). Not caught: scaling the residual by 8 instead of 16, which rounds the same
-unless the residual is subnormal in e4m3.
+step of the model (Q not quantised, no residual, another amax divisor, P in fp32 or bf16, the softmax sum
+taken after P's rounding, ...) moves it 4.5e-5 .. 2e-2 from the kernel: a kernel whose rounding changed
+that way fails the model comparison. The same edits made to vattn/kernel.py itself (amax / 240, the
+residual dot dropped, P unrounded or in bf16, fp16 Q not rounded to bf16, l summed from the rounded P)
+each failed it, in every case the edit applies to but one (l from the rounded P in the K-major decode
+case: 7.9e-6), with errors 4.5e-5 .. 1.5e-2. Not caught: scaling the residual by 8 instead of 16, which
+rounds the same unless the residual is subnormal in e4m3.
 
 The interpreter must be set before triton is imported: without it, one test reruns this file's
 test_interp_* cases in a TRITON_INTERPRET=1 subprocess (as test_kernel.py does).
@@ -71,6 +72,8 @@ MUTATIONS = {
     "p_in_fp32": (dict(p="fp32"), FP16_P + BF16_P),
     "p_in_bf16": (dict(p="bf16"), FP16_P),
     "p_in_fp16": (dict(p="fp16"), BF16_P),
+    # in the K-major decode case this one moves the output by only ~8e-6: left out there
+    "l_summed_after_rounding": (dict(l_of_rounded_p=True), FP16_P[1:] + BF16_P),
 }
 
 
