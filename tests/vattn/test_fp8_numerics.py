@@ -7,11 +7,12 @@ the GPU's cvt.rn(.satfinite) does and running each dot on the fp32 values of its
 at <= 1.6e-6 relative (Frobenius), while the fp32 reference is 1e-4 .. 2e-3 away. Changing one rounding
 step of the model (Q not quantised, no residual, another amax divisor, P in fp32 or bf16, the softmax sum
 taken after P's rounding, ...) moves it 4.5e-5 .. 2e-2 from the kernel: a kernel whose rounding changed
-that way fails the model comparison. The same edits made to vattn/kernel.py itself (amax / 240, the
-residual dot dropped, P unrounded or in bf16, fp16 Q not rounded to bf16, l summed from the rounded P)
-each failed it, in every case the edit applies to but one (l from the rounded P in the K-major decode
-case: 7.9e-6), with errors 4.5e-5 .. 1.5e-2. Not caught: scaling the residual by 8 instead of 16, which
-rounds the same unless the residual is subnormal in e4m3.
+that way fails the model comparison. test_interp_edited_kernel_fails_the_model_check shows it on the
+kernel itself: a copy of vattn/kernel.py with amax / 240, the residual dot dropped or P left unrounded
+lands 1.7e-4 .. 5.4e-3 from the model. By hand, the same for P in bf16, fp16 Q not rounded to bf16 and l
+summed from the rounded P: each failed in every case it applies to but one (l from the rounded P in the
+K-major decode case: 7.9e-6). Not caught: scaling the residual by 8 instead of 16, which rounds the
+same unless the residual is subnormal in e4m3.
 
 The interpreter must be set before triton is imported: without it, one test reruns this file's
 test_interp_* cases in a TRITON_INTERPRET=1 subprocess (as test_kernel.py does).
@@ -74,6 +75,14 @@ MUTATIONS = {
     "p_in_fp16": (dict(p="fp16"), BF16_P),
     # in the K-major decode case this one moves the output by only ~8e-6: left out there
     "l_summed_after_rounding": (dict(l_of_rounded_p=True), FP16_P[1:] + BF16_P),
+}
+
+# the same kind of change made to vattn/kernel.py itself: (the case, the kernel's text, its replacement)
+KERNEL_EDITS = {
+    "amax_over_240": ("fp8-splitq-hd64-g8-p1-ragged", "q_amax / 448.0", "q_amax / 240.0"),
+    "residual_dropped": ("fp8-splitq-kmajor-hd256-g16-p16-decode",
+                         "_dot(k, q_lo_t, None, EMULATE_LOWP) * 0.0625", "_dot(k, q_lo_t, None, EMULATE_LOWP) * 0.0"),
+    "p_unrounded": ("fp8-widened-hd128-g4-p16", "_narrow(p, CDT, EMULATE_LOWP)", "p"),
 }
 
 
@@ -165,13 +174,17 @@ def case_batch(name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_run(name: str, device: str = "cpu"):
+def kernel_run(name: str, device: str = "cpu", edit: str | None = None):
     """Plan and run case `name` through the workspace's default config; the reduce writes fp32 (the API
-    would round to q's dtype, whose 2^-9 would hide the rounding steps under test).
+    would round to q's dtype, whose 2^-9 would hide the rounding steps under test). edit: run a copy of
+    vattn.kernel with KERNEL_EDITS[edit] applied instead.
     Returns (batch on the CPU, the plan's pieces, the config, out [T, Hq, D] fp32 on the CPU)."""
     import vattn
     from vattn import kernel as K
     from vattn.rounding import plan_pieces
+
+    if edit is not None:
+        K = _edited_kernel(*KERNEL_EDITS[edit][1:])
 
     _, q_lens, d, hkv, g, page, kv, qd, slots, _ = CASES[name]
     b_cpu = case_batch(name)
@@ -184,6 +197,24 @@ def kernel_run(name: str, device: str = "cpu"):
     K.launch_reduce(ws.o_part, ws.lse_part, pl.tensors["seq_part_start"], b["cu_seqlens_q"], out, gqa=g,
                     max_q_len=max(q_lens))
     return b_cpu, plan_pieces({k: v.cpu() for k, v in pl.tensors.items()}), ws.config, out.cpu()
+
+
+def _edited_kernel(old: str, new: str):
+    """A copy of vattn.kernel, imported from a temporary file, with `old` replaced by `new`."""
+    import importlib.util
+    import tempfile
+
+    from vattn import kernel
+
+    src = Path(kernel.__file__).read_text()
+    assert old in src, f"the edit no longer applies to vattn/kernel.py: {old!r} (update KERNEL_EDITS)"
+    path = Path(tempfile.mkdtemp()) / "vattn_kernel_edited.py"
+    path.write_text(src.replace(old, new))
+    spec = importlib.util.spec_from_file_location("vattn_kernel_edited", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # triton reads the jit functions' source through their module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _args(b):
@@ -225,6 +256,17 @@ def test_interp_changed_rounding_step_is_caught(name, mutation):
     *_, out = kernel_run(name)
     err = rel_err(out, model(name, **MUTATIONS[mutation][0]))
     print(f"{name} {mutation}: kernel vs mutated model {err:.2e}")
+    assert err >= MIN_MUTATION_ERR
+
+
+@interp_only
+@pytest.mark.parametrize("edit", list(KERNEL_EDITS))
+def test_interp_edited_kernel_fails_the_model_check(edit):
+    """A copy of the kernel with one rounding step edited lands outside TOL_MODEL of the model."""
+    name = KERNEL_EDITS[edit][0]
+    *_, out = kernel_run(name, edit=edit)
+    err = rel_err(out, model(name))
+    print(f"{name} kernel edited ({edit}): vs rounding model {err:.2e}")
     assert err >= MIN_MUTATION_ERR
 
 
