@@ -61,20 +61,71 @@ def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
       kernel 116.9 us against 137.0 (at 64 rows K-major was 11x slower, at 32 rows 18% slower);
     - otherwise (bf16/fp16 KV, or fp8 with 16 rows at hd128 or 32 rows) K and V widened to the 16-bit
       type, 3 stages: 16 x 35k GQA8 181 us main against 213 us K-major split-Q.
-    The interpreter computes fp8 dots wrong (KERNEL.md): there K is always widened."""
+    The interpreter gets the same config: the kernel then runs its e4m3/bf16 roundings and dots emulated
+    in fp32 (EMULATE_LOWP), so CPU tests exercise the GPU's default numerics."""
     rows = _pad_rows(qrows)
     warps = 8 if head_dim * rows > 256 * 64 else 4
-    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
     kmajor = rows == 16 and head_dim == 256
-    if not kv_is_fp8 or interp or not (rows >= 64 or kmajor):
+    if not kv_is_fp8 or not (rows >= 64 or kmajor):
         return MainConfig(block_n=64, num_warps=warps, num_stages=3)
     return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=2, prefetch_pages=True, kmajor=kmajor)
+
+
+# -- low-precision emulation for Triton's interpreter (EMULATE_LOWP; never set on a GPU) --
+# The interpreter's fp32 -> e4m3 and fp32 -> bf16 casts truncate, drop carries and do not saturate, and
+# its bf16/fp8 dots are wrong (KERNEL.md). Under EMULATE_LOWP each narrowing cast first rounds in fp32
+# arithmetic exactly as the GPU's cvt.rn(.satfinite) does (the cast after it is then exact), and each dot
+# widens its already-rounded operands to fp32: the products are those of the GPU's fp8/bf16 MMA (exact in
+# fp32), only the order of the fp32 accumulation differs.
+
+
+@triton.jit
+def _e4m3_rn(x):
+    """fp32 -> the nearest e4m3fn value as fp32: ties to even, saturating at +-448 (cvt.rn.satfinite)."""
+    ax = tl.abs(x)
+    # the binade's exponent, from the bits; below 2^-6 e4m3 is subnormal with the fixed step 2^-9
+    e = tl.maximum(((ax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    inv_step = ((130 - e) << 23).to(tl.float32, bitcast=True)  # 2^(3-e): 3 mantissa bits
+    step = ((124 + e) << 23).to(tl.float32, bitcast=True)  # 2^(e-3)
+    # ax * inv_step < 16 is exact; adding 1.5 * 2^23 rounds it to an integer, ties to even
+    r = ((ax * inv_step + 12582912.0) - 12582912.0) * step
+    r = tl.minimum(r, 448.0)
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _bf16_rn(x):
+    """fp32 -> the nearest bf16 value as fp32, ties to even (cvt.rn.bf16.f32)."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _narrow(x, DT: tl.constexpr, EMULATE_LOWP: tl.constexpr):
+    """x.to(DT) with the GPU's rounding, also in the interpreter (fp16 casts are right there already)."""
+    if EMULATE_LOWP:
+        if DT == tl.float8e4nv:
+            x = _e4m3_rn(x.to(tl.float32))
+        elif DT == tl.bfloat16:
+            x = _bf16_rn(x.to(tl.float32))
+    return x.to(DT)
+
+
+@triton.jit
+def _dot(a, b, acc, EMULATE_LOWP: tl.constexpr):
+    """tl.dot(a, b, acc); emulated: on the fp32 values of the (already rounded) operands."""
+    if EMULATE_LOWP:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
 def _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q, kv_len, h,
             G: tl.constexpr, QROWS: tl.constexpr, QR_PAD: tl.constexpr, D: tl.constexpr,
-            HAS_DESCALE: tl.constexpr, CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr):
+            HAS_DESCALE: tl.constexpr, CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr,
+            EMULATE_LOWP: tl.constexpr):
     """The packed Q tile [QR_PAD, D] as matrix operands, with each row's folded logit scale and causal
     limit. Returns (q, q_lo, row_scale, limit); q_lo is meaningful only when QK_FP8 == 2."""
     rows = tl.arange(0, QR_PAD)
@@ -94,9 +145,9 @@ def _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q, 
         q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
         q_s = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
         q_f = q.to(tl.float32) / q_s[:, None]
-        q8 = q_f.to(tl.float8e4nv)
+        q8 = _narrow(q_f, tl.float8e4nv, EMULATE_LOWP)
         # e4m3 rounds to within 1/16 of a value: the residual x 16 fits e4m3 again
-        q_lo = ((q_f - q8.to(tl.float32)) * 16.0).to(tl.float8e4nv)
+        q_lo = _narrow((q_f - q8.to(tl.float32)) * 16.0, tl.float8e4nv, EMULATE_LOWP)
         return q8, q_lo, q_s * qk_scale, limit
     elif SCALE_Q:
         q_amax = tl.max(tl.abs(q.to(tl.float32)), axis=1)
@@ -104,7 +155,7 @@ def _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q, 
         q16 = (q.to(tl.float32) / q_s[:, None]).to(CDT)
         return q16, q16, q_s * qk_scale, limit
     else:
-        q16 = q.to(CDT)
+        q16 = _narrow(q, CDT, EMULATE_LOWP)  # fp16 Q meets bf16 KV as bf16
         return q16, q16, tl.full([QR_PAD], 1.0, tl.float32) * qk_scale, limit
 
 
@@ -147,7 +198,7 @@ def _kv_tile(s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, 
              k_ptr, v_ptr, bt_row, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, h,
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CDT: tl.constexpr, QK_FP8: tl.constexpr,
              PREFETCH_PAGES: tl.constexpr, KMAJOR: tl.constexpr, HOIST_ROWS: tl.constexpr, MASKED: tl.constexpr,
-             LAZY: tl.constexpr):
+             LAZY: tl.constexpr, EMULATE_LOWP: tl.constexpr):
     """One KV tile [s, s + BLOCK_N) of the piece: gather K/V through the page table, S = Q.K^T, online softmax,
     acc += P.V. MASKED: the tile may cross `end` or a causal limit (else every position is visible to every
     row). LAZY: rescale acc only when some row's running max grew by more than 2^8 (P then stays <= 256)."""
@@ -179,12 +230,12 @@ def _kv_tile(s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, 
     if KMAJOR:
         # -- S^T [BLOCK_N, QR_PAD]: keys on the M side --
         if QK_FP8 == 2:
-            sc = tl.dot(k, q_lo_t) * 0.0625
-            sc = tl.dot(k, q_t, sc)
+            sc = _dot(k, q_lo_t, None, EMULATE_LOWP) * 0.0625
+            sc = _dot(k, q_t, sc, EMULATE_LOWP)
         elif QK_FP8 == 1:
-            sc = tl.dot(k, q_t)
+            sc = _dot(k, q_t, None, EMULATE_LOWP)
         else:
-            sc = tl.dot(k.to(CDT), q_t)
+            sc = _dot(k.to(CDT), q_t, None, EMULATE_LOWP)
         sc = sc * row_scale[None, :]
         if MASKED:
             sc = tl.where((pos[:, None] < limit[None, :]) & pos_ok[:, None], sc, float("-inf"))
@@ -192,12 +243,12 @@ def _kv_tile(s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, 
         # -- S [QR_PAD, BLOCK_N] --
         if QK_FP8 == 2:
             k_t = tl.trans(k)
-            sc = tl.dot(q_lo, k_t) * 0.0625
-            sc = tl.dot(q, k_t, sc)
+            sc = _dot(q_lo, k_t, None, EMULATE_LOWP) * 0.0625
+            sc = _dot(q, k_t, sc, EMULATE_LOWP)
         elif QK_FP8 == 1:
-            sc = tl.dot(q, tl.trans(k))
+            sc = _dot(q, tl.trans(k), None, EMULATE_LOWP)
         else:
-            sc = tl.dot(q, tl.trans(k.to(CDT)))
+            sc = _dot(q, tl.trans(k.to(CDT)), None, EMULATE_LOWP)
         sc = sc * row_scale[:, None]
         if MASKED:
             sc = tl.where((pos[None, :] < limit[:, None]) & pos_ok[None, :], sc, float("-inf"))
@@ -229,16 +280,17 @@ def _kv_tile(s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, 
         v = tl.load(v_ptr + v_off[:, None] + d[None, :], mask=pos_ok[:, None], other=0.0)
     else:
         v = tl.load(v_ptr + v_off[:, None] + d[None, :])
+    # P rounds to the operand type (fp16, or bf16 with bf16 KV); V widens exactly
     if KMAJOR:
         if LAZY:
-            acc = tl.dot(tl.trans(v).to(CDT), p.to(CDT), acc)
+            acc = _dot(tl.trans(v).to(CDT), _narrow(p, CDT, EMULATE_LOWP), acc, EMULATE_LOWP)
         else:
-            acc = tl.dot(tl.trans(v).to(CDT), p.to(CDT), acc * alpha[None, :])
+            acc = _dot(tl.trans(v).to(CDT), _narrow(p, CDT, EMULATE_LOWP), acc * alpha[None, :], EMULATE_LOWP)
     else:
         if LAZY:
-            acc = tl.dot(p.to(CDT), v.to(CDT), acc)
+            acc = _dot(_narrow(p, CDT, EMULATE_LOWP), v.to(CDT), acc, EMULATE_LOWP)
         else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(CDT), v.to(CDT))
+            acc = acc * alpha[:, None] + _dot(_narrow(p, CDT, EMULATE_LOWP), v.to(CDT), None, EMULATE_LOWP)
     if not LAZY:
         m_i = m_new
     return acc, m_i, l_i, page_next
@@ -268,6 +320,7 @@ def _attn_main_kernel(
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DESCALE: tl.constexpr,
     CDT: tl.constexpr, SCALE_Q: tl.constexpr, QK_FP8: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
     KMAJOR: tl.constexpr, HOIST_ROWS: tl.constexpr, SPLIT_TAIL: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    EMULATE_LOWP: tl.constexpr,
 ):
     # CDT: the matrix operand dtype. fp8 KV widens to fp16 (one cvt per two values on sm_89+;
     # to bf16 it takes several), and fp16 keeps more bits than bf16. SCALE_Q: bf16 Q into fp16
@@ -286,7 +339,8 @@ def _attn_main_kernel(
     q0 = tl.load(cu_q_ptr + seq)
     n_q = tl.load(cu_q_ptr + seq + 1) - q0
     q, q_lo, row_scale, limit = _q_tile(q_ptr, stride_qt, stride_qh, k_descale_ptr, softmax_scale, q0, n_q,
-                                        kv_len, h, G, QROWS, QR_PAD, D, HAS_DESCALE, CDT, SCALE_Q, QK_FP8)
+                                        kv_len, h, G, QROWS, QR_PAD, D, HAS_DESCALE, CDT, SCALE_Q, QK_FP8,
+                                        EMULATE_LOWP)
     d = tl.arange(0, D)
     m_i = tl.full([QR_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([QR_PAD], tl.float32)
@@ -320,12 +374,12 @@ def _attn_main_kernel(
             acc, m_i, l_i, page_next = _kv_tile(
                 s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, limit, d, j_page, k_rows,
                 v_rows, k_ptr, v_ptr, bt_row, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, h,
-                PAGE, BLOCK_N, CDT, QK_FP8, PREFETCH_PAGES, KMAJOR, HOIST_ROWS, False, LAZY_RESCALE)
+                PAGE, BLOCK_N, CDT, QK_FP8, PREFETCH_PAGES, KMAJOR, HOIST_ROWS, False, LAZY_RESCALE, EMULATE_LOWP)
     for s in range(body_end, end, BLOCK_N):
         acc, m_i, l_i, page_next = _kv_tile(
             s, end, acc, m_i, l_i, page_next, q, q_lo, q_t, q_lo_t, row_scale, limit, d, j_page, k_rows, v_rows,
             k_ptr, v_ptr, bt_row, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, h,
-            PAGE, BLOCK_N, CDT, QK_FP8, PREFETCH_PAGES, KMAJOR, HOIST_ROWS, True, LAZY_RESCALE)
+            PAGE, BLOCK_N, CDT, QK_FP8, PREFETCH_PAGES, KMAJOR, HOIST_ROWS, True, LAZY_RESCALE, EMULATE_LOWP)
     if SPLIT_TAIL:  # rows past the sequence's tokens (ragged q_len) saw the unmasked tiles: keep them neutral
         l_i = tl.where(limit > 0, l_i, 0.0)
 
@@ -378,6 +432,7 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
         KMAJOR=config.kmajor, HOIST_ROWS=config.hoist_rows and config.block_n % page == 0,
         SPLIT_TAIL=config.split_tail, LAZY_RESCALE=config.lazy_rescale,
+        EMULATE_LOWP=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),  # the CPU interpreter only
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return args, kwargs
