@@ -6,7 +6,7 @@
     stats.py       session-clustered bootstrap, sign test, A/A noise floor (numpy, vectorised)
     compare.py     one comparison: side a vs side b, repeats pooled, A/A floor
     plots.py       TPOT CDF, matched delta histogram, TPOT over time (matplotlib Agg)
-    cycles.py      optional "kernel in the loop" section from emulator_cycles.jsonl
+    cycles.py      optional "kernel in the loop" section from the emulator cycle log
     accuracy.py    accuracy table from accuracy/<task>.jsonl (paired tests: pipeline.accuracy.compare)
     provenance.py  the manifest's provenance block
     report.py      write_report / cli_report: `pipeline report`

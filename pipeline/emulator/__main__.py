@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from pipeline.emulator.config import ConfigError, config_from_argv
+from pipeline.emulator.cyclelog import CycleLogError
 from pipeline.emulator.tokens import TokenizerError
 
 
@@ -13,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.emulator.server import serve  # aiohttp and the cost model load only once config is good
 
         serve(cfg)
-    except (ConfigError, TokenizerError) as e:
+    except (ConfigError, TokenizerError, CycleLogError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
