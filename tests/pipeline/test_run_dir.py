@@ -115,6 +115,8 @@ def test_remote_dirs_of_runs_with_one_basename_differ(tmp_path):
     run_id = new_run_id(tmp_path / "a/run", "2026-01-01T00:00:00+00:00")
     again = [build_plan(recipe, tmp_path / "a/run", run_id).arm_runs[0].artifact_dir for _ in range(2)]
     assert again[0] == again[1]
+    # A manifest from before run ids has none: its resume keeps the old basename-only folder.
+    assert build_plan(recipe, tmp_path / "a/run", None).arm_runs[0].artifact_dir == "/tmp/pipeline/run/arms/off"
 
 
 @pytest.mark.ssh
