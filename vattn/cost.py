@@ -326,7 +326,10 @@ def check_cycles(run_dir: str, profile: str = "h200", tol: float = 0.2) -> list[
     prof, rows = load_profile(profile), []
     for arm in run.arm_runs():
         arm_paths = run.arm(arm)
-        if not arm_paths.emulator_cycles.is_file():
+        # Every server lifetime's log counts: each cycle is checked on its own batch.
+        logs = list(arm_paths.emulator_cycle_logs().values()) or [arm_paths.legacy_emulator_cycles]
+        lines = [x for p in logs if p.is_file() for x in p.read_text().splitlines()]
+        if not lines:
             continue
         info = json.loads(arm_paths.server_info.read_text())
         c = info["config"]
@@ -335,7 +338,7 @@ def check_cycles(run_dir: str, profile: str = "h200", tol: float = 0.2) -> list[
         slots = info["hardware"].get("slots_per_sm", prof.slots_per_sm)  # the kernel's occupancy, as logged
         arm_prof = replace(prof, slots_per_sm=slots)
         logged, now, exact = [], [], []
-        for line in arm_paths.emulator_cycles.read_text().splitlines():
+        for line in lines:
             cyc = json.loads(line)
             meas = cyc.get("measured_attention_layer_us", 0.0)
             if not meas or not cyc.get("batch"):
@@ -361,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(prog="python -m vattn.cost", description=__doc__.splitlines()[0])
     ap.add_argument("--check-cycles", metavar="RUN_DIR", required=True,
-                    help="a kernel-in-the-loop run directory (arms/*/emulator_cycles.jsonl)")
+                    help="a kernel-in-the-loop run directory (arms/*/emulator_cycles/)")
     ap.add_argument("--profile", default="h200")
     ap.add_argument("--tol", type=float, default=0.2)
     args = ap.parse_args(argv)

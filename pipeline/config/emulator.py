@@ -39,7 +39,10 @@ class EmulatorConfig(BaseModel):
     tokenizer: str | None = Field(None, description=(
         "HF tokenizer directory (tokenizer.json) used to count prompt tokens and to make output text, one "
         "vocab word per generated token. Unset: whitespace-separated words count as tokens."))
-    cycle_log: str | None = Field(None, description="Write one JSON line per engine cycle to this file.")
+    cycle_log: str | None = Field(None, description=(
+        "Write one JSON line per engine cycle to this file (created new: an existing file is an error)."))
+    cycle_log_dir: str | None = Field(None, description=(
+        "Write the cycle log to <dir>/lifetime-<n>.jsonl, n the lowest free number: one file per server start."))
     cycle_log_flush_s: float = Field(1.0, gt=0, le=60, description="Flush the cycle log at least this often.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Server log level.")
 
@@ -116,6 +119,9 @@ class EmulatorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "EmulatorConfig":
+        if self.cycle_log and self.cycle_log_dir:
+            raise ValueError("cycle_log and cycle_log_dir are both set; give one (cycle_log_dir: one file per "
+                             "server start)")
         if self.head_dim not in (64, 128, 256):
             raise ValueError(f"head_dim: {self.head_dim} is not supported; allowed: 64, 128, 256")
         if self.page_size not in (1, 16, 64):
