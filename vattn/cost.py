@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vattn.plan import KV_TILE, PLANNERS, plan_splits
+from vattn.planner import KV_TILE, PLANNERS, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
 PHASES = ("verify", "decode", "any")  # decode: every live sequence has q_len 1; any: one fit for both

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 from pipeline.emulator.config import ConfigError, EmulatorConfig
-
-PLANNERS = ("fixed", "length_aware", "balanced")
+from vattn.planner import PLANNERS
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vattn.cost import kernel_path, load_profile, predict_attention_us
-from vattn.plan import PLANNERS
+from vattn.planner import PLANNERS
 
 H200, MI355X = load_profile("h200"), load_profile("mi355x")
 HD256 = dict(num_kv_heads=1, head_dim=256, gqa=16, kv_dtype="fp8", page_size=16)
