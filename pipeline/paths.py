@@ -20,6 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# The hardware profiles of vattn's cost model (the emulator's attention time), by name: configs/hardware/<name>.yaml
+HARDWARE_PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+
 
 @dataclass(frozen=True)
 class ArmPaths:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
 from pipeline.emulator.config import ConfigError, EmulatorConfig
+from pipeline.paths import HARDWARE_PROFILES_DIR
 from vattn.planner import PLANNERS
 
 
@@ -69,7 +70,7 @@ class CostModelAttention:
 
         self._predict = cost.predict_attention_us
         try:
-            self.profile = cost.load_profile(cfg.hardware)
+            self.profile = cost.load_profile(cfg.hardware, HARDWARE_PROFILES_DIR)
         except (ValueError, OSError) as e:
             raise ConfigError(f"hardware: {cfg.hardware!r}: {e}") from None
         self._kw = dict(impl=arm.impl, planner=arm.planner, profile=self.profile, num_kv_heads=cfg.num_kv_heads,
