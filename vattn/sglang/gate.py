@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from vattn.contract import HEAD_DIMS, MAX_GQA, MAX_Q_LEN, PAGE_SIZES, Q_DTYPES
 from vattn.contract import KV_DTYPES as KERNEL_KV_DTYPES
 
-# torch dtype names; the backend serves fp8 e4m3 and bf16 caches, and fp8 e5m2, fp16-only and int4 stay on the base
+# torch dtype names the backend serves: the kernel's, less fp16 caches (fp8 e5m2, fp16-only and int4 stay on the base)
 KV_DTYPES = tuple(d for d in KERNEL_KV_DTYPES if d != "float16")
 MODES = ("target_verify", "draft_extend", "decode")
 PLAN_MODES = ("balanced", "length_aware", "fixed")  # vattn.plan's planners (KERNEL.md)
