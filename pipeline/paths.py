@@ -80,6 +80,9 @@ def task_records(accuracy_dir: Path, task: str) -> Path:
 def task_summary(accuracy_dir: Path, task: str) -> Path:
     return Path(accuracy_dir) / f"{task}.summary.json"
 
+# The hardware profiles of vattn's cost model (the emulator's attention time), by name: configs/hardware/<name>.yaml
+HARDWARE_PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
+
 
 @dataclass(frozen=True)
 class ArmPaths:
