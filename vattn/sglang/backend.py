@@ -162,8 +162,8 @@ class VattnAttnBackend(AttentionBackend):
         self.vattn_base.init_forward_metadata_in_graph(forward_batch)
         self._vattn_prepare(forward_batch, self._vattn_decide(forward_batch))
 
-    def init_cuda_graph_state(self, max_bs: int, *args, **kwargs):
-        self.vattn_base.init_cuda_graph_state(max_bs, *args, **kwargs)
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        self.vattn_base.init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
         if self.vattn_workspace is None:  # a graph batch may exceed the request pool; size for both
             self.vattn_max_batch = max(self.vattn_max_batch, int(max_bs))
 

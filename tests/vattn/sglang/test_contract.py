@@ -1,8 +1,11 @@
-"""Contract tests of the vattn sglang backend against the real sglang 0.5.23 package (no GPU).
+"""Contract tests of the vattn sglang backend against the real sglang package, 0.5.17 or 0.5.23
+(tox runs one env per version; no GPU).
 
-In-process: registration, CLI choices, the EAGLE draft-factory hook, method signatures, and the
-gate. In a subprocess (drive_cpu.py, TRITON_INTERPRET=1): forward calls of the real backend on
-sglang's real pools and metadata, routed to vattn or to the Triton base.
+In-process: registration, CLI choices, the EAGLE draft-factory hook, delegation of sglang's
+AttentionBackend declarations, the base choice (--vattn-base, VATTN_BASE, sglang's default), the
+counters' log format and parser, and the gate. In a subprocess (drive_cpu.py, TRITON_INTERPRET=1):
+forward calls of the real wrapper on sglang's real pools and metadata over the real Triton base and
+a recording stand-in for FA3, routed to vattn or to the base, and counted.
 """
 from __future__ import annotations
 
@@ -25,12 +28,15 @@ import sglang_env  # noqa: E402
 try:
     sglang_env.import_sglang()
 except ImportError as exc:  # pragma: no cover - CI installs it (see .ci/run)
-    pytest.skip(f"sglang 0.5.23 is not importable: {exc}", allow_module_level=True)
+    pytest.skip(f"sglang is not importable: {exc}", allow_module_level=True)
 
-from vattn.sglang import gate  # noqa: E402
+from vattn.sglang import base as base_choice  # noqa: E402
+from vattn.sglang import counters, gate  # noqa: E402
 
-OVERRIDDEN = ("__init__", "forward_extend", "forward_decode", "init_forward_metadata",
-              "init_forward_metadata_in_graph", "init_cuda_graph_state")
+# the hooks the wrapper itself implements (each calls the base's first); every other name
+# sglang's AttentionBackend declares is forwarded to the base
+OVERRIDDEN = ("forward", "forward_extend", "forward_decode", "init_forward_metadata",
+              "init_forward_metadata_out_graph", "init_forward_metadata_in_graph", "init_cuda_graph_state")
 
 
 @pytest.fixture(scope="module")
@@ -44,82 +50,214 @@ def registered():
     return VattnAttnBackend
 
 
-def test_sglang_version_is_the_one_the_backend_targets():
-    from importlib.metadata import version
+def test_sglang_version_is_one_the_backend_supports():
+    from vattn.sglang import compat
 
-    assert version("sglang") == "0.5.23"
+    assert compat.SGLANG_VERSION in compat.SUPPORTED, compat.SGLANG_VERSION
 
 
 def test_backend_is_in_sglangs_registry_and_cli(registered):
     import argparse
 
-    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, DRAFT_ATTENTION_BACKEND_CHOICES
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.server_args import ServerArgs
 
     from vattn.sglang.backend import create_vattn_backend
 
+    try:
+        from sglang.srt.arg_groups import choices
+    except ImportError:  # 0.5.17: one list, in server_args, also offered to the draft flag
+        from sglang.srt import server_args as choices
     assert ATTENTION_BACKENDS["vattn"] is create_vattn_backend
-    assert ATTENTION_BACKEND_CHOICES.count("vattn") == 1
-    assert DRAFT_ATTENTION_BACKEND_CHOICES.count("vattn") == 1
+    assert choices.ATTENTION_BACKEND_CHOICES.count("vattn") == 1
+    assert getattr(choices, "DRAFT_ATTENTION_BACKEND_CHOICES", ["vattn"]).count("vattn") == 1
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(["--model-path", "m", "--attention-backend", "vattn"])
     assert ns.attention_backend == "vattn"
 
 
-def test_backend_builds_on_sglangs_triton_backend(registered):
+def test_every_attention_backend_declaration_is_overridden_or_forwarded(registered):
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    assert issubclass(registered, TritonAttnBackend) and issubclass(registered, AttentionBackend)
-    public = {name for name, member in vars(registered).items() if callable(member) and not name.startswith("_")}
-    # every public method defined here overrides one of the base's: sglang calls nothing new
-    assert public <= set(dir(TritonAttnBackend)), public - set(dir(TritonAttnBackend))
+    assert issubclass(registered, AttentionBackend)
+    declared = {n for n in vars(AttentionBackend) if not n.startswith("__") and not n.startswith("_abc")}
+    # nothing of the ABC's own defaults (flags, no-op hooks) may shadow the base's through inheritance
+    inherited = {n for n in declared if n not in vars(registered)}
+    assert not inherited, inherited
+    public = {n for n, m in vars(registered).items() if callable(m) and not n.startswith("_") and n != "wrap"}
+    assert public <= declared, public - declared  # sglang calls nothing new
 
 
 @pytest.mark.parametrize("name", OVERRIDDEN)
-def test_overridden_methods_match_the_base_signatures(registered, name):
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+def test_overridden_hooks_accept_every_call_shape_of_the_base(registered, name):
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-    def shape(fn):
-        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
-
-    assert getattr(registered, name) is not getattr(TritonAttnBackend, name)
-    assert shape(getattr(registered, name)) == shape(getattr(TritonAttnBackend, name))
+    ours = inspect.signature(getattr(registered, name)).parameters
+    theirs = [p for p in inspect.signature(getattr(AttentionBackend, name)).parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    assert [p.name for p in theirs] == list(ours)[: len(theirs)]
 
 
 def test_forward_modes_used_by_the_backend_exist_in_sglang():
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from vattn.sglang.backend import forward_mode_name
+    from vattn.sglang.backend import forward_mode_name, mode_key
 
     assert forward_mode_name(ForwardMode.TARGET_VERIFY) == "target_verify"
     assert forward_mode_name(ForwardMode.DRAFT_EXTEND_V2) == "draft_extend"
     assert forward_mode_name(ForwardMode.DECODE) == "decode"
     for other in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.IDLE, ForwardMode.PREBUILT):
         assert forward_mode_name(other) is None
+    assert [mode_key(m) for m in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.IDLE)] == \
+        ["extend", "extend", "other"]
+    assert set(gate.MODES) < set(counters.MODES)
 
 
-def test_draft_factory_gets_vattn_for_draft_extend_and_triton_steps_for_draft_decode(registered, monkeypatch):
+def _creator(name):
+    def create():
+        return ("stamp", f"made by {name}")
+
+    create.__name__ = name
+    return create
+
+
+@pytest.mark.parametrize("style", ["0.5.23", "0.5.17"])
+def test_draft_factory_wraps_the_bases_draft_extend_and_keeps_its_multistep_decode(registered, monkeypatch, style):
+    """The hook is version-agnostic: 0.5.23 says `stamps_children`; 0.5.17's maps differ only in
+    their creators' names (`_create_*_decode_backend` vs `_create_*_prefill_backend`)."""
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    import vattn.sglang.backend as backend_module
+
+    monkeypatch.setenv("VATTN_BASE", "fa3")
+    seen, wrapped = {}, []
+
+    def sglangs_method(self, backend_name, backend_map, error_template, *args, **kwargs):
+        seen[backend_name] = backend_map
+
+    monkeypatch.setattr(DraftBackendFactory._create_backend, "__wrapped__", sglangs_method)
+    monkeypatch.setattr(backend_module, "wrap", lambda b, runner, name: wrapped.append((b, runner, name)) or "W")
+    factory = DraftBackendFactory.__new__(DraftBackendFactory)
+    factory.draft_model_runner = runner = object()
+    decode = {n: _creator(f"_create_{n}_decode_backend") for n in ("triton", "fa3")}
+    extend = {n: _creator(f"_create_{n}_prefill_backend") for n in ("triton", "fa3")}
+    extra = ({"stamps_children": True}, {"stamps_children": False}) if style == "0.5.23" else ({}, {})
+    factory._create_backend("decode_attention_backend", decode, "x {backend_type}", **extra[0])
+    factory._create_backend("prefill_attention_backend", extend, "x {backend_type}", **extra[1])
+    assert seen["decode_attention_backend"]["vattn"] is decode["fa3"]  # the base's own multi-step container
+    assert seen["prefill_attention_backend"]["vattn"]() == ("stamp", "W")
+    assert wrapped == [("made by _create_fa3_prefill_backend", runner, "fa3")]
+
+
+def test_draft_factory_hook_takes_sglangs_arguments(registered):
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
     hooked = DraftBackendFactory._create_backend
-    assert [p.name for p in inspect.signature(hooked).parameters.values()] == \
-        [p.name for p in inspect.signature(hooked.__wrapped__).parameters.values()]
-    seen = {}
+    names = [p.name for p in inspect.signature(hooked.__wrapped__).parameters.values()]
+    assert names[:4] == ["self", "backend_name", "backend_map", "error_template"]
 
-    def sglangs_method(self, backend_name, backend_map, error_template, stamps_children=False):
-        seen[stamps_children] = backend_map
 
-    monkeypatch.setattr(hooked, "__wrapped__", sglangs_method)
-    factory = DraftBackendFactory.__new__(DraftBackendFactory)
-    factory.draft_model_runner = object()
-    triton = lambda: ("triton", None)  # noqa: E731
-    factory._create_backend("decode_attention_backend", {"triton": triton}, "x {backend_type}", True)
-    factory._create_backend("prefill_attention_backend", {"triton": triton}, "x {backend_type}", False)
-    assert seen[True]["vattn"] is triton  # multi-step draft decode: sglang's Triton container
-    assert seen[False]["vattn"] is not triton and callable(seen[False]["vattn"])
+# -- the base: --vattn-base, VATTN_BASE, sglang's default ----------------------------------------
+
+@pytest.mark.parametrize("argv, rest, chosen", [
+    (["--model-path", "m", "--vattn-base", "fa3", "--tp", "2"], ["--model-path", "m", "--tp", "2"], "fa3"),
+    (["--vattn-base=FlashInfer", "--x"], ["--x"], "flashinfer"),
+    (["--vattn-base", "fa3", "--vattn-base", "triton"], [], "triton"),
+    (["--model-path", "m"], ["--model-path", "m"], None),
+])
+def test_vattn_base_flag_is_stripped(argv, rest, chosen):
+    assert base_choice.strip_flag(argv) == (rest, chosen)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--vattn-base", "fa4"], r"--vattn-base: got 'fa4'; allowed: fa3, flashinfer, triton"),
+    (["--vattn-base"], r"--vattn-base: needs a value"),
+    (["--vattn-base", "--tp"], r"--vattn-base: needs a value"),
+])
+def test_vattn_base_flag_rejects_what_it_cannot_wrap(argv, message):
+    with pytest.raises(ValueError, match=message):
+        base_choice.strip_flag(argv)
+
+
+def test_vattn_base_env_is_checked(monkeypatch):
+    monkeypatch.setenv("VATTN_BASE", "cutlass")
+    with pytest.raises(ValueError, match=r"VATTN_BASE: got 'cutlass'; allowed: fa3, flashinfer, triton"):
+        base_choice.from_env()
+
+
+def test_default_base_is_sglangs_own_choice(monkeypatch):
+    """Without the flag the wrapper asks sglang's own default rule (no copy of it here): patched
+    to answer fa3 as it does on an H200 for MHA without tree speculation, that is the base."""
+    from types import SimpleNamespace
+
+    monkeypatch.delenv("VATTN_BASE", raising=False)
+    asked = []
+
+    def sglangs_rule(*args):
+        asked.append(args[-2:])
+        return "fa3"
+
+    try:
+        import sglang.srt.arg_groups.model_override_base as rules
+        monkeypatch.setattr(rules, "get_default_attn_backend", sglangs_rule)
+        server_args = object()
+    except ImportError:  # 0.5.17: a ServerArgs method
+        server_args = SimpleNamespace(_get_default_attn_backend=sglangs_rule)
+    config = object()
+    runner = SimpleNamespace(server_args=server_args, use_mla_backend=False, model_config=config)
+    assert base_choice.resolve(runner) == ("fa3", "sglang default")
+    assert asked == [(False, config)]
+    monkeypatch.setenv("VATTN_BASE", "triton")
+    assert base_choice.resolve(runner) == ("triton", "VATTN_BASE")
+
+
+def test_default_base_on_this_cpu_is_what_sglang_picks_here():
+    from types import SimpleNamespace
+
+    import sglang_env as E
+
+    server_args = E.publish()
+    config = SimpleNamespace(hf_config=SimpleNamespace(architectures=["LlamaForCausalLM"]), has_asymmetric_kv=False,
+                             has_attention_sinks=False, get_num_kv_heads=lambda tp: 1)
+    runner = SimpleNamespace(server_args=server_args, use_mla_backend=False, model_config=config)
+    assert base_choice.default_base(runner) in ("triton", "flashinfer")  # no Hopper here
+
+
+# -- counters ------------------------------------------------------------------------------------
+
+def _line_as(counter, pid) -> str:
+    return counters.PREFIX + json.dumps({**counter.snapshot(), "pid": pid})
+
+
+def test_counters_log_line_round_trips_and_sums_processes():
+    a, b = counters.PathCounters("fa3"), counters.PathCounters("fa3")
+    for _ in range(3):
+        a.count("vattn", "target_verify")
+    a.count("base", "extend")
+    b.count("vattn", "target_verify")
+    b.count("base", "prefill")  # a mode outside MODES counts as "other"
+    first = _line_as(a, 1)
+    a.count("vattn", "decode")  # cumulative: a pid's later line replaces its earlier one
+    text = "\n".join(["INFO boot", first, "junk vattn paths: {not json", "[2026] x " + _line_as(b, 2),
+                      "INFO " + _line_as(a, 1)])
+    parsed = counters.parse_log(text)
+    assert parsed == {"vattn": {"target_verify": 4, "draft_extend": 0, "decode": 1, "extend": 0, "other": 0},
+                      "base": {"target_verify": 0, "draft_extend": 0, "decode": 0, "extend": 1, "other": 1},
+                      "base_backend": "fa3", "processes": 2}
+    assert counters.parse_log("no lines") == {**{p: dict.fromkeys(counters.MODES, 0) for p in counters.PATHS},
+                                              "base_backend": None, "processes": 0}
+    with pytest.raises(ValueError, match=r"path: got 'triton'; allowed: vattn, base"):
+        a.count("triton", "decode")
+
+
+def test_counters_publish_writes_the_json_file(tmp_path):
+    c = counters.PathCounters("flashinfer")
+    c.count("vattn", "draft_extend")
+    c.publish(str(tmp_path / "paths-{pid}.json"))
+    [written] = tmp_path.glob("paths-*.json")
+    assert json.loads(written.read_text())["vattn"]["draft_extend"] == 1
+    assert written.name == f"paths-{os.getpid()}.json"
 
 
 @pytest.mark.parametrize("env, expected", [(None, True), ("1", True), ("0", False), ("off", False)])
@@ -237,6 +375,14 @@ def routed():
 
 
 @pytest.mark.slow
+def test_the_driver_ran_on_the_installed_sglang(routed):
+    from vattn.sglang import compat
+
+    assert routed["sglang"] == compat.SGLANG_VERSION
+    assert routed["triton_base"] == {"cls": "TritonAttnBackend", "name": "triton"}
+
+
+@pytest.mark.slow
 def test_verify_reaches_vattn_with_sglangs_block_table_and_lengths(routed):
     v = routed["verify"]
     assert v["base_extend"] == 0 and len(v["calls"]) == 2
@@ -260,10 +406,51 @@ def test_draft_extend_and_decode_reach_vattn_with_post_write_lengths(routed):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["extend", "softcap", "sinks", "stale_batch", "vattn_off"])
-def test_everything_else_goes_to_the_base_backend(routed, case):
+def test_everything_else_goes_to_the_triton_base(routed, case):
     assert routed[case]["vattn"] == 0 and routed[case]["base_extend"] == 1
     if case == "vattn_off":
         assert routed[case]["reason"] == "VATTN=0"
+
+
+@pytest.mark.slow
+def test_stand_in_production_base_serves_all_but_the_three_modes_with_vattn_on(routed):
+    on = routed["stand_in_vattn1"]
+    assert (on["base_cls"], on["base_name"], on["reason"]) == ("RecordingBase", "fa3", None)
+    assert on["routes"] == {"target_verify": "vattn", "draft_extend": "vattn", "decode": "vattn",
+                            "draft_decode_step": "forward_decode", "extend": "forward_extend",
+                            "mixed": "forward_extend"}
+    assert on["metadata_calls"] == ["init_forward_metadata"]  # the base prepared every forward too
+
+
+@pytest.mark.slow
+def test_stand_in_production_base_serves_everything_with_vattn_off(routed):
+    off = routed["stand_in_vattn0"]
+    assert off["reason"] == "VATTN=0"
+    assert off["routes"] == {"target_verify": "forward_extend", "draft_extend": "forward_extend",
+                             "decode": "forward_decode", "draft_decode_step": "forward_decode",
+                             "extend": "forward_extend", "mixed": "forward_extend"}
+
+
+@pytest.mark.slow
+def test_base_flags_hooks_and_state_show_through_the_wrapper(routed):
+    assert routed["delegation"] == {
+        "is_attention_backend": True, "ragged_verify": True, "needs_cpu_seq_lens": False, "fill": 1,
+        "graph_state": [8, 32], "metadata_read": "base-metadata", "metadata_written": None,
+        "stamp": "fa3",  # sglang's "vattn" stamp reaches the base as the base's own name
+        "helper": "from the base", "workspace_batch": 8}
+
+
+@pytest.mark.slow
+def test_counters_count_each_forward_once_by_path_and_mode(routed):
+    """Eager: verify x2, draft extend, decode (vattn); a multi-step draft step and a prefill (base);
+    two layers each (not counted). A capture (not counted), then three replays (vattn). VATTN=0:
+    one eager verify and one replay (base)."""
+    c = routed["counters"]
+    assert c["snapshot"] == {"vattn": {"target_verify": 5, "draft_extend": 1, "decode": 1, "extend": 0, "other": 0},
+                             "base": {"target_verify": 2, "draft_extend": 0, "decode": 1, "extend": 1, "other": 0}}
+    assert c["line"].startswith(counters.PREFIX)
+    assert c["parsed"] == {**c["snapshot"], "base_backend": "fa3", "processes": 1}
+    assert c["vattn_calls"] == 9  # 2 layers x (2 verify + draft extend + decode) + 1 in the capture
 
 
 @pytest.mark.slow
@@ -271,4 +458,5 @@ def test_failure_warns_once_and_the_base_serves_from_then_on(routed):
     f = routed["failure"]
     assert f["vattn_attempts"] == 1 and f["base_extend"] == 3
     assert len(f["warnings"]) == 1 and "simulated build failure" in f["warnings"][0]
+    assert "serving with the triton backend" in f["warnings"][0]
     assert f["out_shape"] == [4, 16 * 256]
