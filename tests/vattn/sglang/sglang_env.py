@@ -145,11 +145,15 @@ def build_env(*, device: str, page_size: int = 16, kv_dtype=None, q_heads: int =
         get_num_kv_heads=lambda tp, dcp=1: kv_heads, get_max_num_attention_heads=lambda: q_heads,
         v_head_dim=head_dim, swa_v_head_dim=head_dim, head_dim=head_dim, context_len=context_len,
         is_encoder_decoder=False, linear_attn_registry_result=None, has_asymmetric_kv=False,
-        has_attention_sinks=False)
+        has_attention_sinks=False, is_local_attention_model=False,
+        hf_text_config=SimpleNamespace(num_attention_heads=q_heads, num_key_value_heads=kv_heads))
     from sglang.srt.runtime_context import get_server_args
 
     runner = SimpleNamespace(
         server_args=get_server_args(), use_mla_backend=False, tp_rank=0, init_new_workspace=False,
+        # read by FA3's backend (the GPU test's fa3 base)
+        attention_chunk_size=None, ps=SimpleNamespace(attn_cp_size=1, tp_size=1),
+        kv_cache_dtype_str="fp8_e4m3" if kv_dtype == torch.float8_e4m3fn else "auto",
         req_to_token_pool=r2t, token_to_kv_pool=pool, token_to_kv_pool_allocator=None, page_size=page_size,
         kv_index_translator=translator, sliding_window_size=None, decode_num_tokens_per_req=lambda: draft_tokens,
         model_config=model_config, is_draft_worker=False, spec_algorithm=None, device=device, gpu_id=0,
