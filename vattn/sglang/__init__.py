@@ -12,6 +12,8 @@ Importing this package imports nothing heavy; `register()` imports sglang.
 """
 from __future__ import annotations
 
+import os
+
 NAME = "vattn"
 _registered = False
 
@@ -44,6 +46,14 @@ def _add_cli_choices() -> None:
     drafts = getattr(choices, "DRAFT_ATTENTION_BACKEND_CHOICES", None)
     if drafts is not None and NAME not in drafts:
         choices.add_draft_attention_backend_choices([NAME])
+    if os.environ.get("VATTN_DETERMINISTIC", "").strip() == "1":
+        # opt-in: sglang's --enable-deterministic-inference checks the backend *name*; the base
+        # receives sglang's deterministic settings as usual, but vattn's split plan depends on
+        # the batch, so the on arm is not batch-invariant (the A/A baseline measures the rest)
+        for listed in ("DETERMINISTIC_ATTENTION_BACKEND_CHOICES", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND"):
+            names = getattr(choices, listed, None)
+            if names is not None and NAME not in names:
+                names.append(NAME)
 
 
 def _hook_draft_factory() -> None:

@@ -76,6 +76,25 @@ def test_backend_is_in_sglangs_registry_and_cli(registered):
     assert ns.attention_backend == "vattn"
 
 
+def test_deterministic_mode_accepts_vattn_only_when_asked(registered, monkeypatch):
+    import vattn.sglang
+
+    try:
+        from sglang.srt.arg_groups import choices
+    except ImportError:  # 0.5.17
+        from sglang.srt import server_args as choices
+    lists = (choices.DETERMINISTIC_ATTENTION_BACKEND_CHOICES, choices.RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND)
+    assert all("vattn" not in names for names in lists)
+    monkeypatch.setenv("VATTN_DETERMINISTIC", "1")
+    try:
+        vattn.sglang._add_cli_choices()
+        assert all(names.count("vattn") == 1 for names in lists)
+    finally:
+        for names in lists:
+            while "vattn" in names:
+                names.remove("vattn")
+
+
 def test_every_attention_backend_declaration_is_overridden_or_forwarded(registered):
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
