@@ -187,6 +187,8 @@ class VattnAttnBackend(AttentionBackend):
         q_len = tokens // batch
         if mode == "decode" and q_len != 1:
             return 0
+        if mode == "target_verify" and _verify_width(spec) not in (0, q_len):
+            return 0  # a ragged verify batch whose total happens to divide evenly: not uniform
         return q_len if 1 <= q_len <= self.vattn_max_q_len else 0
 
     def _vattn_count(self, forward_batch, q_len: int) -> None:
@@ -293,6 +295,16 @@ class VattnAttnBackend(AttentionBackend):
             return self.vattn_unit_descale, self.vattn_unit_descale
         return (layer.k_scale.detach().reshape(1).to(torch.float32),
                 layer.v_scale.detach().reshape(1).to(torch.float32))
+
+
+def _verify_width(spec) -> int:
+    """Draft tokens per request the verify input declares (0: not declared). 0.5.23 names it
+    `num_tokens_per_req`, 0.5.17 `draft_token_num`."""
+    for name in ("num_tokens_per_req", "draft_token_num"):
+        value = getattr(spec, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
 
 
 def _dtype(name: str):

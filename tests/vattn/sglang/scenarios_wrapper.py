@@ -28,10 +28,12 @@ def _batches(env):
              ("decode", ForwardMode.DECODE, [33], 1, None),
              ("draft_decode_step", ForwardMode.DECODE, [33], 1, chain),
              ("extend", ForwardMode.EXTEND, [30], 6, None),
-             ("mixed", ForwardMode.MIXED, [30], 6, None)]
+             ("mixed", ForwardMode.MIXED, [30], 6, None),
+             # 4 tokens per row but the verify input declares 2: not a uniform batch
+             ("ragged_verify", ForwardMode.TARGET_VERIFY, [20], Q_LEN, E.verify_spec(2))]
     out = {}
     for i, (name, mode, lens, q_len, spec) in enumerate(cases):
-        row = 1 + i % 6
+        row = 1 + i % 7
         if row not in env.pages:
             E.place(env, row, 64)
         out[name] = (E.forward_batch(env, mode, [row], lens, q_len, spec_info=spec), q_len)

@@ -334,7 +334,7 @@ def test_stand_in_production_base_serves_all_but_the_three_modes_with_vattn_on(r
     assert (on["base_cls"], on["base_name"], on["reason"]) == ("RecordingBase", "fa3", None)
     assert on["routes"] == {"target_verify": "vattn", "draft_extend": "vattn", "decode": "vattn",
                             "draft_decode_step": "forward_decode", "extend": "forward_extend",
-                            "mixed": "forward_extend"}
+                            "mixed": "forward_extend", "ragged_verify": "forward_extend"}
     assert on["metadata_calls"] == ["init_forward_metadata"]  # the base prepared every forward too
 
 
@@ -344,7 +344,7 @@ def test_stand_in_production_base_serves_everything_with_vattn_off(routed):
     assert off["reason"] == "VATTN=0"
     assert off["routes"] == {"target_verify": "forward_extend", "draft_extend": "forward_extend",
                              "decode": "forward_decode", "draft_decode_step": "forward_decode",
-                             "extend": "forward_extend", "mixed": "forward_extend"}
+                             "extend": "forward_extend", "mixed": "forward_extend", "ragged_verify": "forward_extend"}
 
 
 @pytest.mark.slow
