@@ -108,7 +108,9 @@ def scenario_counters(result, make_backend, intercept_vattn, run_layer):
     line = c.line()
     result["counters"] = dict(snapshot={k: c.snapshot()[k] for k in counters.PATHS}, line=line,
                               parsed=counters.parse_log("noise\n" + line + "\nmore noise"),
-                              vattn_calls=len(calls["vattn"]) + len(off_calls["vattn"]))
+                              vattn_calls=len(calls["vattn"]) + len(off_calls["vattn"]),
+                              base_graph_hooks=[[h["call"], h.get("in_capture")] for h in backend.vattn_base.calls
+                                                if h["call"] in ("out_graph", "in_graph")])
 
 
 def run(result, make_backend, intercept_vattn, run_layer):

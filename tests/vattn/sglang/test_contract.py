@@ -367,6 +367,8 @@ def test_counters_count_each_forward_once_by_path_and_mode(routed):
     assert c["line"].startswith(counters.PREFIX)
     assert c["parsed"] == {**c["snapshot"], "base_backend": "fa3", "processes": 1}
     assert c["vattn_calls"] == 9  # 2 layers x (2 verify + draft extend + decode) + 1 in the capture
+    # every graph hook reached the base, with sglang's in_capture flag
+    assert c["base_graph_hooks"] == [["out_graph", True], ["in_graph", None]] + [["out_graph", False]] * 3
 
 
 @pytest.mark.slow
