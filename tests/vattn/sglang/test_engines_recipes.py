@@ -129,6 +129,12 @@ def test_every_emitted_flag_exists_in_sglangs_cli(sglang_cli, path, tmp_path):
     sglang_cli.check_flags(argv[3:])  # after `python3 -m vattn.sglang.launch`
 
 
+def test_check_flags_knows_the_launchers_vattn_base(sglang_cli):
+    sglang_cli.check_flags(["--model-path", "m", "--attention-backend", "vattn", "--vattn-base", "fa3"])
+    with pytest.raises(ValueError, match=r"server.args: --vattn-base: got 'fa9'; allowed: fa3, flashinfer, triton"):
+        sglang_cli.check_flags(["--model-path", "m", "--vattn-base", "fa9"])
+
+
 def test_check_flags_names_unknown_flags_and_bad_values(sglang_cli):
     with pytest.raises(ValueError, match=r"sglang does not know --tp, --warp-speed"):
         sglang_cli.check_flags(["--model-path", "m", "--tp", "2", "--warp-speed"])
