@@ -16,7 +16,7 @@ import yaml
 
 from pipeline.manifest import Manifest, new_run_id, now
 from pipeline.plan import build_plan
-from pipeline.recipe import load_recipe
+from pipeline.config.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = str(REPO / "recipes/data/traces/quickstart")
@@ -25,7 +25,7 @@ TRACE = str(REPO / "recipes/data/traces/quickstart")
 # run-dir check within a millisecond or so of each other.
 RACER = """
 import sys, time
-import pipeline.cli, pipeline.manifest, pipeline.plan, pipeline.recipe, pipeline.runner
+import pipeline.cli, pipeline.manifest, pipeline.plan, pipeline.config.recipe, pipeline.runner
 start = float(sys.argv[1])
 while time.time() < start:
     time.sleep(0.0002)

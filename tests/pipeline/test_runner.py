@@ -10,7 +10,7 @@ import yaml
 from pipeline.hosts import LocalHost
 from pipeline.manifest import Manifest
 from pipeline.plan import ArmRun, build_plan
-from pipeline.recipe import load_recipe
+from pipeline.config.recipe import load_recipe
 
 TRACE = str(Path(__file__).resolve().parents[2] / "recipes/data/traces/quickstart")
 
