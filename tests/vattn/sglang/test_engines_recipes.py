@@ -22,6 +22,8 @@ from pipeline.config.recipe import load_recipe
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if re.match(r"(mi355x|h200)-tp\d+-c\d+\.yaml$", p.name))
+# The recipes that run a real sglang server on the H200 machines here (dummy weights, a local config).
+REAL_SERVER_RECIPES = [ROOT / "recipes" / n for n in ("h200-sglang-qwen3-hd256.yaml", "h200x4-sglang-tp2-concurrent.yaml")]
 POINTS = {"mi355x": {(2, 32), (4, 16), (2, 8), (4, 4)}, "h200": {(8, 32), (4, 16), (8, 8), (4, 4)}}
 
 # The MI355X reference's TP2 c32 server, flag for flag (DESIGN.md; configs/servers presets).
@@ -124,7 +126,7 @@ def sglang_cli():
     return adapter
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RECIPES + REAL_SERVER_RECIPES, ids=lambda p: p.stem)
 def test_every_emitted_flag_exists_in_sglangs_cli(sglang_cli, path, tmp_path):
     argv = list(build_plan(load_recipe(path), tmp_path / "run").arm_runs[0].argv)
     sglang_cli.check_flags(argv[3:])  # after `python3 -m vattn.sglang.launch`
