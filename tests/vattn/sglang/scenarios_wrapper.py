@@ -129,8 +129,8 @@ def _replay_view(fb, bs: int, fill: int):
         input_ids=torch.zeros(tokens, dtype=torch.int64), positions=torch.zeros(tokens, dtype=torch.int64),
         req_pool_indices=torch.cat([fb.req_pool_indices, torch.zeros(bs - raw, dtype=torch.int64)]),
         seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(), encoder_lens=None, mamba_track_indices=None)
-    for name in ("max_seq_len_host", "out_cache_loc_virtual", "kv_loc_plan", "kv_loc_cols",
-                 "max_seq_len_override"):  # 0.5.23's view reads these; absent on the stand-in
+    for name in ("max_seq_len_host", "out_cache_loc_virtual", "kv_loc_plan", "kv_loc_cols", "max_seq_len_override",
+                 "lora_ids", "can_run_decode_cuda_graph"):  # 0.5.23's view reads these; absent on the stand-in
         if not hasattr(fb, name):
             setattr(fb, name, None)
     kwargs = dict(forward_batch=fb, buffers=buffers, bs=bs, raw_bs=raw, num_tokens=tokens, seq_len_fill_value=fill,
