@@ -108,6 +108,12 @@ class Manifest:
             entry.update(extra)
             self.save()
 
+    def note(self, arm_run: str, stage: str, **extra) -> None:
+        """Add facts to a stage's entry without touching its status or times (e.g. after the server stops)."""
+        with self._lock:
+            self.data["stages"].setdefault(arm_run, {}).setdefault(stage, {}).update(extra)
+            self.save()
+
     def next_attempt(self, arm_run: str) -> int:
         """1 + how many times this arm run was set aside already."""
         return 1 + sum(1 for e in self.data.get("superseded", []) if e["arm_run"] == arm_run)

@@ -20,7 +20,7 @@ from pipeline.io import write_json_atomic
 from pipeline.manifest import Manifest, gpu_facts, now
 from pipeline.paths import RunPaths, remote_superseded_dir
 from pipeline.plan import ArmRun, RunPlan
-from pipeline.stages.server import save_result, start_server
+from pipeline.stages.server import save_result, served_paths, start_server
 
 
 class RunError(RuntimeError):
@@ -166,6 +166,8 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
                 host.get(a.artifact_dir, arm.root)
             except HostError as e:
                 say("server")(f"could not pull {a.artifact_dir}: {e}")
+        if recipe.engine == "sglang":  # the base backend and vattn/base forward counts, into the manifest
+            manifest.note(a.name, "server", **served_paths(arm.server_log))
 
 
 def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:

@@ -116,6 +116,7 @@ class VattnAttnBackend(AttentionBackend):
         self.vattn_inputs: Optional[metadata.ForwardInputs] = None
         self.vattn_batch = None  # the ForwardBatch vattn_inputs were built for
         self.vattn_layer_ok: dict = {}
+        self.vattn_graphs: dict = {}  # (mode, graph batch) -> q_len vattn recorded at capture, 0: the base
         publisher = compat.parallel()["attn_tp_rank"] == 0  # TP ranks see the same batches: count once
         self.vattn_counters = counters.process_counters(base_name, publisher=publisher)
         logger.info("vattn backend: %s, base %s", f"on (plan {self.vattn_plan_mode})"
@@ -152,16 +153,22 @@ class VattnAttnBackend(AttentionBackend):
         self._vattn_prepare(forward_batch, q_len)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False, **kwargs):
-        """Eager before each replay (and before a capture): the replay's count happens here."""
+        """Eager before each replay (and before a capture): the replay's count happens here.
+
+        A replay runs the kernels its capture recorded, whatever Python would decide now, so it
+        is counted by that capture's decision (the graph is keyed by mode and padded batch)."""
         self.vattn_base.init_forward_metadata_out_graph(forward_batch, in_capture, **kwargs)
         if not in_capture:
-            self._vattn_count(forward_batch, self._vattn_decide(forward_batch))
+            q_len = self.vattn_graphs.get(_graph_key(forward_batch))
+            self._vattn_count(forward_batch, self._vattn_decide(forward_batch) if q_len is None else q_len)
 
     def init_forward_metadata_in_graph(self, forward_batch):
         """Recorded into the graph: vattn's tables and plan land in tensors allocated during the
         capture, which stay put and are rewritten by every replay."""
         self.vattn_base.init_forward_metadata_in_graph(forward_batch)
         self._vattn_prepare(forward_batch, self._vattn_decide(forward_batch))
+        served = self.vattn_inputs.q_len if self.vattn_inputs is not None else 0
+        self.vattn_graphs[_graph_key(forward_batch)] = served
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
         self.vattn_base.init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
@@ -182,10 +189,11 @@ class VattnAttnBackend(AttentionBackend):
         loc = getattr(forward_batch, "out_cache_loc", None)
         if loc is None:
             return 0
-        batch, tokens = int(forward_batch.req_pool_indices.shape[0]), int(loc.shape[0])
-        if batch == 0 or batch > self.vattn_max_batch or tokens % batch:
+        rows, real = _rows(forward_batch)
+        tokens = int(loc.shape[0])
+        if real <= 0 or rows > self.vattn_max_batch or tokens % real:
             return 0  # ragged or oversized: the base serves
-        q_len = tokens // batch
+        q_len = tokens // real
         if mode == "decode" and q_len != 1:
             return 0
         if mode == "target_verify" and _verify_width(spec) not in (0, q_len):
@@ -296,6 +304,22 @@ class VattnAttnBackend(AttentionBackend):
             return self.vattn_unit_descale, self.vattn_unit_descale
         return (layer.k_scale.detach().reshape(1).to(torch.float32),
                 layer.v_scale.detach().reshape(1).to(torch.float32))
+
+
+def _rows(forward_batch) -> tuple[int, int]:
+    """(rows, real rows) of a forward. A CUDA-graph replay pads the batch to the captured size:
+    sglang's decode runner hands out_graph a view whose `batch_size`, `req_pool_indices` and
+    `seq_lens` cover the padded rows, with `num_padding` of them, while `out_cache_loc` holds only
+    the real rows' tokens; EAGLE's draft-extend runner passes its whole index buffer with
+    `batch_size` set and pads `out_cache_loc` instead. `batch_size` is the graph's batch in both."""
+    rows = getattr(forward_batch, "batch_size", None)
+    if not isinstance(rows, int):
+        rows = int(forward_batch.req_pool_indices.shape[0])
+    return rows, rows - int(getattr(forward_batch, "num_padding", None) or 0)
+
+
+def _graph_key(forward_batch) -> tuple[str, int]:
+    return mode_key(forward_batch.forward_mode), _rows(forward_batch)[0]
 
 
 def _verify_width(spec) -> int:

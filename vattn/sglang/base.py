@@ -7,7 +7,8 @@ must be the backend users run in production on that GPU, not a convenient one. T
   scheduler processes (started with spawn) inherit; the backend reads it there.
 - otherwise sglang's own default for this model on this GPU (the function sglang calls when
   `--attention-backend` is absent), so the base is what sglang would have picked: FA3 for MHA on
-  Hopper without tree speculation, FlashInfer or Triton elsewhere.
+  Hopper without speculation or with topk 1 at page size 1 (sglang's is_no_spec_infer_or_topk_one
+  wants page 1 with topk 1, so topk 1 at page 16 gets FlashInfer), FlashInfer or Triton elsewhere.
 Pure Python at import; `default_base` imports sglang.
 """
 from __future__ import annotations

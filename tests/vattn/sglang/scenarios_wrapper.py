@@ -1,6 +1,6 @@
 """Wrapper scenarios over the stand-in production base (stand_in_base.py), run by drive_cpu.py:
 routing per forward mode with VATTN=1 and VATTN=0, delegation of the base's hooks, flags and
-state, and the path counters (eager forwards, graph captures, graph replays).
+state, and the path counters (eager forwards, graph captures, graph replays, padded replays).
 """
 from __future__ import annotations
 
@@ -113,7 +113,67 @@ def scenario_counters(result, make_backend, intercept_vattn, run_layer):
                                                 if h["call"] in ("out_graph", "in_graph")])
 
 
+def _replay_view(fb, bs: int, fill: int):
+    """What sglang's decode CUDA-graph runner hands out_graph before replaying the graph of `bs`
+    for the smaller batch `fb`: its own build_replay_fb_view over capture buffers padded with
+    row 0 and the fill length, so `out_cache_loc` keeps only the real rows' tokens."""
+    import inspect
+
+    import torch
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner as runner
+
+    raw = fb.batch_size
+    tokens = bs * Q_LEN
+    seq_lens = torch.cat([fb.seq_lens, torch.full((bs - raw,), fill, dtype=fb.seq_lens.dtype)])
+    buffers = SimpleNamespace(
+        input_ids=torch.zeros(tokens, dtype=torch.int64), positions=torch.zeros(tokens, dtype=torch.int64),
+        req_pool_indices=torch.cat([fb.req_pool_indices, torch.zeros(bs - raw, dtype=torch.int64)]),
+        seq_lens=seq_lens, seq_lens_cpu=seq_lens.cpu(), encoder_lens=None, mamba_track_indices=None)
+    for name in ("max_seq_len_host", "out_cache_loc_virtual", "kv_loc_plan", "kv_loc_cols", "max_seq_len_override",
+                 "lora_ids", "can_run_decode_cuda_graph"):  # 0.5.23's view reads these; absent on the stand-in
+        if not hasattr(fb, name):
+            setattr(fb, name, None)
+    kwargs = dict(forward_batch=fb, buffers=buffers, bs=bs, raw_bs=raw, num_tokens=tokens, seq_len_fill_value=fill,
+                  capture_forward_mode=fb.forward_mode, is_encoder_decoder=False, global_num_tokens_cpu=None)
+    params = inspect.signature(runner.build_replay_fb_view).parameters
+    return runner.build_replay_fb_view(**{k: v for k, v in kwargs.items() if k in params})
+
+
+def scenario_padded_replay(result, make_backend, intercept_vattn, run_layer):
+    """Graphs captured for 2 and 4 rows; replays of 2 (exact) and 3 (padded to 4) verify rows."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from vattn.sglang import counters
+
+    c = counters.process_counters()
+    c.reset()
+    env, backend, calls = make_backend({"VATTN": "1"}, base="fa3")
+    intercept_vattn(calls)
+    for row in (1, 2, 3, 4):
+        E.place(env, row, 64)
+
+    def verify(rows):
+        return E.forward_batch(env, ForwardMode.TARGET_VERIFY, rows, [20] * len(rows), Q_LEN,
+                               spec_info=E.verify_spec(Q_LEN))
+
+    for bs in (4, 2):  # sglang captures the largest first
+        fb = verify(list(range(1, bs + 1)))
+        backend.init_forward_metadata_out_graph(fb, in_capture=True)
+        backend.init_forward_metadata_in_graph(fb)
+        run_layer(env, backend, fb, _layer(), bs * Q_LEN)
+    recorded = len(calls["vattn"])
+    fill = backend.get_cuda_graph_seq_len_fill_value()
+    backend.init_forward_metadata_out_graph(_replay_view(verify([1, 2]), 2, fill))
+    padded = _replay_view(verify([1, 2, 3]), 4, fill)
+    backend.init_forward_metadata_out_graph(padded)
+    result["padded_replay"] = dict(
+        snapshot={k: c.snapshot()[k]["target_verify"] for k in counters.PATHS}, captured_vattn_calls=recorded,
+        view=dict(batch_size=padded.batch_size, num_padding=padded.num_padding,
+                  rows=int(padded.req_pool_indices.shape[0]), tokens=int(padded.out_cache_loc.shape[0])))
+
+
 def run(result, make_backend, intercept_vattn, run_layer):
     scenario_routing(result, make_backend, intercept_vattn, run_layer)
     scenario_delegation(result, make_backend)
     scenario_counters(result, make_backend, intercept_vattn, run_layer)
+    scenario_padded_replay(result, make_backend, intercept_vattn, run_layer)

@@ -194,10 +194,12 @@ def forward_batch(env: Env, mode, rows, seq_lens, q_len: int, *, spec_info=None)
     idx = torch.tensor(rows, dtype=torch.int64, device=dev)
     n = len(rows)
     prefix = [f - q_len for f in full]
+    # the new tokens' positions; FA3's graph capture sizes its buffers by positions.numel()
+    positions = torch.cat([torch.arange(f - q_len, f) for f in full]).to(dev)
     fb = SimpleNamespace(
         forward_mode=mode, batch_size=n, req_pool_indices=idx, seq_lens=lens, seq_lens_sum=sum(full),
         seq_lens_cpu=lens.cpu(), spec_info=spec_info, encoder_lens=None, mha_one_shot=False,
-        attn_attend_prefix_cache=False, positions=None, dcp_kv_mask=None,
+        attn_attend_prefix_cache=False, positions=positions, dcp_kv_mask=None,
         extend_prefix_lens=torch.tensor(prefix, dtype=torch.int32, device=dev), extend_prefix_lens_cpu=prefix,
         extend_seq_lens=torch.tensor([q_len] * n, dtype=torch.int32, device=dev), extend_seq_lens_cpu=[q_len] * n)
     if env.translator is None:  # 0.5.17

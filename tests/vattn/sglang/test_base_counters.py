@@ -123,3 +123,83 @@ def test_counters_publish_writes_the_json_file(tmp_path):
     [written] = tmp_path.glob("paths-*.json")
     assert json.loads(written.read_text())["vattn"]["draft_extend"] == 1
     assert written.name == f"paths-{os.getpid()}.json"
+
+
+# -- sglang's default on an H200, by sglang's own full resolution ---------------------------------
+
+MODEL = Path(__file__).resolve().parents[3] / "configs" / "models" / "qwen3-hd256-gqa16"
+HOPPER = dict(is_cuda=True, is_hip=False, is_sm90=True, is_sm100=False, is_sm100_or_sm110=False, is_sm110=False,
+              is_sm120=False, is_blackwell=False, is_hopper_with_cuda_12_3=True, has_flashinfer=True, has_amx=False)
+
+
+def _on_hopper(monkeypatch):
+    """Answer sglang's hardware probes as an H200 with CUDA >= 12.3 and FlashInfer installed would.
+    0.5.23 reads them through its platform context; 0.5.17 imports the probe functions by name."""
+    try:
+        from sglang.srt.runtime_context import override_platform
+    except ImportError:
+        override_platform = None
+    if override_platform is not None and hasattr(override_platform(), "install"):
+        patch = override_platform(**HOPPER)
+        patch.install()
+        return patch.restore
+    import sglang.srt.arg_groups.overrides as overrides
+    import sglang.srt.server_args as server_args
+    import sglang.srt.utils.common as common
+
+    probes = {"is_hopper_with_cuda_12_3": lambda: True, "is_flashinfer_available": lambda: True,
+              "is_sm100_supported": lambda *a: False, "is_sm90_supported": lambda *a: True}
+    for module in (server_args, overrides, common):
+        for name, probe in probes.items():
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, probe)
+    return lambda: None
+
+
+def _resolved(spec: bool, **flags):
+    """sglang's ServerArgs after its whole resolution, for the recipe's flags (speculation optional)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = dict(model_path=str(MODEL), device="cuda", load_format="dummy", kv_cache_dtype="fp8_e4m3", **flags)
+    if spec:
+        args.update(speculative_algorithm="STANDALONE", speculative_draft_model_path=str(MODEL) + "-draft",
+                    speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    resolved = ServerArgs(**args)
+    if hasattr(resolved, "resolve_once"):  # 0.5.23 resolves on demand; 0.5.17 in __post_init__
+        resolved.resolve_once()
+    return resolved
+
+
+def _picked(args) -> str:
+    """The attention backend sglang resolved: 0.5.23 keeps resolved values in the resolving view."""
+    try:
+        from sglang.srt.arg_groups.overrides import resolving_view
+    except ImportError:  # 0.5.17: written on the fields
+        return args.attention_backend
+    return resolving_view(args).attention_backend
+
+
+@pytest.mark.parametrize("page_size, spec, expected", [
+    (16, True, "flashinfer"),  # topk 1 counts as "no tree" only at page 1: sglang's own rule (the recipe's case)
+    (1, True, "fa3"),
+    (16, False, "fa3"),
+])
+def test_default_base_on_an_h200_is_what_sglang_resolves_without_the_flag(monkeypatch, page_size, spec, expected):
+    """The wrapper's default, asked from a runner whose args were resolved with
+    --attention-backend vattn, equals what sglang's full resolution picks when the flag is absent."""
+    from types import SimpleNamespace
+
+    import vattn.sglang
+
+    vattn.sglang.register()
+    monkeypatch.delenv("VATTN_BASE", raising=False)
+    restore = _on_hopper(monkeypatch)
+    try:
+        sglangs = _picked(_resolved(spec, page_size=page_size))
+        args = _resolved(spec, page_size=page_size, attention_backend="vattn")
+        from sglang.srt.configs.model_config import ModelConfig
+
+        runner = SimpleNamespace(server_args=args, use_mla_backend=False, model_config=ModelConfig.from_server_args(args))
+        assert (sglangs, base_choice.resolve(runner)) == (expected, (expected, "sglang default"))
+    finally:
+        restore()

@@ -338,6 +338,17 @@ def test_counters_count_each_forward_once_by_path_and_mode(routed):
 
 
 @pytest.mark.slow
+def test_a_padded_graph_replay_counts_as_the_capture_it_replays(routed):
+    """sglang replays the graph of 4 for 3 verify rows: batch and indices padded to 4, write
+    locations for the 3 real rows only. The graph runs vattn's recorded kernels, so the forward
+    counts as vattn (the H200 smoke at concurrency 16 counted such replays as base)."""
+    p = routed["padded_replay"]
+    assert p["view"] == {"batch_size": 4, "num_padding": 1, "rows": 4, "tokens": 3 * 4}
+    assert p["captured_vattn_calls"] == 2  # vattn was recorded into both graphs
+    assert p["snapshot"] == {"vattn": 2, "base": 0}
+
+
+@pytest.mark.slow
 def test_failure_warns_once_and_the_base_serves_from_then_on(routed):
     f = routed["failure"]
     assert f["vattn_attempts"] == 1 and f["base_extend"] == 3

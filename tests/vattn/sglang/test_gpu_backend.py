@@ -239,6 +239,9 @@ def test_cuda_graph_capture_then_replay_on_a_new_batch(published, monkeypatch, b
     r2t = env.req_to_token_pool.req_to_token
     fb.req_pool_indices.copy_(torch.tensor(new_rows, device="cuda"))
     fb.seq_lens.copy_(torch.tensor(new_lens, device="cuda"))
+    fb.seq_lens_cpu.copy_(torch.tensor(new_lens))  # sglang refreshes the host mirror before a replay too
+    fb.seq_lens_sum = sum(new_full)
+    fb.positions.copy_(torch.cat([torch.arange(f - q_len, f) for f in new_full]))
     fb.out_cache_loc.copy_(torch.cat([r2t[r, f - q_len: f].long() for r, f in zip(new_rows, new_full)]))
     q2, k2, v2 = _inputs(n * q_len, layer, seed=9)
     q.copy_(q2), k.copy_(k2), v.copy_(v2)
