@@ -123,6 +123,26 @@ def cmd_report(args) -> int:
     return cli_report(args.run_dirs, args.out, args.arms)
 
 
+def cmd_sweep(args) -> int:
+    from pipeline.sweep import create_sweep, execute_sweep, progress
+
+    if args.resume and args.sweep:
+        raise SystemExit("error: give a sweep file or --resume SWEEP_DIR, not both: a resume runs the points "
+                         "recorded in SWEEP_DIR/sweep.json")
+    if args.resume:
+        root = Path(args.resume)
+        from pipeline.paths import SweepPaths
+
+        if not SweepPaths(root).manifest.is_file():
+            raise SystemExit(f"error: --resume: {root} has no sweep.json; not a sweep dir")
+    elif args.sweep:
+        root = create_sweep(args.sweep, args.out)
+    else:
+        raise SystemExit("error: give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR")
+    progress(f"sweep dir: {root} ({'resuming' if args.resume else 'new'})")
+    return execute_sweep(root)
+
+
 def cmd_eval(args) -> int:
     from pipeline.accuracy.cli import run_eval
 
@@ -155,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--arms", nargs=2, metavar=("A_ARM", "B_ARM"), help="arms compared across two runs "
                                                                         "(default: on on)")
     rep.set_defaults(func=cmd_report)
+
+    sw = sub.add_parser("sweep", help="run a base recipe over a matrix of points (one run dir each) and write "
+                                      "sweep_report.md, sweep_summary.csv and the Pareto plot")
+    sw.add_argument("sweep", nargs="?", help="sweep.yaml (omit with --resume)")
+    sw.add_argument("--out", help="sweep dir (default: <output_dir>/<name>-<timestamp>)")
+    sw.add_argument("--resume", metavar="SWEEP_DIR", help="finish a sweep: skip finished points, resume "
+                                                          "started ones, start the rest")
+    sw.set_defaults(func=cmd_sweep)
 
     e = sub.add_parser("eval", help="accuracy evaluation alone against any OpenAI-compatible endpoint")
     from pipeline.accuracy.cli import add_eval_arguments
