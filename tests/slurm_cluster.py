@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "squeue", "sacct", "scancel", "scontrol")
+# slurm's auth/munge plugin connects to munged at this compiled-in path
+MUNGE_LINK = Path("/run/munge/munge.socket.2")
+CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scancel", "scontrol")
 
 
 def missing_binaries() -> list[str]:
@@ -85,6 +87,10 @@ class SlurmCluster:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(5)
+        link = MUNGE_LINK
+        if link.is_symlink() and Path(os.readlink(link)).parent == self.root / "munge":
+            link.unlink()
 
 
 def start_cluster(root: Path) -> SlurmCluster:
@@ -107,19 +113,7 @@ def start_cluster(root: Path) -> SlurmCluster:
                                       cpus=os.cpu_count() or 2))
     (root / "gres.conf").write_text(f"Name=gpu File={root}/dev/gpu[0-1]\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    # slurm's auth plugin finds munged's socket at this compiled-in path; a private socket needs a link
-    run_munge = Path("/run/munge")
-    run_munge.mkdir(parents=True, exist_ok=True)
-    procs = [subprocess.Popen([_bin("munged"), "-F", "-f", "--key-file", str(key), "--socket", str(sock),
-                               "--pid-file", str(root / "munge" / "munged.pid"),
-                               "--log-file", str(root / "munge" / "munged.log"),
-                               "--seed-file", str(root / "munge" / "seed")],
-                              stdout=subprocess.DEVNULL, stderr=open(root / "munged.err", "w"))]
-    _wait(lambda: sock.exists(), 10, "munged socket", root / "munged.err")
-    link = run_munge / "munge.socket.2"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(sock)
+    procs = _start_munged(root, key, sock)
     procs.append(subprocess.Popen([_bin("slurmctld"), "-D", "-i", "-f", str(conf)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=open(root / "slurmctld.err", "w")))
     procs.append(subprocess.Popen([_bin("slurmd"), "-D", "-f", str(conf)], env=env,
@@ -137,6 +131,23 @@ def start_cluster(root: Path) -> SlurmCluster:
     return cluster
 
 
+def _start_munged(root: Path, key: Path, sock: Path) -> list[subprocess.Popen]:
+    """A private munged (own key and socket), linked where slurm's auth plugin looks. Where a system munged
+    already owns that path (a real socket, not a link), every daemon here uses it instead."""
+    if MUNGE_LINK.exists() and not MUNGE_LINK.is_symlink():
+        return []
+    MUNGE_LINK.parent.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen([_bin("munged"), "-F", "-f", "--key-file", str(key), "--socket", str(sock),
+                          "--pid-file", str(root / "munge" / "munged.pid"),
+                          "--log-file", str(root / "munge" / "munged.log"), "--seed-file", str(root / "munge" / "seed")],
+                         stdout=subprocess.DEVNULL, stderr=open(root / "munged.err", "w"))
+    _wait(lambda: sock.exists(), 10, "munged socket", root / "munged.err")
+    if MUNGE_LINK.is_symlink():  # left by an earlier test cluster
+        MUNGE_LINK.unlink()
+    MUNGE_LINK.symlink_to(sock)
+    return [p]
+
+
 def _wait(ok, timeout_s: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -148,6 +159,10 @@ def _wait(ok, timeout_s: float, what: str, log: Path) -> None:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # SIGTERM too: a script started in the background by a shell ignores SIGINT
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     c = start_cluster(Path(sys.argv[1]))
     print(f"export SLURM_CONF={c.env['SLURM_CONF']}", flush=True)
     try:

@@ -68,8 +68,14 @@ def _jobs(cluster, settle_s: float = 30.0) -> list[str]:
 
 
 def test_slurm_ab_job_cancelled_mid_load_is_resumed(slurm_cluster, tmp_path):
+    """Here aiperf runs as a step of each arm's job (slurm.load: allocation); the sweep test below runs it
+    on the controller."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(_pipeline("run", str(_recipe(tmp_path)), "--out", str(out)), cwd=REPO, text=True,
+    recipe = _recipe(tmp_path)
+    r = yaml.safe_load(recipe.read_text())
+    r["hosts"]["cluster"]["slurm"]["load"] = "allocation"
+    recipe.write_text(yaml.safe_dump(r))
+    proc = subprocess.Popen(_pipeline("run", str(recipe), "--out", str(out)), cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def on_loading() -> bool:
@@ -102,6 +108,8 @@ def test_slurm_ab_job_cancelled_mid_load_is_resumed(slurm_cluster, tmp_path):
     assert m["stages"]["on"]["server"]["url"].startswith(f"http://{slurm_cluster.node}:")
     assert (out / "arms/on/accuracy/gsm8k.jsonl").stat().st_size > 0 and (out / "report.md").is_file()
     assert (out / "arms/on/slurm_job.sh").is_file() and (out / "arms/on/server.log").stat().st_size > 0
+    assert json.loads((out / "arms/on/load_result.json").read_text())["command"][:2] == \
+        ["srun", f"--jobid={new_on['job_id']}"]
     assert not _jobs(slurm_cluster), "every job ended (the servers were stopped with scancel)"
 
 
@@ -112,8 +120,8 @@ def test_slurm_job_whose_server_dies_fails_the_stage_with_its_state(slurm_cluste
     assert p.returncode == 1
     server = _manifest(out)["stages"]["off"]["server"]
     assert server["status"] == "failed"
-    # the error carries the job's state and the tail of the server's log (the emulator's config error)
-    assert "ServerError: server exited with code 1 before becoming healthy" in server["error"]
+    # the error carries the job's state and the tail of the server's log (the emulator's config error, exit 2)
+    assert "ServerError: server exited with code 2 before becoming healthy" in server["error"]
     assert "slurm job" in server["error"] and "FAILED" in server["error"], server["error"]
     assert "max_running_requests" in server["error"]
     assert "on" not in _manifest(out)["stages"]
