@@ -7,7 +7,6 @@ whose run finished, resumes points whose run started, and starts the rest.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -50,7 +49,7 @@ def _point_state(run_dir: Path) -> str:
 
 
 def _run_point(point: str, entry: dict, root: Path) -> None:
-    from pipeline.cli import cmd_run
+    from pipeline.launch import run_recipe
 
     run_dir = Path(entry["run_dir"])
     state = _point_state(run_dir)
@@ -59,7 +58,7 @@ def _run_point(point: str, entry: dict, root: Path) -> None:
         return
     if state == "started":
         progress(f"{point}: resuming {run_dir}")
-        cmd_run(argparse.Namespace(recipe=None, out=None, resume=str(run_dir)))
+        run_recipe(None, resume=str(run_dir))
         return
     recipe_file = root / "recipes" / f"{point}.yaml"  # what `pipeline run` reads, kept for a reader
     recipe_file.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +66,7 @@ def _run_point(point: str, entry: dict, root: Path) -> None:
     if run_dir.exists() and not any(run_dir.iterdir()):
         run_dir.rmdir()  # killed before its manifest: nothing of it is worth keeping
     progress(f"{point}: new run {run_dir}")
-    cmd_run(argparse.Namespace(recipe=str(recipe_file), out=str(run_dir), resume=None))
+    run_recipe(str(recipe_file), out=str(run_dir))
 
 
 def execute_sweep(root: Path) -> int:
