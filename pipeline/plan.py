@@ -140,6 +140,9 @@ def format_plan(plan: RunPlan, recipe: Recipe, load_commands: dict[str, list[str
         lines.append(f"\ngroup {group[0].group + 1}{together}")
         for a in group:
             gpus = ",".join(map(str, a.gpus)) or "none"
+            if recipe.hosts[a.host].kind == "slurm":
+                n = recipe.placement.gpus_per_arm
+                gpus = f"{n} from Slurm (--gres={recipe.hosts[a.host].slurm.gres}:{n})" if n else "none (Slurm job)"
             lines += [f"  [{a.name}] host={a.host} gpus={gpus} url={a.url}",
                       f"    server: {a.command_line}",
                       f"    load:   {shell_join(load_commands[a.name])}",

@@ -38,7 +38,7 @@ def _bin(name: str) -> str:
 
 SLURM_CONF = """\
 ClusterName=pipetest
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={ctld}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
 SlurmUser=root
@@ -107,16 +107,18 @@ def start_cluster(root: Path) -> SlurmCluster:
         dev = root / "dev" / f"gpu{i}"
         if not dev.exists():
             os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-    node = socket.gethostname().split(".")[0]
+    # slurmctld insists on its own host name; the node is `localhost` (slurmd -N) because the pipeline
+    # connects to the node by the name Slurm gives it, and a CI container's host name may not resolve
+    ctld, node = socket.gethostname().split(".")[0], "localhost"
     conf = root / "slurm.conf"
-    conf.write_text(SLURM_CONF.format(node=node, ctld_port=_free_port(), d_port=_free_port(), d=root,
+    conf.write_text(SLURM_CONF.format(ctld=ctld, node=node, ctld_port=_free_port(), d_port=_free_port(), d=root,
                                       cpus=os.cpu_count() or 2))
     (root / "gres.conf").write_text(f"Name=gpu File={root}/dev/gpu[0-1]\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs = _start_munged(root, key, sock)
     procs.append(subprocess.Popen([_bin("slurmctld"), "-D", "-i", "-f", str(conf)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=open(root / "slurmctld.err", "w")))
-    procs.append(subprocess.Popen([_bin("slurmd"), "-D", "-f", str(conf)], env=env,
+    procs.append(subprocess.Popen([_bin("slurmd"), "-D", "-N", node, "-f", str(conf)], env=env,
                                   stdout=subprocess.DEVNULL, stderr=open(root / "slurmd.err", "w")))
     cluster = SlurmCluster(root, env, node, procs)
 
