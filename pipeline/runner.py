@@ -68,6 +68,18 @@ def check_matched_gpus(plan: RunPlan, facts: dict) -> None:
                            f"list same-model GPUs under hosts.<host>.gpus")
 
 
+def check_same_gpu_models(stages: dict, arm_run: str, job: dict) -> None:
+    """A scheduler picks each job's node: refuse an arm run whose GPUs are another model than those an
+    earlier arm run of this run got (a recipe pins the node type with hosts.<h>.slurm.constraint)."""
+    mine = sorted({g.get("name") for g in job.get("gpus", [])})
+    for other, entry in stages.items():
+        theirs = sorted({g.get("name") for g in entry.get("server", {}).get("slurm_job", {}).get("gpus", [])})
+        if other != arm_run and mine and theirs and mine != theirs:
+            raise RunError(f"placement: arm run {arm_run} got GPUs {mine} on {job.get('SLURMD_NODENAME')}, but "
+                           f"{other} ran on {theirs}; the arms must run on the same GPU model: pin the node type "
+                           f"with hosts.<host>.slurm.constraint")
+
+
 def _kill_leftover(manifest: Manifest, arm_run: ArmRun) -> None:
     """A server left running by a killed run would hold the port: stop it if it is still ours."""
     pid = manifest.stage(arm_run.name, "server").get("pid")
@@ -142,6 +154,8 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
                                     progress=say("server"))
         served_by = _served_by(result.info)
         job = {"slurm_job": proc.facts} if getattr(proc, "facts", None) is not None else {}
+        if job:
+            check_same_gpu_models(manifest.data["stages"], a.name, proc.facts)
         manifest.mark(a.name, "server", "done", pid=getattr(proc, "pid", None), startup_s=result.startup_s,
                       url=result.url, **served_by, **job)
         save_result(result, arm.stage_result("server"))

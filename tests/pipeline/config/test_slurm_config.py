@@ -7,10 +7,8 @@ import pytest
 import yaml
 
 from pipeline.config.base import RecipeError
-from pipeline.config.placement import SlurmSpec
 from pipeline.config.recipe import load_recipe
 from pipeline.plan import SLURM_NODE, build_plan
-from pipeline.slurm import job_script, sbatch_argv
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -52,21 +50,3 @@ def test_slurm_recipe_plans_one_job_per_arm_run(tmp_path):
 def test_slurm_host_errors(tmp_path, host, match):
     with pytest.raises(RecipeError, match=match):
         load_recipe(_recipe(tmp_path, host))
-
-
-def test_sbatch_argv_carries_every_field(tmp_path):
-    spec = SlurmSpec(partition="gpu", account="proj", time_limit="1-00:00:00", constraint="mi355x",
-                     gres="gpu:h200", cpus_per_task=16, extra_args=["--qos=high"])
-    argv = sbatch_argv(spec, gpus=2, name="vattn-off", output=tmp_path / "o", script=tmp_path / "s.sh")
-    assert argv[0] == "sbatch" and argv[-1] == str(tmp_path / "s.sh")
-    for flag in ("--partition=gpu", "--account=proj", "--time=1-00:00:00", "--constraint=mi355x",
-                 "--gres=gpu:h200:2", "--cpus-per-task=16", "--qos=high", "--nodes=1"):
-        assert flag in argv
-    assert not any(a.startswith("--gres") for a in sbatch_argv(SlurmSpec(), gpus=0, name="n", output=tmp_path,
-                                                                script=tmp_path))
-
-
-def test_job_script_records_facts_then_execs_the_server(tmp_path):
-    s = job_script(["python", "-m", "x", "--a b"], {"VATTN": "0"}, "/r/server.log", tmp_path / "f.json")
-    assert s.index("facts ") < s.index("export VATTN=0") < s.index("exec python -m x '--a b' >>/r/server.log")
-    assert "SLURM_JOB_GPUS" in s and "CUDA_VISIBLE_DEVICES" in s and "uuid" in s
