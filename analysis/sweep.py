@@ -151,7 +151,7 @@ def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], repor
     parts = [f"# Sweep {name}: kernel off vs on across {len(status)} points", "",
              "| point | status | run dir |", "|---|---|---|"]
     for point, st in status.items():
-        rd = df[df["point"] == point]["run_dir"]
+        rd = df[df["point"] == point]["run_dir"] if not df.empty else ()
         rel = os.path.relpath(rd.iloc[0], report_dir) if len(rd) else ""
         parts.append(f"| {point} | {st} | {rel} |")
     if df.empty:

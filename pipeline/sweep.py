@@ -41,11 +41,11 @@ def create_sweep(sweep_file: str, out: str | None) -> Path:
 
 
 def _point_state(run_dir: Path) -> str:
-    """missing (no run yet) | started (a manifest, not finished) | done."""
+    """missing (no run yet) | unfinished (a manifest, not finished) | done."""
     m = RunPaths(run_dir).manifest
     if not m.is_file():
         return "missing"
-    return "done" if read_json(m).get("finished") else "started"
+    return "done" if read_json(m).get("finished") else "unfinished"
 
 
 def _run_point(point: str, entry: dict, root: Path) -> None:
@@ -56,7 +56,7 @@ def _run_point(point: str, entry: dict, root: Path) -> None:
     if state == "done":
         progress(f"{point}: finished before (resume): skipped")
         return
-    if state == "started":
+    if state == "unfinished":
         progress(f"{point}: resuming {run_dir}")
         run_recipe(None, resume=str(run_dir))
         return
@@ -110,6 +110,9 @@ def write_sweep_report(root: Path) -> Path:
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
     status = {p: _point_state(Path(e["run_dir"])) for p, e in doc["points"].items()}
+    for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
+        if status[p] != "done" and e.get("status") == "failed":
+            status[p] = "failed: " + e["error"].splitlines()[0][:160].replace("|", "/")
     done = [{"point": p, "run_dir": e["run_dir"], "gpus": _gpus(e["recipe"], doc["spec"])}
             for p, e in doc["points"].items() if status[p] == "done"]
     df = summary_frame(done)
