@@ -199,6 +199,12 @@ class SlurmJobPaths:
         return self.root / "slurm_job.json"
 
     @property
+    def job_id(self) -> Path:
+        """The id of the job last submitted for this arm run, written at submission: a resume after a hard
+        kill cancels it before submitting again (its server would answer the new job's health check)."""
+        return self.root / "slurm_job.id"
+
+    @property
     def output(self) -> Path:
         """sbatch --output: what Slurm itself prints about the job (the server's own log is server.log)."""
         return self.root / "slurm_job.out"

@@ -146,6 +146,10 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
     engine = get_engine(recipe.engine)
     _kill_leftover(manifest, a)
     say = lambda stage: (lambda msg: progress_line(a.name, stage, msg))  # noqa: E731
+    if hasattr(host, "cancel_leftover"):  # a scheduler's job outlives a hard-killed pipeline
+        left = host.cancel_leftover(a.artifact_dir)
+        if left:
+            say("server")(f"cancelled job {left}, left running by an earlier attempt")
     say("server")(f"starting on {a.host} gpus={list(a.gpus) or 'none'} port={a.port}")
     manifest.mark(a.name, "server", "running")
     proc, current = None, "server"

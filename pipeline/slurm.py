@@ -171,6 +171,7 @@ class SlurmHost:
         if r.returncode != 0 or not job_id.isdigit():
             raise HostError(f"hosts.{self.name}.slurm: sbatch refused the job: {r.stderr.strip()} "
                             f"(command: {shlex.join(cmd)}); check partition/account/gres/constraint")
+        files.job_id.write_text(job_id)
         job = SlurmJob(job_id, files, log)
         self.jobs[str(log)] = job
         self._progress(f"slurm job {job_id} submitted")
@@ -180,6 +181,17 @@ class SlurmHost:
             job.stop(grace_s=2)
             raise
         return job
+
+    def cancel_leftover(self, artifact_dir: str) -> str | None:
+        """Cancel the job an earlier, hard-killed pipeline left running for this arm run; its id or None."""
+        files = SlurmJobPaths(Path(artifact_dir))
+        if not files.job_id.is_file():
+            return None
+        job = SlurmJob(files.job_id.read_text().strip(), files, "")
+        if job.refresh() in ENDED or job.state == "UNKNOWN":
+            return None
+        job.stop(grace_s=5)
+        return job.job_id
 
     def _wait_running(self, job: SlurmJob) -> None:
         t0 = time.monotonic()

@@ -163,3 +163,16 @@ def test_slurm_sweep_2x2_interrupted_then_resumed(slurm_cluster, tmp_path):
     report = (out / "sweep_report.md").read_text()
     assert "Four-point table" in report and report.count("| done |") == 4
     assert (out / "plots/pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_job_left_by_a_hard_killed_pipeline_is_cancelled_before_resubmitting(slurm_cluster, tmp_path):
+    from pipeline.config.placement import SlurmSpec
+    from pipeline.slurm import ENDED, SlurmHost, job_state
+
+    log = str(tmp_path / "arms/on/server.log")
+    job = SlurmHost("c", SlurmSpec(), 1, progress=lambda m: None).start(["sleep", "300"], env={}, log=log)
+    assert job.poll() is None and job.facts["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    # a new pipeline process (the old one was SIGKILLed and never ran scancel) finds it by its id file
+    assert SlurmHost("c", SlurmSpec(), 1).cancel_leftover(str(tmp_path / "arms/on")) == job.job_id
+    assert job_state(job.job_id)[0] in ENDED  # SIGTERM first: the server's exit may read FAILED, not CANCELLED
+    assert SlurmHost("c", SlurmSpec(), 1).cancel_leftover(str(tmp_path / "arms/on")) is None
