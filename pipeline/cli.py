@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 
@@ -15,19 +14,6 @@ def _load(path: str):
     from pipeline.config.recipe import load_recipe
 
     return load_recipe(path)
-
-
-def _run_dir_taken(run_dir: Path, why: str) -> SystemExit:
-    return SystemExit(f"error: --out: run dir {run_dir} {why}; a run never overwrites or shares another's dir. "
-                      f"Use `pipeline run --resume {run_dir}` to finish that run, or another --out")
-
-
-def _new_run_dir(recipe, out: str | None) -> Path:
-    """A fast first check; the atomic claim is the exclusive write of the manifest (Manifest.create)."""
-    run_dir = Path(out) if out else Path(recipe.output_dir) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise _run_dir_taken(run_dir, "already exists and is not empty")
-    return run_dir
 
 
 def _load_commands(recipe, plan) -> dict[str, list[str]]:
@@ -58,69 +44,36 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _resume(run_dir: Path, recipe_path: str | None):
-    from pipeline.config.recipe import Recipe, recipe_to_dict
-    from pipeline.manifest import Manifest
-    from pipeline.paths import RunPaths
-
-    paths = RunPaths(run_dir)
-    if not paths.manifest.is_file():
-        raise SystemExit(f"error: --resume: {run_dir} has no manifest.json; not a run directory")
-    manifest = Manifest.load(paths.manifest)
-    recipe = Recipe.model_validate(manifest.data["recipe"])
-    if recipe_path and recipe_to_dict(_load(recipe_path)) != manifest.data["recipe"]:
-        raise SystemExit(f"error: {recipe_path} differs from the recipe recorded in {paths.manifest}; "
-                         f"resume runs the recorded recipe: drop the recipe argument or start a new run")
-    return recipe, manifest
-
-
 def cmd_run(args) -> int:
-    from pipeline.config.recipe import recipe_to_dict
-    from pipeline.manifest import Manifest, new_run_id, now
-    from pipeline.paths import RunPaths
-    from pipeline.plan import build_plan
-    from pipeline.runner import check_matched_gpus, execute, host_facts, make_hosts
+    from pipeline.launch import run_recipe
 
-    if args.resume:
-        recipe, manifest = _resume(Path(args.resume), args.recipe)
-        run_dir, run_id = Path(args.resume), manifest.data.get("run_id")
-    elif args.recipe:
-        recipe = _load(args.recipe)
-        run_dir = _new_run_dir(recipe, args.out)
-        created = now()
-        run_id = new_run_id(run_dir, created)
-    else:
-        raise SystemExit("error: give a recipe (pipeline run recipe.yaml) or --resume RUN_DIR")
-    plan = build_plan(recipe, run_dir, run_id)
-    hosts = make_hosts(recipe)
-    if not args.resume:
-        facts = host_facts(recipe, hosts)
-        check_matched_gpus(plan, facts)
-        try:
-            manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
-                                       recipe_path=str(args.recipe), plan=plan.to_dict(), hosts=facts,
-                                       run_id=run_id, created=created)
-        except FileExistsError:  # another run claimed the dir after the first check
-            raise _run_dir_taken(run_dir, "was claimed by another `pipeline run` started at the same time") from None
-    print(f"run dir: {run_dir}  ({'resuming' if args.resume else 'new'}; "
-          f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
-    execute(recipe, plan, manifest, hosts)
-    return _report(run_dir)
-
-
-def _report(run_dir: Path) -> int:
-    from analysis.report import write_report
-
-    path = write_report(run_dir)
-    verdict = next((line for line in path.read_text().splitlines() if line.startswith("**Verdict:**")), "")
-    print(f"report: {path}\n{verdict}")
-    return 0
+    return run_recipe(args.recipe, out=args.out, resume=args.resume)
 
 
 def cmd_report(args) -> int:
     from analysis.report import cli_report
 
     return cli_report(args.run_dirs, args.out, args.arms)
+
+
+def cmd_sweep(args) -> int:
+    from pipeline.sweep import create_sweep, execute_sweep, progress
+
+    if args.resume and args.sweep:
+        raise SystemExit("error: give a sweep file or --resume SWEEP_DIR, not both: a resume runs the points "
+                         "recorded in SWEEP_DIR/sweep.json")
+    if args.resume:
+        root = Path(args.resume)
+        from pipeline.paths import SweepPaths
+
+        if not SweepPaths(root).manifest.is_file():
+            raise SystemExit(f"error: --resume: {root} has no sweep.json; not a sweep dir")
+    elif args.sweep:
+        root = create_sweep(args.sweep, args.out)
+    else:
+        raise SystemExit("error: give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR")
+    progress(f"sweep dir: {root} ({'resuming' if args.resume else 'new'})")
+    return execute_sweep(root)
 
 
 def cmd_eval(args) -> int:
@@ -155,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--arms", nargs=2, metavar=("A_ARM", "B_ARM"), help="arms compared across two runs "
                                                                         "(default: on on)")
     rep.set_defaults(func=cmd_report)
+
+    sw = sub.add_parser("sweep", help="run a base recipe over a matrix of points (one run dir each) and write "
+                                      "sweep_report.md, sweep_summary.csv and the Pareto plot")
+    sw.add_argument("sweep", nargs="?", help="sweep.yaml (omit with --resume)")
+    sw.add_argument("--out", help="sweep dir (default: <output_dir>/<name>-<timestamp>)")
+    sw.add_argument("--resume", metavar="SWEEP_DIR", help="finish a sweep: skip finished points, resume "
+                                                          "started ones, start the rest")
+    sw.set_defaults(func=cmd_sweep)
 
     e = sub.add_parser("eval", help="accuracy evaluation alone against any OpenAI-compatible endpoint")
     from pipeline.accuracy.cli import add_eval_arguments

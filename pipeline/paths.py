@@ -181,3 +181,64 @@ class RunPaths:
         if not self.arms_dir.is_dir():
             return []
         return sorted(p.name for p in self.arms_dir.iterdir() if p.is_dir())
+
+
+@dataclass(frozen=True)
+class SlurmJobPaths:
+    """Files of one arm run's Slurm job, beside its server log in the arm's folder (on the shared FS)."""
+
+    root: Path
+
+    @property
+    def script(self) -> Path:
+        return self.root / "slurm_job.sh"
+
+    @property
+    def facts(self) -> Path:
+        """Written by the job as it starts: node, CUDA_VISIBLE_DEVICES, SLURM_JOB_GPUS, GPU uuids."""
+        return self.root / "slurm_job.json"
+
+    @property
+    def job_id(self) -> Path:
+        """The id of the job last submitted for this arm run, written at submission: a resume after a hard
+        kill cancels it before submitting again (its server would answer the new job's health check)."""
+        return self.root / "slurm_job.id"
+
+    @property
+    def output(self) -> Path:
+        """sbatch --output: what Slurm itself prints about the job (the server's own log is server.log)."""
+        return self.root / "slurm_job.out"
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """A sweep dir: one ordinary run dir per matrix point, and the sweep's own report.
+
+        SWEEP_DIR/
+          sweep.json              the sweep spec, its points and each point's run dir and status
+          runs/<point>/           an ordinary run dir (manifest.json, arms/, report.md)
+          sweep_report.md         per-point deltas with CIs, the four-point table, the plot
+          sweep_summary.csv       one row per point and arm
+          plots/pareto.png        interactivity against output throughput per GPU, off and on
+    """
+
+    root: Path
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "sweep.json"
+
+    def run_dir(self, point: str) -> Path:
+        return self.root / "runs" / point
+
+    @property
+    def report(self) -> Path:
+        return self.root / "sweep_report.md"
+
+    @property
+    def summary_csv(self) -> Path:
+        return self.root / "sweep_summary.csv"
+
+    @property
+    def pareto_png(self) -> Path:
+        return self.root / "plots" / "pareto.png"

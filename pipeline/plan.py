@@ -16,6 +16,13 @@ from pipeline.hosts import shell_join
 from pipeline.paths import RunPaths, remote_arm_dir
 
 STAGES = ("server", "load", "accuracy")
+SLURM_NODE = "slurm-node"   # URL host of a slurm arm run until its job lands on a node
+
+
+def _server_python(host) -> str:
+    if host.kind == "local" or (host.kind == "slurm" and host.slurm.python is None):
+        return sys.executable
+    return host.slurm.python if host.kind == "slurm" else host.python
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,9 @@ def build_plan(recipe: Recipe, run_dir: Path, run_id: str | None = None) -> RunP
         gpus = tuple(host.gpus[first:first + p.gpus_per_arm])
         port = recipe.server.port + (slot if one_host_pair else 0)
         local = host.kind == "local"
-        artifact_dir = (str(paths.arm(name).root.resolve()) if local
+        # slurm: the job writes into the run dir itself, which lies on the FS the nodes share
+        on_this_fs = host.kind in ("local", "slurm")
+        artifact_dir = (str(paths.arm(name).root.resolve()) if on_this_fs
                         else remote_arm_dir(host.workdir, run_dir, run_id, name))
         env = {**recipe.server.env, **recipe.arms[arm].env}
         if gpus:
@@ -106,8 +115,9 @@ def build_plan(recipe: Recipe, run_dir: Path, run_id: str | None = None) -> RunP
                             bind="127.0.0.1" if local else "0.0.0.0",
                             server_args=arm_server_args(recipe.server, recipe.arms[arm]),
                             launch=recipe.server.launch, artifact_dir=artifact_dir,
-                            python=sys.executable if local else host.python)
-        address = "127.0.0.1" if local else host.address
+                            python=_server_python(host))
+        # a slurm job's node is known once it runs; the runner puts it in place of SLURM_NODE
+        address = "127.0.0.1" if local else SLURM_NODE if host.kind == "slurm" else host.address
         arm_runs.append(ArmRun(name=name, arm=arm, round=seen[arm], group=group, host=host_name, gpus=gpus,
                                port=port, url=f"http://{address}:{port}", env=env,
                                argv=tuple(engine.command(ctx)), artifact_dir=artifact_dir,
@@ -130,6 +140,9 @@ def format_plan(plan: RunPlan, recipe: Recipe, load_commands: dict[str, list[str
         lines.append(f"\ngroup {group[0].group + 1}{together}")
         for a in group:
             gpus = ",".join(map(str, a.gpus)) or "none"
+            if recipe.hosts[a.host].kind == "slurm":
+                n = recipe.placement.gpus_per_arm
+                gpus = f"{n} from Slurm (--gres={recipe.hosts[a.host].slurm.gres}:{n})" if n else "none (Slurm job)"
             lines += [f"  [{a.name}] host={a.host} gpus={gpus} url={a.url}",
                       f"    server: {a.command_line}",
                       f"    load:   {shell_join(load_commands[a.name])}",

@@ -34,15 +34,24 @@ def progress_line(arm_run: str, stage: str, msg: str) -> None:
 def make_hosts(recipe: Recipe) -> dict[str, Host]:
     hosts: dict[str, Host] = {}
     for name, h in recipe.hosts.items():
-        hosts[name] = (LocalHost() if h.kind == "local" else
-                       SshHost(name, h.address, user=h.user, port=h.port, key=h.key))
+        if h.kind == "slurm":
+            from pipeline.slurm import SlurmHost
+
+            hosts[name] = SlurmHost(name, h.slurm, recipe.placement.gpus_per_arm,
+                                    progress=lambda msg: progress_line("-", "slurm", msg))
+        else:
+            hosts[name] = (LocalHost() if h.kind == "local" else
+                           SshHost(name, h.address, user=h.user, port=h.port, key=h.key))
     return hosts
 
 
 def host_facts(recipe: Recipe, hosts: dict[str, Host]) -> dict:
     """GPU facts per used host; refuses concurrent arms on GPUs of different models."""
     used = sorted(set(recipe.placement.hosts))
-    facts = {name: {"kind": recipe.hosts[name].kind, "gpus": gpu_facts(hosts[name])} for name in used}
+    # a slurm host's GPUs are known per job: each arm run's server stage records its node and GPUs
+    facts = {name: {"kind": recipe.hosts[name].kind,
+                    "gpus": [] if recipe.hosts[name].kind == "slurm" else gpu_facts(hosts[name])}
+             for name in used}
     return facts
 
 
@@ -57,6 +66,18 @@ def check_matched_gpus(plan: RunPlan, facts: dict) -> None:
         if len(models) > 1:
             raise RunError(f"placement: concurrent arms got GPUs of different models {sorted(models)}; "
                            f"list same-model GPUs under hosts.<host>.gpus")
+
+
+def check_same_gpu_models(stages: dict, arm_run: str, job: dict) -> None:
+    """A scheduler picks each job's node: refuse an arm run whose GPUs are another model than those an
+    earlier arm run of this run got (a recipe pins the node type with hosts.<h>.slurm.constraint)."""
+    mine = sorted({g.get("name") for g in job.get("gpus", [])})
+    for other, entry in stages.items():
+        theirs = sorted({g.get("name") for g in entry.get("server", {}).get("slurm_job", {}).get("gpus", [])})
+        if other != arm_run and mine and theirs and mine != theirs:
+            raise RunError(f"placement: arm run {arm_run} got GPUs {mine} on {job.get('SLURMD_NODENAME')}, but "
+                           f"{other} ran on {theirs}; the arms must run on the same GPU model: pin the node type "
+                           f"with hosts.<host>.slurm.constraint")
 
 
 def _kill_leftover(manifest: Manifest, arm_run: ArmRun) -> None:
@@ -125,6 +146,10 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
     engine = get_engine(recipe.engine)
     _kill_leftover(manifest, a)
     say = lambda stage: (lambda msg: progress_line(a.name, stage, msg))  # noqa: E731
+    if hasattr(host, "cancel_leftover"):  # a scheduler's job outlives a hard-killed pipeline
+        left = host.cancel_leftover(a.artifact_dir)
+        if left:
+            say("server")(f"cancelled job {left}, left running by an earlier attempt")
     say("server")(f"starting on {a.host} gpus={list(a.gpus) or 'none'} port={a.port}")
     manifest.mark(a.name, "server", "running")
     proc, current = None, "server"
@@ -132,10 +157,13 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
         proc, result = start_server(engine, a, host, arm, timeout_s=recipe.server.startup_timeout_s,
                                     progress=say("server"))
         served_by = _served_by(result.info)
+        job = {"slurm_job": proc.facts} if getattr(proc, "facts", None) is not None else {}
+        if job:
+            check_same_gpu_models(manifest.data["stages"], a.name, proc.facts)
         manifest.mark(a.name, "server", "done", pid=getattr(proc, "pid", None), startup_s=result.startup_s,
-                      **served_by)
+                      url=result.url, **served_by, **job)
         save_result(result, arm.stage_result("server"))
-        say("server")(f"healthy after {result.startup_s:.1f}s at {a.url}")
+        say("server")(f"healthy after {result.startup_s:.1f}s at {result.url}")
         if barrier is not None:
             barrier.wait()  # concurrent arms start their load together
         for stage in pending:
@@ -144,16 +172,18 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             say(stage)("started")
             t0 = time.monotonic()
             if stage == "load":
-                res = run_load(recipe.load, url=a.url, model=recipe.model, tokenizer=recipe.tokenizer,
-                               arm=arm, progress=say("load"))
+                res = run_load(recipe.load, url=result.url, model=recipe.model, tokenizer=recipe.tokenizer,
+                               arm=arm, progress=say("load"), prefix=_load_prefix(recipe, a, proc))
             else:
-                res = run_accuracy(recipe.accuracy, url=a.url, model=recipe.model, out_dir=arm.accuracy_dir,
-                                   progress=say("accuracy"))
+                res = run_accuracy(recipe.accuracy, url=result.url, model=recipe.model,
+                                   out_dir=arm.accuracy_dir, progress=say("accuracy"))
             write_json_atomic(arm.stage_result(stage), asdict(res))
             manifest.mark(a.name, stage, "done", **served_by)
             say(stage)(f"done in {time.monotonic() - t0:.0f}s")
     except BaseException as e:
-        manifest.mark(a.name, current, "failed", error=f"{type(e).__name__}: {e}"[:2000])
+        # a scheduler's job says why the server went away (FAILED, PREEMPTED, TIMEOUT...) and Slurm's output
+        job = f"\n{proc.describe()}" if hasattr(proc, "describe") and current != "server" else ""
+        manifest.mark(a.name, current, "failed", error=(f"{type(e).__name__}: {e}"[:2000] + job[:2000]))
         if barrier is not None:
             barrier.abort()
         raise
@@ -168,6 +198,14 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
                 say("server")(f"could not pull {a.artifact_dir}: {e}")
         if recipe.engine == "sglang":  # the base backend and vattn/base forward counts, into the manifest
             manifest.note(a.name, "server", **served_paths(arm.server_log))
+
+
+def _load_prefix(recipe: Recipe, a: ArmRun, proc) -> list[str]:
+    """aiperf runs on this machine, or as a step of the arm's Slurm job when its host says load: allocation."""
+    spec = recipe.hosts[a.host]
+    if spec.kind == "slurm" and spec.slurm.load == "allocation":
+        return proc.client_prefix()
+    return []
 
 
 def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:

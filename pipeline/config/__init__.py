@@ -8,6 +8,7 @@
     server.py     server: (engine flags and env shared by both arms)
     load.py       load: (what aiperf replays)
     accuracy.py   accuracy: (GSM8K / GPQA-diamond tasks); `pipeline eval` builds the same model
+    sweep.py      sweep.yaml: a base recipe plus a matrix (or a list) of overlays, expanded into point recipes
     emulator.py   the emulator's own config (model presets, every field a `python -m pipeline.emulator` flag)
 
 The stages, the runner, the engines, the hosts and the emulator import their spec from here; this

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -143,8 +143,10 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPaths,
              progress: Callable[[str], None] | None = None,
-             progress_every_s: float = 10.0) -> LoadResult:
-    """Run aiperf for one arm; raise LoadError (with the log tail) unless it left enough records."""
+             progress_every_s: float = 10.0, prefix: Sequence[str] = ()) -> LoadResult:
+    """Run aiperf for one arm; raise LoadError (with the log tail) unless it left enough records.
+
+    prefix: argv that runs aiperf elsewhere, e.g. a Slurm job step beside the server (`srun --jobid ...`)."""
     if spec.trace is not None:
         check_trace_dir(Path(spec.trace))
     if arm.aiperf_dir.exists():
@@ -152,6 +154,7 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
     arm.root.mkdir(parents=True, exist_ok=True)
     cmd = aiperf_command(spec, url=url, model=model, tokenizer=tokenizer,
                          artifact_dir=arm.aiperf_dir)
+    cmd = list(prefix) + cmd
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()
     with open(arm.aiperf_log, "w") as log:

@@ -8,6 +8,7 @@ import json
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ def port_in_use(host: Host, port: int) -> bool:
     probe = ["python3", "-c", "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
              "socket.SO_REUSEADDR, 1)\ntry: s.bind(('0.0.0.0', int(sys.argv[1])))\nexcept OSError: sys.exit(3)",
              str(port)]
-    if host.name == "local":
+    if host.name == "local" or getattr(host, "submits_jobs", False):  # a job's node is not known yet
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -94,6 +95,15 @@ def fetch_info(engine: Engine, base_url: str) -> dict:
     return {}
 
 
+def served_url(proc: Process, planned: str) -> str:
+    """The planned URL, with the node a scheduler placed the server on (a Slurm job's) as its host."""
+    node = getattr(proc, "node", None)
+    if not node:
+        return planned
+    parts = urllib.parse.urlsplit(planned)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{node}:{parts.port}"))
+
+
 def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, timeout_s: float,
                  progress=lambda msg: None) -> tuple[Process, ServerResult]:
     """Start the server and wait for health. The caller stops the returned process."""
@@ -102,16 +112,17 @@ def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, 
                           f"port in the recipe or stop what listens there")
     log = f"{arm_run.artifact_dir}/server.log"
     proc = host.start(arm_run.argv, env=arm_run.env, log=log)
+    url = served_url(proc, arm_run.url)
     try:
-        waited = wait_healthy(proc, host, arm_run.url + engine.health_path, log, timeout_s, progress)
+        waited = wait_healthy(proc, host, url + engine.health_path, log, timeout_s, progress)
     except BaseException:
         proc.stop()
         if host.name != "local":
             host.get(log, arm.server_log)
         raise
-    info = fetch_info(engine, arm_run.url)
+    info = fetch_info(engine, url)
     write_json_atomic(arm.server_info, info)
-    return proc, ServerResult(url=arm_run.url, command=arm_run.command_line, host=arm_run.host,
+    return proc, ServerResult(url=url, command=arm_run.command_line, host=arm_run.host,
                               gpus=list(arm_run.gpus), startup_s=round(waited, 2), info=info)
 
 

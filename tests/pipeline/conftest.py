@@ -50,3 +50,30 @@ def sshd(tmp_path_factory):
     proc.wait(5)
 
 
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real one-node Slurm cluster (munged, slurmctld, slurmd) on 127.0.0.1 declaring two GPU gres.
+
+    SLURM_CONF is exported for the session so the pipeline's own sbatch/scontrol calls reach it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from slurm_cluster import missing_binaries, start_cluster
+
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"Slurm not installed (missing {', '.join(missing)}): "
+                    f"apt-get install -y slurmctld slurmd munge slurm-client")
+    if os.geteuid() != 0:
+        pytest.skip("the test Slurm cluster runs its daemons as root (SlurmUser=root); run as root")
+    cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    yield cluster
+    cluster.stop()
+    if old is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = old

@@ -1,0 +1,168 @@
+"""A sweep's analysis: one row per (point, arm) from each point's run dir, with CIs, then the sweep report.
+
+Per point it reuses the single-run analysis (analysis.compare: the same deltas and session-bootstrap CIs
+as report.md). For the Pareto plot each arm's own interactivity and throughput get a CI too: the same
+session-clustered bootstrap (analysis.stats), applied to one arm instead of a pair.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from analysis import stats
+from analysis.compare import compare, pool
+from analysis.formatting import fmt
+from analysis.rundir import load_run
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# the arm-level figures the plot and the four-point table need: key in analysis.metrics.ARM_METRICS
+PLOT_KEYS = ("inter_p50", "inter_p90", "throughput")
+DELTA_KEYS = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput")
+
+
+def arm_ci(values: np.ndarray, sessions: np.ndarray, stat: stats.Stat, n_boot: int = stats.N_BOOT,
+           seed: int = stats.SEED) -> tuple[float, float, float]:
+    """(estimate, lo, hi) of one arm's statistic; 95% CI from resampling whole sessions."""
+    uniq, idx = np.unique(np.asarray(sessions).astype(str), return_inverse=True)
+    s = stats.make_sample(values, idx, list(range(len(uniq))), stat)
+    est = float(s.stat(s.values, np.ones((1, len(s.values))))[0])
+    if len(uniq) < stats.MIN_SESSIONS:
+        return est, float("nan"), float("nan")
+    reps = s.stat(s.values, stats.session_draws(len(uniq), n_boot, seed)[:, s.sessions])
+    reps = reps[np.isfinite(reps)]
+    lo, hi = np.percentile(reps, [2.5, 97.5]) if len(reps) else (np.nan, np.nan)
+    return est, float(lo), float(hi)
+
+
+def _arm_figures(runs, gpus: int) -> dict:
+    d = pool(runs)
+    ok = d.ok
+    tpot, osl, sess = ok["tpot_ms"].to_numpy(float), ok["osl"].to_numpy(float), ok["conversation_id"].to_numpy()
+    keep = np.isfinite(tpot)
+    out = {}
+    for key, q in (("inter_p50", 50), ("inter_p90", 90)):
+        out[key], out[f"{key}_lo"], out[f"{key}_hi"] = arm_ci(tpot[keep], sess[keep],
+                                                              stats.inverse_quantile_stat(q))
+    keep = np.isfinite(osl)
+    t, lo, hi = arm_ci(osl[keep], sess[keep], stats.rate_stat(d.window_s * gpus))
+    out.update(tput_per_gpu=t, tput_per_gpu_lo=lo, tput_per_gpu_hi=hi, requests=int(len(ok)))
+    return out
+
+
+def point_rows(point: str, run_dir: Path, gpus: int, labels: dict[str, str]) -> list[dict]:
+    """Two rows (off, on) for one point: arm figures with CIs, and the on-vs-off deltas with CIs."""
+    run = load_run(run_dir)
+    by_arm = {arm: [r for r in run.arm_runs if r.arm == arm] for arm in ("off", "on")}
+    c = compare(by_arm["off"], by_arm["on"], "off", "on")
+    deltas = {}
+    for _, r in c.arm_table.iterrows():
+        if r["key"] in DELTA_KEYS:
+            deltas.update({f"d_{r['key']}": r["delta_pct"], f"d_{r['key']}_lo": r["lo"],
+                           f"d_{r['key']}_hi": r["hi"], f"off_{r['key']}": r["a"], f"on_{r['key']}": r["b"]})
+    tpot = c.matched[c.matched["key"] == "tpot_ms"] if not c.matched.empty else c.matched
+    if len(tpot):
+        t = tpot.iloc[0]
+        deltas.update(d_matched_tpot=t["delta_pct"], d_matched_tpot_lo=t["lo"], d_matched_tpot_hi=t["hi"],
+                      matched_n=int(t["n"]))
+    base = {"point": point, **labels, "gpus": gpus, "run_dir": str(run_dir)}
+    return [{**base, "arm": arm, **_arm_figures(by_arm[arm], gpus), **deltas} for arm in ("off", "on")]
+
+
+def summary_frame(points: list[dict]) -> "pd.DataFrame":
+    """points: [{point, run_dir, gpus, labels}] of finished runs -> one row per (point, arm)."""
+    import pandas as pd
+
+    rows = []
+    for p in points:
+        rows += point_rows(p["point"], Path(p["run_dir"]), p["gpus"], p.get("labels", {}))
+    return pd.DataFrame(rows)
+
+
+def pareto_plot(df: "pd.DataFrame", path: Path) -> Path:
+    """Interactivity (at TPOT p50, solid; p90, dashed) against output throughput per GPU, off and on,
+    each point with 95% CI bars on both axes."""
+    from analysis.plots import COLORS, _figure, _save
+
+    fig, ax = _figure("Sweep: interactivity vs output throughput per GPU", "output throughput per GPU (tok/s)",
+                      "interactivity (tok/s/user)")
+    for i, arm in enumerate(("off", "on")):
+        a = df[df["arm"] == arm]  # in sweep order: the line follows the matrix (e.g. rising concurrency)
+        x = a["tput_per_gpu"].to_numpy(float)
+        xerr = _err(x, a["tput_per_gpu_lo"], a["tput_per_gpu_hi"])
+        for key, style, marker in (("inter_p50", "-", "o"), ("inter_p90", "--", "s")):
+            y = a[key].to_numpy(float)
+            ax.errorbar(x, y, xerr=xerr, yerr=_err(y, a[f"{key}_lo"], a[f"{key}_hi"]), ls=style,
+                        marker=marker, capsize=4, color=COLORS[i], label=f"{arm}, at TPOT {key[-3:]}")
+        for _, r in a.iterrows():
+            ax.annotate(r["point"], (r["tput_per_gpu"], r["inter_p50"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _err(center: np.ndarray, lo, hi) -> np.ndarray:
+    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    lo, hi = np.where(np.isfinite(lo), lo, center), np.where(np.isfinite(hi), hi, center)
+    return np.vstack([np.clip(center - lo, 0, None), np.clip(hi - center, 0, None)])
+
+
+def _delta(r, key: str) -> str:
+    v, lo, hi = r.get(f"d_{key}"), r.get(f"d_{key}_lo"), r.get(f"d_{key}_hi")
+    if v is None or not np.isfinite(v):
+        return "n/a"
+    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else " [CI n/a]"
+    return f"{v:+.1f}%{ci}"
+
+
+def _pair(off, on, key: str) -> str:
+    return f"{fmt(off[key])} / {fmt(on[key])}"
+
+
+def four_point_md(df: "pd.DataFrame") -> list[str]:
+    """The MI355X reference's table shape: one row per point, off / on and the delta with its CI."""
+    lines = ["| point | matched TPOT delta | TPOT p50 ms off / on | interactivity p50 off / on (delta) "
+             "| interactivity p90 off / on (delta) | tok/s/GPU off / on (delta) |",
+             "|---|---|---|---|---|---|"]
+    for point, g in df.groupby("point", sort=False):
+        off, on = g[g["arm"] == "off"].iloc[0], g[g["arm"] == "on"].iloc[0]
+        lines.append(f"| {point} | {_delta(on, 'matched_tpot')} | {fmt(on.get('off_tpot_p50'))} / "
+                     f"{fmt(on.get('on_tpot_p50'))} | {_pair(off, on, 'inter_p50')} ({_delta(on, 'inter_p50')}) "
+                     f"| {_pair(off, on, 'inter_p90')} ({_delta(on, 'inter_p90')}) "
+                     f"| {_pair(off, on, 'tput_per_gpu')} ({_delta(on, 'throughput')}) |")
+    return lines
+
+
+def deltas_md(df: "pd.DataFrame") -> list[str]:
+    keys = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput")
+    lines = ["| point | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for point, g in df.groupby("point", sort=False):
+        on = g[g["arm"] == "on"].iloc[0]
+        lines.append(f"| {point} | " + " | ".join(_delta(on, k) for k in keys) + " |")
+    return lines
+
+
+def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], report_dir: Path,
+                    png: Path | None) -> str:
+    parts = [f"# Sweep {name}: kernel off vs on across {len(status)} points", "",
+             "| point | status | run dir |", "|---|---|---|"]
+    for point, st in status.items():
+        rd = df[df["point"] == point]["run_dir"] if not df.empty else ()
+        rel = os.path.relpath(rd.iloc[0], report_dir) if len(rd) else ""
+        parts.append(f"| {point} | {st} | {rel} |")
+    if df.empty:
+        return "\n".join(parts + ["", "No point has finished yet: nothing to compare."]) + "\n"
+    parts += ["", "## Four-point table (the MI355X reference's shape)", "", *four_point_md(df), "",
+              "## Deltas on vs off per point (95% CI, session bootstrap; as in each run's report.md)", "",
+              *deltas_md(df), ""]
+    if png is not None:
+        parts += ["## Interactivity vs output throughput per GPU", "",
+                  f"![pareto]({os.path.relpath(png, report_dir)})", "",
+                  "Each marker is one point and arm; bars are 95% CIs from resampling whole sessions. "
+                  "Interactivity = 1000 / TPOT[ms] at the TPOT p50 (solid) and p90 (dashed). Throughput per "
+                  "GPU = output tokens of completed requests / measured window / GPUs per server.", ""]
+    return "\n".join(parts)

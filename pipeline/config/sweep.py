@@ -1,0 +1,135 @@
+"""`sweep.yaml`: a base recipe plus a matrix of overlays, expanded into ordinary recipes, one per point.
+
+    name: sweep-quickstart
+    base: quickstart.yaml            # a recipe file, relative to this file
+    overrides: {accuracy: null}      # merged into the base for every point
+    matrix:                          # axes; points are their cross product, named a-b-...
+      conc:
+        c2: {load: {concurrency: 2}}
+        c6: {load: {concurrency: 6}}
+    # or `points:` {name: overlay}: an explicit list (the MI355X reference's four points are not a product)
+
+Overlays deep-merge like presets (mappings key by key, lists replaced). Each point is validated as a
+whole recipe before anything runs, so a bad point fails the sweep at once, naming the point.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from pipeline.config.base import RecipeError, Strict
+from pipeline.config.presets import deep_merge, merged_recipe_dict, read_yaml
+from pipeline.config.recipe import Recipe, _format_errors, _resolve_paths
+
+_NAME = r"^[A-Za-z0-9._-]+$"
+
+
+class SweepSpec(Strict):
+    name: str = Field(..., min_length=1, pattern=_NAME, description="sweep name (folder prefix)")
+    base: str = Field(..., min_length=1, description="the base recipe file, relative to the sweep file")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="recipe fields set for every point")
+    matrix: dict[str, dict[str, dict[str, Any]]] | None = Field(
+        None, description="axis -> {value name -> recipe overlay}; points are the cross product")
+    points: dict[str, dict[str, Any]] | None = Field(
+        None, description="point name -> recipe overlay: an explicit list instead of a matrix")
+    gpus_per_server: int = Field(1, ge=1, le=64, description="divides output throughput into per-GPU figures "
+                                                            "when placement.gpus_per_arm is 0 (the emulator)")
+    output_dir: str = Field("runs", description="parent folder of sweep dirs (relative to the cwd)")
+
+    @field_validator("matrix")
+    @classmethod
+    def _axes(cls, m):
+        if m is None:
+            return m
+        for axis, values in m.items():
+            if not values:
+                raise ValueError(f"axis {axis!r} has no values; give at least one, e.g. {{c8: {{load: "
+                                 f"{{concurrency: 8}}}}}}")
+            for name in values:
+                _check_name(f"matrix.{axis}", name)
+        return m
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.matrix is None) == (self.points is None):
+            raise ValueError("set exactly one of matrix (axes crossed into points) or points (an explicit "
+                             f"list); found matrix={'set' if self.matrix else None}, "
+                             f"points={'set' if self.points else None}")
+        for name in self.points or {}:
+            _check_name("points", name)
+        return self
+
+
+def _check_name(field: str, name: str) -> None:
+    import re
+
+    if not re.match(_NAME, str(name)):
+        raise ValueError(f"{field}: point name {name!r} may hold only letters, digits, '.', '_' and '-' "
+                         f"(it names the point's run dir)")
+
+
+def point_overlays(spec: SweepSpec) -> dict[str, dict]:
+    """{point name: overlay} in execution order (the matrix's first axis varies slowest)."""
+    if spec.points is not None:
+        return dict(spec.points)
+    axes = list(spec.matrix.values())
+    out = {}
+    for combo in itertools.product(*(list(a.items()) for a in axes)):
+        overlay: dict = {}
+        for _, ov in combo:
+            overlay = deep_merge(overlay, ov)
+        out["-".join(str(n) for n, _ in combo)] = overlay
+    return out
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    path = Path(path)
+    data = read_yaml(path, "sweep")
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(f"{path}: invalid sweep\n{_format_errors(e)}") from None
+
+
+def point_recipes(spec: SweepSpec, sweep_file: Path) -> dict[str, dict]:
+    """{point: recipe dict}, each validated; relative paths resolved against the base recipe's folder."""
+    base_path = (Path(sweep_file).resolve().parent / spec.base).resolve()
+    if not base_path.is_file():
+        raise RecipeError(f"base: recipe file {str(base_path)!r} does not exist; `base` is relative to the "
+                          f"sweep file ({sweep_file})")
+    raw = read_yaml(base_path, "base")
+    out = {}
+    for point, overlay in point_overlays(spec).items():
+        d = deep_merge(deep_merge(raw, spec.overrides), overlay)
+        d["name"] = f"{spec.name}-{point}"
+        d = _resolve_paths(_bool_arm_keys(d), base_path.parent)
+        out[point] = d
+        check_point(point, d)
+    return out
+
+
+def _bool_arm_keys(d: dict) -> dict:
+    # YAML 1.1 reads bare `off:` / `on:` as booleans (see presets.merged_recipe_dict)
+    if isinstance(d.get("arms"), dict):
+        d["arms"] = {({False: "off", True: "on"}.get(k, k) if isinstance(k, bool) else k): v
+                     for k, v in d["arms"].items()}
+    return d
+
+
+def check_point(point: str, recipe: dict) -> None:
+    """Validate one point's recipe (presets merged) as `pipeline run` would; the error names the point."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "recipe.yaml"
+        f.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        merged = merged_recipe_dict(f)
+    try:
+        Recipe.model_validate(merged)
+    except (ValidationError, RecipeError) as e:
+        msg = _format_errors(e) if isinstance(e, ValidationError) else str(e)
+        raise RecipeError(f"sweep point {point!r}: invalid recipe\n{msg}") from None

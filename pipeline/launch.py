@@ -1,0 +1,90 @@
+"""Start or resume one run: the body of `pipeline run`, shared by `pipeline sweep` (one run per point).
+
+A new run claims its run dir by writing the manifest exclusively; a resume runs the recipe recorded there.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def _load(path: str):
+    from pipeline.config.recipe import load_recipe
+
+    return load_recipe(path)
+
+
+def _run_dir_taken(run_dir: Path, why: str) -> SystemExit:
+    return SystemExit(f"error: --out: run dir {run_dir} {why}; a run never overwrites or shares another's dir. "
+                      f"Use `pipeline run --resume {run_dir}` to finish that run, or another --out")
+
+
+def _new_run_dir(recipe, out: str | None) -> Path:
+    """A fast first check; the atomic claim is the exclusive write of the manifest (Manifest.create)."""
+    run_dir = Path(out) if out else Path(recipe.output_dir) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise _run_dir_taken(run_dir, "already exists and is not empty")
+    return run_dir
+
+
+def _resume(run_dir: Path, recipe_path: str | None):
+    from pipeline.config.recipe import Recipe, recipe_to_dict
+    from pipeline.manifest import Manifest
+    from pipeline.paths import RunPaths
+
+    paths = RunPaths(run_dir)
+    if not paths.manifest.is_file():
+        raise SystemExit(f"error: --resume: {run_dir} has no manifest.json; not a run directory")
+    manifest = Manifest.load(paths.manifest)
+    recipe = Recipe.model_validate(manifest.data["recipe"])
+    if recipe_path and recipe_to_dict(_load(recipe_path)) != manifest.data["recipe"]:
+        raise SystemExit(f"error: {recipe_path} differs from the recipe recorded in {paths.manifest}; "
+                         f"resume runs the recorded recipe: drop the recipe argument or start a new run")
+    return recipe, manifest
+
+
+def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str | None = None) -> int:
+    """Run `recipe_path` into `out` (default: a new timestamped dir), or finish the run in `resume`;
+    write its report. Returns the exit code."""
+    from pipeline.config.recipe import recipe_to_dict
+    from pipeline.manifest import Manifest, new_run_id, now
+    from pipeline.paths import RunPaths
+    from pipeline.plan import build_plan
+    from pipeline.runner import check_matched_gpus, execute, host_facts, make_hosts
+
+    if resume:
+        recipe, manifest = _resume(Path(resume), recipe_path)
+        run_dir, run_id = Path(resume), manifest.data.get("run_id")
+    elif recipe_path:
+        recipe = _load(recipe_path)
+        run_dir = _new_run_dir(recipe, out)
+        created = now()
+        run_id = new_run_id(run_dir, created)
+    else:
+        raise SystemExit("error: give a recipe (pipeline run recipe.yaml) or --resume RUN_DIR")
+    plan = build_plan(recipe, run_dir, run_id)
+    hosts = make_hosts(recipe)
+    if not resume:
+        facts = host_facts(recipe, hosts)
+        check_matched_gpus(plan, facts)
+        try:
+            manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
+                                       recipe_path=str(recipe_path), plan=plan.to_dict(), hosts=facts,
+                                       run_id=run_id, created=created)
+        except FileExistsError:  # another run claimed the dir after the first check
+            raise _run_dir_taken(run_dir, "was claimed by another `pipeline run` started at the same time") from None
+    print(f"run dir: {run_dir}  ({'resuming' if resume else 'new'}; "
+          f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
+    execute(recipe, plan, manifest, hosts)
+    return _report(run_dir)
+
+
+def _report(run_dir: Path) -> int:
+    from analysis.report import write_report
+
+    path = write_report(run_dir)
+    verdict = next((line for line in path.read_text().splitlines() if line.startswith("**Verdict:**")), "")
+    print(f"report: {path}\n{verdict}")
+    return 0
+
+

@@ -1,0 +1,125 @@
+"""`pipeline sweep`: run every point of a sweep as an ordinary run, one after another, then the sweep report.
+
+Each point is its own run dir under SWEEP_DIR/runs/<point>, made and resumed exactly as `pipeline run` does,
+so a point's stages survive a crash like any run's. sweep.json holds the expanded point recipes (a resume
+runs what was recorded, not what the sweep file says now) and each point's status. `--resume` skips points
+whose run finished, resumes points whose run started, and starts the rest.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+
+from pipeline.io import read_json, write_json_atomic, write_json_exclusive, write_text_atomic
+from pipeline.manifest import now
+from pipeline.paths import RunPaths, SweepPaths
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] sweep     {msg}", flush=True)
+
+
+def create_sweep(sweep_file: str, out: str | None) -> Path:
+    from pipeline.config.sweep import load_sweep, point_recipes
+
+    spec = load_sweep(sweep_file)
+    recipes = point_recipes(spec, Path(sweep_file))
+    root = Path(out) if out else Path(spec.output_dir) / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    paths = SweepPaths(root)
+    if root.exists() and any(root.iterdir()):
+        raise SystemExit(f"error: --out: sweep dir {root} already exists and is not empty; use "
+                         f"`pipeline sweep --resume {root}` to finish it, or another --out")
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_exclusive(paths.manifest, {
+        "name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
+        "created": now(), "finished": None,
+        "points": {p: {"status": "pending", "recipe": r, "run_dir": str(paths.run_dir(p))}
+                   for p, r in recipes.items()}})
+    return root
+
+
+def _point_state(run_dir: Path) -> str:
+    """missing (no run yet) | unfinished (a manifest, not finished) | done."""
+    m = RunPaths(run_dir).manifest
+    if not m.is_file():
+        return "missing"
+    return "done" if read_json(m).get("finished") else "unfinished"
+
+
+def _run_point(point: str, entry: dict, root: Path) -> None:
+    from pipeline.launch import run_recipe
+
+    run_dir = Path(entry["run_dir"])
+    state = _point_state(run_dir)
+    if state == "done":
+        progress(f"{point}: finished before (resume): skipped")
+        return
+    if state == "unfinished":
+        progress(f"{point}: resuming {run_dir}")
+        run_recipe(None, resume=str(run_dir))
+        return
+    recipe_file = root / "recipes" / f"{point}.yaml"  # what `pipeline run` reads, kept for a reader
+    recipe_file.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(recipe_file, yaml.safe_dump(entry["recipe"], sort_keys=False))
+    if run_dir.exists() and not any(run_dir.iterdir()):
+        run_dir.rmdir()  # killed before its manifest: nothing of it is worth keeping
+    progress(f"{point}: new run {run_dir}")
+    run_recipe(str(recipe_file), out=str(run_dir))
+
+
+def execute_sweep(root: Path) -> int:
+    """Run the points not yet finished, one after another; a failed point is recorded and the rest go on."""
+    paths = SweepPaths(root)
+    doc = read_json(paths.manifest)
+    failed = []
+    for point, entry in doc["points"].items():
+        entry["status"] = "running"
+        write_json_atomic(paths.manifest, doc)
+        try:
+            _run_point(point, entry, root)
+            entry["status"], entry["error"] = "done", None
+        except KeyboardInterrupt:
+            entry["status"] = "interrupted"
+            write_json_atomic(paths.manifest, doc)
+            raise
+        except Exception as e:  # one point's failure must not lose the others; its run dir says more
+            entry["status"], entry["error"] = "failed", f"{type(e).__name__}: {e}"[:2000]
+            failed.append(point)
+            progress(f"{point}: failed: {entry['error'][:300]}")
+        write_json_atomic(paths.manifest, doc)
+    doc["finished"] = now() if not failed else None
+    write_json_atomic(paths.manifest, doc)
+    report = write_sweep_report(root)
+    progress(f"report: {report}")
+    if failed:
+        progress(f"{len(failed)} point(s) failed: {', '.join(failed)}; rerun them with "
+                 f"`pipeline sweep --resume {root}`")
+        return 1
+    return 0
+
+
+def _gpus(recipe: dict, spec: dict) -> int:
+    return (recipe.get("placement") or {}).get("gpus_per_arm") or spec.get("gpus_per_server", 1)
+
+
+def write_sweep_report(root: Path) -> Path:
+    from analysis.sweep import pareto_plot, summary_frame, sweep_report_md
+
+    paths = SweepPaths(root)
+    doc = read_json(paths.manifest)
+    status = {p: _point_state(Path(e["run_dir"])) for p, e in doc["points"].items()}
+    for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
+        if status[p] != "done" and e.get("status") == "failed":
+            status[p] = "failed: " + e["error"].splitlines()[0][:160].replace("|", "/")
+    done = [{"point": p, "run_dir": e["run_dir"], "gpus": _gpus(e["recipe"], doc["spec"])}
+            for p, e in doc["points"].items() if status[p] == "done"]
+    df = summary_frame(done)
+    png = None
+    if not df.empty:
+        paths.summary_csv.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(paths.summary_csv, index=False)
+        png = pareto_plot(df, paths.pareto_png)
+    write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png))
+    return paths.report

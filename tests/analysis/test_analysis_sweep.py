@@ -1,0 +1,57 @@
+"""analysis/sweep.py: per-arm CIs checked by hand, and the sweep summary built from a recorded run dir."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis import stats
+from analysis.compare import compare
+from analysis.rundir import load_run
+from analysis.sweep import arm_ci, four_point_md, pareto_plot, summary_frame, sweep_report_md
+
+RUN = Path(__file__).parent / "data" / "quickstart_run"
+
+
+def test_arm_ci_sum_per_window_by_hand():
+    # five sessions, two requests each; rate_stat(2): total / 2 s = (10 * 3) / 2 = 15
+    values = np.full(10, 3.0)
+    sessions = np.repeat(list("abcde"), 2)
+    est, lo, hi = arm_ci(values, sessions, stats.rate_stat(2.0))
+    assert est == 15.0
+    # every session contributes the same 6 tokens, so every resample of 5 sessions totals the same
+    assert lo == pytest.approx(15.0) and hi == pytest.approx(15.0)
+
+
+def test_arm_ci_spreads_with_unequal_sessions_and_needs_five():
+    values = np.array([1.0, 2.0, 3.0, 4.0, 100.0])
+    est, lo, hi = arm_ci(values, np.array(list("abcde")), stats.quantile_stat(50))
+    assert est == 3.0 and lo < est < hi and 1.0 <= lo and hi <= 100.0
+    est4, lo4, hi4 = arm_ci(values[:4], np.array(list("abcd")), stats.quantile_stat(50))
+    assert est4 == 2.5 and np.isnan(lo4) and np.isnan(hi4)   # < MIN_SESSIONS: no CI, as in report.md
+
+
+def test_summary_of_a_recorded_run_matches_its_report(tmp_path):
+    df = summary_frame([{"point": "c8", "run_dir": str(RUN), "gpus": 2}])
+    assert list(df["arm"]) == ["off", "on"]
+    run = load_run(RUN)
+    c = compare([r for r in run.arm_runs if r.arm == "off"], [r for r in run.arm_runs if r.arm == "on"], "off", "on")
+    tput = c.arm_table.set_index("key").loc["throughput"]
+    on = df[df["arm"] == "on"].iloc[0]
+    # the same deltas and CIs as the single-run report
+    assert on["d_throughput"] == pytest.approx(tput["delta_pct"]) and on["d_throughput_lo"] == pytest.approx(tput["lo"])
+    # per GPU: the arm's throughput halved; interactivity = 1000 / TPOT p50
+    assert on["tput_per_gpu"] == pytest.approx(tput["b"] / 2)
+    assert on["inter_p50"] == pytest.approx(c.arm_table.set_index("key").loc["inter_p50", "b"])
+    for arm in ("off", "on"):
+        r = df[df["arm"] == arm].iloc[0]
+        assert r["inter_p50_lo"] <= r["inter_p50"] <= r["inter_p50_hi"]
+        assert r["tput_per_gpu_lo"] <= r["tput_per_gpu"] <= r["tput_per_gpu_hi"]
+
+    png = pareto_plot(df, tmp_path / "plots" / "pareto.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = four_point_md(df)
+    assert table[0].startswith("| point | matched TPOT delta") and table[2].startswith("| c8 | ")
+    md = sweep_report_md("s", df, {"c8": "done", "c16": "missing"}, tmp_path, png)
+    assert "| c16 | missing |" in md and "![pareto](plots/pareto.png)" in md

@@ -1,0 +1,66 @@
+"""sweep.yaml: expansion into point recipes (matrix and explicit points) and its errors."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config.base import RecipeError
+from pipeline.config.sweep import load_sweep, point_overlays, point_recipes
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _sweep(tmp_path: Path, **fields) -> Path:
+    data = {"name": "s", "base": str(REPO / "recipes/quickstart.yaml"), **fields}
+    p = tmp_path / "sweep.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_matrix_is_the_cross_product_in_order(tmp_path):
+    path = _sweep(tmp_path, matrix={
+        "conc": {"c4": {"load": {"concurrency": 4}}, "c8": {"load": {"concurrency": 8}}},
+        "tp": {"tp2": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp2"}}},
+               "tp4": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp4"}}}}})
+    recipes = point_recipes(load_sweep(path), path)
+    assert list(recipes) == ["c4-tp2", "c4-tp4", "c8-tp2", "c8-tp4"]
+    r = recipes["c8-tp4"]
+    assert r["name"] == "s-c8-tp4" and r["load"]["concurrency"] == 8
+    assert r["server"]["args"]["model_preset"] == "qwen3.5-397b-a17b-tp4"
+    assert r["server"]["args"]["hardware"] == "h200"            # the base's other args are kept
+    assert Path(r["load"]["trace"]).is_absolute() and Path(r["load"]["trace"]).is_dir()
+
+
+def test_shipped_sweeps_expand():
+    for path in sorted((REPO / "recipes").glob("sweep-*.yaml")):
+        recipes = point_recipes(load_sweep(path), path)
+        assert recipes, path
+    qs = point_recipes(load_sweep(REPO / "recipes/sweep-quickstart.yaml"), REPO / "recipes/sweep-quickstart.yaml")
+    assert [r["load"]["concurrency"] for r in qs.values()] == [4, 8] and all(r["accuracy"] is None for r in qs.values())
+
+
+def test_explicit_points(tmp_path):
+    spec = load_sweep(_sweep(tmp_path, points={"a": {"load": {"concurrency": 2}}, "b": {}}))
+    assert point_overlays(spec) == {"a": {"load": {"concurrency": 2}}, "b": {}}
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({}, r"set exactly one of matrix .* or points"),
+    ({"matrix": {"conc": {}}}, r"matrix: axis 'conc' has no values"),
+    ({"points": {"a b": {}}}, r"points: point name 'a b' may hold only letters"),
+    ({"points": {"a": {}}, "matirx": {}}, r"matirx: unknown field"),
+    ({"points": {"bad": {"load": {"concurrency": 0}}}},
+     r"sweep point 'bad': invalid recipe\nload.concurrency: Input should be greater than or equal to 1"),
+])
+def test_sweep_errors(tmp_path, fields, match):
+    with pytest.raises(RecipeError, match=match):
+        path = _sweep(tmp_path, **fields)
+        point_recipes(load_sweep(path), path)
+
+
+def test_missing_base_names_the_field(tmp_path):
+    path = _sweep(tmp_path, base="nope.yaml", points={"a": {}})
+    with pytest.raises(RecipeError, match=r"base: recipe file .*nope.yaml' does not exist; `base` is relative"):
+        point_recipes(load_sweep(path), path)
