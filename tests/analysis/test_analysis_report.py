@@ -329,3 +329,16 @@ def test_verdict_primary_is_robust_to_an_outlier_that_hides_the_mean(tmp_path):
     # The ratio of matched means follows the outlier: (9.5 * 11 + 100) / (10 * 12) - 1 = +70.4%, CI over 0.
     row = next(x for x in md.splitlines() if x.startswith("| ratio of matched means"))
     assert "+70.4%" in row and row.endswith("| no |")
+
+
+def test_report_says_what_the_run_could_have_seen(tmp_path):
+    from analysis_records import make_run, record
+
+    rng = __import__("numpy").random.default_rng(3)
+    off = [record(f"s{i}", t, 1000.0 * t, tpot=10.0) for i in range(8) for t in range(3)]
+    on = [record(f"s{i}", t, 1000.0 * t, tpot=10.0 * float(rng.uniform(0.9, 1.1))) for i in range(8) for t in range(3)]
+    md = write_report(make_run(tmp_path / "see", {"off": off, "on": on}, recipe={"target_effect": 0.5}),
+                      n_boot=N_BOOT).read_text()
+    sec = md.split("## What this run could have seen")[1].split("\n## ")[0]
+    assert "Smallest detectable effect: " in sec and "over 24 matched requests" in sec
+    assert "- a 0.5% effect (the recipe's target_effect): about " in sec and "x this one) at this noise level" in sec
