@@ -93,3 +93,16 @@ def test_primary_calibration_on_synthetic_data(effect, lo, hi):
     rate = np.mean([e.excludes_zero() for e in es])
     assert lo <= rate <= hi, rate
     assert np.median([e.pct for e in es]) == pytest.approx(effect, abs=0.7)
+
+
+def test_repeated_launches_widen_the_ci_by_their_disagreement():
+    """ABBA: two launch pairs, each internally exact (every request -10%, then every request -5%). Within
+    one launch the CI collapses; pooled, launches are resampled too, so the CI spans both."""
+    sessions = [f"s{i}" for i in range(6)]
+    one = pd.DataFrame({"session": sessions, "launch": "off|on", "r": np.log(0.90)})
+    two = pd.DataFrame({"session": sessions, "launch": "off.2|on.2", "r": np.log(0.95)})
+    alone = est.estimate(one, "median", n_boot=400)
+    assert (alone.lo, alone.hi, alone.launches) == pytest.approx((-10.0, -10.0, 1))
+    both = est.estimate(pd.concat([one, two]), "median", n_boot=400)
+    assert both.launches == 2 and both.n == 12
+    assert both.lo < -10.0 and both.hi > -5.0, both
