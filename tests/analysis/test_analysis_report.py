@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from analysis_records import write_jsonl
 
+from analysis.accuracy import EMULATOR_NOTE
 from analysis.load import read_jsonl
 from analysis.report import ReportError, cli_report, write_report
 
@@ -110,10 +111,13 @@ def test_accuracy_table_and_emulator_label(run):
     (run / "manifest.json").write_text(json.dumps(manifest))
     md = write_report(run, n_boot=N_BOOT).read_text()
     acc = section(md, "Accuracy")
-    assert "plumbing only: emulator output is filler, accuracy not meaningful" in acc
+    assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
     assert "| gsm8k | 75.0% (strict 75.0%) | 50.0% (strict 50.0%) | -25.0 | 4 / 4 | 0 / 0 | McNemar exact p=1 " \
            "(off-only 1, on-only 0, n=4); strict p=1; outputs differ 1/4 |" in acc
     assert "Discordant questions, gsm8k (off -> on):\n- q1 (repeat 0): right -> wrong" in acc
+    # Output x1 became x0: one answer of four differs, at its first (and only) word.
+    assert ("Outputs, gsm8k (off vs on): identical in 3/4 answers (75%); the others first differ at word 0 "
+            "(earliest), 0 (median):\n- q1 (repeat 0): first differs at word 0 of 1 / 1") in acc
 
 
 def test_kernel_in_the_loop_section_from_cycle_log(run):
@@ -281,7 +285,7 @@ def test_report_on_quickstart_run_dir(tmp_path):
     md = write_report(run, n_boot=N_BOOT).read_text()
     check_report(md, "off", "on")
     acc = section(md, "Accuracy")
-    assert "plumbing only: emulator output is filler, accuracy not meaningful" in acc
+    assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
     assert "| gsm8k |" in acc and "| gpqa_diamond |" in acc and "McNemar exact p=" in acc
     assert "| off | 100 |" in section(md, "Kernel in the loop")
     assert "sglang:spec_accept_length" in section(md, "Server-side metrics")
