@@ -98,6 +98,28 @@ def md_table(df: "pd.DataFrame") -> str:
     return "\n".join(lines)
 
 
+def width_at_fixed_false_alarms(ab: Sequence["pd.DataFrame"], aa: Sequence["pd.DataFrame"], n_boot: int,
+                                rate: float = 0.05, seed: int = stats.SEED) -> "pd.DataFrame":
+    """Per estimator: the multiplier k of the bootstrap standard error at which exactly `rate` of the A/A
+    comparisons would claim an effect (the (1 - rate) quantile of |centre| / se), and the median A/B CI
+    width with that multiplier. This compares estimators at the same false-alarm rate, whatever their
+    nominal calibration."""
+    import pandas as pd
+
+    rows = []
+    for name in est.ESTIMATORS:
+        null = [est.estimate(f, name, n_boot, seed) for f in aa]
+        z = [abs(np.log1p(e.pct / 100)) / e.se_log for e in null if np.isfinite(e.se_log) and e.se_log > 0]
+        k = float(np.quantile(z, 1 - rate)) if z else np.nan
+        alt = [est.estimate(f, name, n_boot, seed) for f in ab]
+        widths = [(np.exp(np.log1p(e.pct / 100) + k * e.se_log) - np.exp(np.log1p(e.pct / 100) - k * e.se_log)) * 100
+                  for e in alt if np.isfinite(e.se_log)]
+        detected = sum(abs(np.log1p(e.pct / 100)) > k * e.se_log for e in alt if np.isfinite(e.se_log))
+        rows.append({"estimator": name, "k_at_5pct": k, "median_width": float(np.median(widths)) if widths else np.nan,
+                     "detected": int(detected), "runs": len(alt)})
+    return pd.DataFrame(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from analysis.rundir import load_run
 
@@ -115,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"## A/A, real repeats of an arm: {len(real)} comparisons\n")
     print(md_table(false_alarms([f for _, f in real], args.n_boot)), "\n")
     print(f"## A/A, resampled splits: {len(split)} ({args.splits} per A/B run)\n")
-    print(md_table(false_alarms(split, args.n_boot)))
+    print(md_table(false_alarms(split, args.n_boot)), "\n")
+    print(f"## CI width at a fixed 5% false-alarm rate (all {len(real) + len(split)} A/A comparisons)\n")
+    print(md_table(width_at_fixed_false_alarms(ab, [f for _, f in real] + split, args.n_boot)))
     return 0
 
 
