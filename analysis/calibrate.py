@@ -76,7 +76,9 @@ def false_alarms(frames: Sequence["pd.DataFrame"], n_boot: int, seed: int = stat
 
 
 def power(frames: Sequence["pd.DataFrame"], n_boot: int, seed: int = stats.SEED) -> "pd.DataFrame":
-    """estimator | runs | detected | median_pct | median_width | median_mde over A/B log_ratios frames."""
+    """estimator | runs | detected | median_pct | median_width | median_mde | between_sd | median_se over A/B
+    log_ratios frames. between_sd (the spread of the centre across runs, log units x 100) against median_se
+    (one run's bootstrap standard error, same units) says whether one launch's CI covers launch noise."""
     import pandas as pd
 
     rows = []
@@ -85,7 +87,10 @@ def power(frames: Sequence["pd.DataFrame"], n_boot: int, seed: int = stats.SEED)
         rows.append({"estimator": name, "runs": len(es), "detected": sum(e.excludes_zero() for e in es),
                      "median_pct": float(np.median([e.pct for e in es])),
                      "median_width": float(np.median([e.width for e in es])),
-                     "median_mde": float(np.median([e.mde_pct() for e in es]))})
+                     "median_mde": float(np.median([e.mde_pct() for e in es])),
+                     "between_sd": float(np.std([np.log1p(e.pct / 100) for e in es], ddof=1) * 100)
+                     if len(es) > 1 else np.nan,
+                     "median_se": float(np.median([e.se_log for e in es]) * 100)})
     return pd.DataFrame(rows)
 
 
