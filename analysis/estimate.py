@@ -10,9 +10,10 @@ Candidates (all written for bootstrap weights, like analysis.stats): the median,
 Hodges-Lehmann estimate (median of pairwise averages), and the plain mean of r (not robust; kept as
 a control). PRIMARY names the one chosen on recorded runs (BENCHMARKS.md, "Verdict calibration").
 
-CIs resample whole sessions (analysis.stats). When an arm pair ran more than once (ABBA: off/on and
-on.2/off.2), each replicate first draws launches with replacement, then sessions within each, so the CI
-carries launch-to-launch variance as well as request noise.
+CI = centre +- t x its bootstrap standard error (small_sample_factor says why t). The bootstrap resamples
+whole sessions (analysis.stats); when an arm pair ran more than once (ABBA: off/on and off.2/on.2), each
+replicate first draws launches with replacement, then sessions within each, so the CI carries
+launch-to-launch variance as well as request noise.
 """
 from __future__ import annotations
 

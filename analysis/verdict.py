@@ -57,7 +57,8 @@ def primary_md(c: "Comparison") -> list[str]:
     if c.candidates is None or c.candidates.empty:
         return []
     lines = ["Per-request change of decode time per token, log-ratio log(on/off) per matched request, "
-             "summarised and shown as (exp(x) - 1); CIs resample sessions (and launches, when arms repeat). "
+             "summarised and shown as (exp(x) - 1); 95% CI: the centre +- t(sessions - 1) x its bootstrap standard "
+             "error, the bootstrap resampling sessions (and launches, when arms repeat). "
              f"The verdict uses the **{est.PRIMARY}**, chosen on recorded runs (BENCHMARKS.md, \"Verdict "
              "calibration\"): robust to the few requests that overlapped another session's prefill in one arm.",
              "", "| estimate | delta [95% CI] | CI excludes 0 |", "|---|---|---|"]
