@@ -10,7 +10,8 @@ Candidates (all written for bootstrap weights, like analysis.stats): the median,
 Hodges-Lehmann estimate (median of pairwise averages), and the plain mean of r (not robust; kept as
 a control). PRIMARY names the one chosen on recorded runs (BENCHMARKS.md, "Verdict calibration").
 
-CI = centre +- t x its bootstrap standard error (small_sample_factor says why t). The bootstrap resamples
+CI = centre +- t x its bootstrap standard error (small_sample_factor says why t; `estimate` why the
+standard error is read from the replicates' 16-84% range). The bootstrap resamples
 whole sessions (analysis.stats); when an arm pair ran more than once (ABBA: off/on and off.2/on.2), each
 replicate first draws launches with replacement, then sessions within each, so the CI carries
 launch-to-launch variance as well as request noise.
@@ -68,7 +69,7 @@ ESTIMATORS: dict[str, stats.Stat] = {
     "hodges_lehmann": hodges_lehmann_stat,
     "mean_log": stats.mean_stat,
 }
-PRIMARY = "median"
+PRIMARY = "hodges_lehmann"   # BENCHMARKS.md, "Verdict calibration": narrow at a fixed 5% false-alarm rate, <= 5% at nominal
 
 
 def log_ratios(pairs: "pd.DataFrame", col: str = "tpot_ms") -> "pd.DataFrame":
@@ -106,7 +107,7 @@ class Estimate:
     pct: float        # (exp(centre) - 1) * 100
     lo: float         # 95% CI, percent; NaN with fewer than stats.MIN_SESSIONS sessions
     hi: float
-    se_log: float     # bootstrap standard deviation of the centre, log units
+    se_log: float     # bootstrap standard error of the centre (half its 16-84% range), log units
     n: int            # matched pairs
     sessions: int
     launches: int
@@ -147,7 +148,11 @@ def estimate(lr: "pd.DataFrame", name: str = PRIMARY, n_boot: int = stats.N_BOOT
         return Estimate(name, float(_pct(centre)), np.nan, np.nan, np.nan, len(v), n_sess, n_launch)
     w = launch_session_weights(launch, sess, n_boot, seed)
     reps = np.concatenate([stat(v, w[s:s + stats.CHUNK]) for s in range(0, n_boot, stats.CHUNK)])
-    se = float(np.std(reps[np.isfinite(reps)], ddof=1))
+    # The standard error from the replicates' central 68% (half the 16-84% range), not their SD: a robust
+    # centre jumps in the rare replicate that draws an outlier's session many times, and those few
+    # replicates would set an SD; for a normal spread the two agree.
+    lo16, hi84 = np.percentile(reps[np.isfinite(reps)], [15.87, 84.13])
+    se = float(hi84 - lo16) / 2
     half = small_sample_factor(n_sess, level) * se
     return Estimate(name, float(_pct(centre)), float(_pct(centre - half)), float(_pct(centre + half)), se,
                     len(v), n_sess, n_launch)

@@ -13,11 +13,18 @@ from analysis.formatting import fmt_delta, fmt_floor
 if TYPE_CHECKING:
     from analysis.compare import Comparison
 
+# What the verdict line calls each estimator, and what the estimate table adds to say how it is computed.
 LABELS = {
     "median": "median per-request change",
-    "trimmed_mean": f"{int(est.TRIM * 100)}% trimmed mean of per-request log-ratios",
-    "hodges_lehmann": "Hodges-Lehmann (median of pairwise averages of log-ratios)",
-    "mean_log": "mean of per-request log-ratios (geometric mean)",
+    "trimmed_mean": f"{int(est.TRIM * 100)}% trimmed mean per-request change",
+    "hodges_lehmann": "typical per-request change (Hodges-Lehmann)",
+    "mean_log": "geometric-mean per-request change",
+}
+DETAILS = {
+    "median": "median of log-ratios",
+    "trimmed_mean": f"mean of log-ratios without the lowest and highest {int(est.TRIM * 100)}%",
+    "hodges_lehmann": "median of the pairwise means of log-ratios",
+    "mean_log": "mean of log-ratios; not robust, a control",
 }
 
 
@@ -59,12 +66,12 @@ def primary_md(c: "Comparison") -> list[str]:
     lines = ["Per-request change of decode time per token, log-ratio log(on/off) per matched request, "
              "summarised and shown as (exp(x) - 1); 95% CI: the centre +- t(sessions - 1) x its bootstrap standard "
              "error, the bootstrap resampling sessions (and launches, when arms repeat). "
-             f"The verdict uses the **{est.PRIMARY}**, chosen on recorded runs (BENCHMARKS.md, \"Verdict "
+             f"The verdict uses the **{LABELS[est.PRIMARY]}**, chosen on recorded runs (BENCHMARKS.md, \"Verdict "
              "calibration\"): robust to the few requests that overlapped another session's prefill in one arm.",
              "", "| estimate | delta [95% CI] | CI excludes 0 |", "|---|---|---|"]
     for r in c.candidates.itertuples():
         mark = " (primary)" if r.estimator == est.PRIMARY else ""
-        lines.append(f"| {LABELS[r.estimator]}{mark} | {fmt_delta(r.pct, r.lo, r.hi)} | "
+        lines.append(f"| {LABELS[r.estimator]}: {DETAILS[r.estimator]}{mark} | {fmt_delta(r.pct, r.lo, r.hi)} | "
                      f"{'yes' if r.excludes_zero else 'no'} |")
     m = c.matched[c.matched["key"] == "tpot_ms"] if not c.matched.empty else c.matched
     if len(m):
