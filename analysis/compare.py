@@ -54,8 +54,11 @@ def matched_pairs(a_runs: list[ArmRun], b_runs: list[ArmRun]) -> "pd.DataFrame":
     return pd.concat(parts, ignore_index=True)
 
 
-def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int) -> tuple[dict, dict, str | None]:
+def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int,
+              duration_s: float | None = None) -> tuple[dict, dict, str | None]:
     """Noise floor per arm metric and per matched metric from every side that ran twice (max over sides)."""
+    import pandas as pd
+
     arm_floor: dict[str, float] = {}
     matched_floor: dict[str, float] = {}
     used = []
@@ -64,7 +67,8 @@ def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int) -> tuple[dict, 
             continue
         r1, r2 = runs[0], runs[1]
         used.append(f"{r1.name} vs {r2.name}")
-        for row in arm_deltas(pool([r1]), pool([r2]), n_boot, seed).itertuples():
+        ew = pd.DataFrame([equal_window_row([r1], [r2], duration_s, n_boot, seed)])
+        for row in pd.concat([arm_deltas(pool([r1]), pool([r2]), n_boot, seed), ew]).itertuples():
             f = stats.noise_floor(stats.Delta(row.a, row.b, row.delta_pct, row.lo, row.hi))
             arm_floor[row.key] = max(arm_floor.get(row.key, 0.0), f)
         md = matched_deltas(match_requests(r1.records, r2.records), n_boot, seed)
@@ -116,7 +120,7 @@ def compare(a_runs: list[ArmRun], b_runs: list[ArmRun], a_label: str, b_label: s
     primary = est.estimate(lr, est.PRIMARY, n_boot, seed) if len(lr) else None
     # Dedupe: in a two-run comparison the same folder could appear on both sides' lists.
     sides = [a_runs] if [r.paths for r in a_runs] == [r.paths for r in b_runs] else [a_runs, b_runs]
-    arm_floor, matched_floor, source = aa_floors(sides, n_boot, seed)
+    arm_floor, matched_floor, source = aa_floors(sides, n_boot, seed, duration_s)
     arm_table["floor"] = arm_table["key"].map(arm_floor)
     if not matched.empty:
         matched["floor"] = matched["key"].map(matched_floor)
