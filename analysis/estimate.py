@@ -31,6 +31,13 @@ if TYPE_CHECKING:
 TRIM = 0.2            # fraction cut from each end by the trimmed mean
 HL_MAX_PAIRS = 600    # Hodges-Lehmann's pairwise table is O(n^2) per replicate; above this, subsample
 Z95, Z80 = 1.959964, 0.841621   # two-sided 5% test; 80% power
+# One server launch's drift of the typical decode time per token, log units: what a session bootstrap
+# inside one launch cannot see. Measured on the CPU emulator's quickstart (BENCHMARKS.md, "Verdict
+# calibration"): across 12 launches of each arm, A/A centres spread by 0.39-0.47% against a within-launch
+# standard error of 0.25-0.39%, i.e. sqrt((0.39^2 - 0.25^2) / 2) ~ 0.2% per launch. A single A/B run has
+# two launches (off, on), so its CI adds 2 x LAUNCH_SD_LOG^2 in quadrature; where arms repeat (ABBA) the
+# launch bootstrap measures it instead. A GPU host drifts more: repeat the arms there.
+LAUNCH_SD_LOG = 0.002
 # Student's t 97.5% quantiles for 0..30 degrees of freedom (index = df; df 0 unused): scipy.stats.t.ppf
 # (0.975, df) rounded to 3 places (scipy is not a dependency). Past 30: z + (z^3 + z) / (4 df), within 0.003.
 T975 = (np.inf, 12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
@@ -133,8 +140,9 @@ def _pct(x):
 
 
 def estimate(lr: "pd.DataFrame", name: str = PRIMARY, n_boot: int = stats.N_BOOT, seed: int = stats.SEED,
-             level: float = 95.0) -> Estimate:
-    """One estimator's centre and session(-and-launch) bootstrap CI from a log_ratios frame."""
+             level: float = 95.0, launch_sd: float = LAUNCH_SD_LOG) -> Estimate:
+    """One estimator's centre and session(-and-launch) bootstrap CI from a log_ratios frame; with a
+    single launch pair, 2 x launch_sd^2 joins the variance (LAUNCH_SD_LOG says why)."""
     stat = ESTIMATORS[name]
     lr = lr.sort_values("r", kind="stable")
     if name == "hodges_lehmann" and len(lr) > HL_MAX_PAIRS:
@@ -153,6 +161,8 @@ def estimate(lr: "pd.DataFrame", name: str = PRIMARY, n_boot: int = stats.N_BOOT
     # replicates would set an SD; for a normal spread the two agree.
     lo16, hi84 = np.percentile(reps[np.isfinite(reps)], [15.87, 84.13])
     se = float(hi84 - lo16) / 2
+    if n_launch == 1:
+        se = float(np.hypot(se, np.sqrt(2) * launch_sd))
     half = small_sample_factor(n_sess, level) * se
     return Estimate(name, float(_pct(centre)), float(_pct(centre - half)), float(_pct(centre + half)), se,
                     len(v), n_sess, n_launch)

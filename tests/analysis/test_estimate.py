@@ -37,7 +37,7 @@ def test_log_ratios_drop_unusable_pairs_and_estimate_gives_percent():
     np.testing.assert_allclose(lr["r"], np.log(0.9))
     lr = est.log_ratios(_pairs([10.0] * 6, [9.0] * 6, [f"s{i}" for i in range(6)]))
     for name in est.ESTIMATORS:  # every request 10% faster: every centre, and its CI, is -10%
-        e = est.estimate(lr, name, n_boot=50)
+        e = est.estimate(lr, name, n_boot=50, launch_sd=0)
         assert (e.pct, e.lo, e.hi, e.n, e.sessions) == pytest.approx((-10.0, -10.0, -10.0, 6, 6))
 
 
@@ -101,8 +101,12 @@ def test_repeated_launches_widen_the_ci_by_their_disagreement():
     sessions = [f"s{i}" for i in range(6)]
     one = pd.DataFrame({"session": sessions, "launch": "off|on", "r": np.log(0.90)})
     two = pd.DataFrame({"session": sessions, "launch": "off.2|on.2", "r": np.log(0.95)})
-    alone = est.estimate(one, "median", n_boot=400)
+    alone = est.estimate(one, "median", n_boot=400, launch_sd=0)
     assert (alone.lo, alone.hi, alone.launches) == pytest.approx((-10.0, -10.0, 1))
     both = est.estimate(pd.concat([one, two]), "median", n_boot=400)
     assert both.launches == 2 and both.n == 12
     assert both.lo < -10.0 and both.hi > -5.0, both
+    # One launch pair: the launch drift a session bootstrap cannot see joins in quadrature, 2 x 0.2%^2.
+    drift = est.estimate(one, "median", n_boot=400)
+    half = est.small_sample_factor(6) * np.sqrt(2) * est.LAUNCH_SD_LOG
+    assert (drift.lo, drift.hi) == pytest.approx(((0.9 * np.exp(-half) - 1) * 100, (0.9 * np.exp(half) - 1) * 100))
