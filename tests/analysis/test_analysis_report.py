@@ -314,9 +314,9 @@ def test_verdict_within_aa_noise_floor(tmp_path):
     line = write_report(run, n_boot=N_BOOT).read_text().splitlines()[2]
     # Every request is exactly 3% faster: the CI is only the launch drift, t(7) x sqrt(8/7) x sqrt(2) x 0.2%
     # = 0.72% in log units around -3.0%, and excludes 0 ...
-    assert "decode time per token, typical per-request change (Hodges-Lehmann) -3.0% [-3.7, -2.3] (n=8 matched" in line
+    assert "decode time per token, 20% trimmed mean per-request change -3.0% [-3.7, -2.3] (n=8 matched" in line
     # ... but two runs of the same config differ by far more than that.
-    assert ": faster, but within the A/A noise floor; CI half-width 0.0 pts is narrower than the A/A floor (±" in line
+    assert ": faster, but within the A/A noise floor; CI half-width 0.7 pts is narrower than the A/A floor (±" in line
 
 
 def test_verdict_primary_is_robust_to_an_outlier_that_hides_the_mean(tmp_path):
@@ -327,9 +327,9 @@ def test_verdict_primary_is_robust_to_an_outlier_that_hides_the_mean(tmp_path):
     on = [record(f"s{i}", 0, i, tpot=100.0 if i == 11 else 9.5) for i in range(12)]
     md = write_report(make_run(tmp_path / "outlier", {"off": off, "on": on}), n_boot=N_BOOT).read_text()
     line = md.splitlines()[2]
-    # Of the 78 pairwise means of 11 x log(0.95) and one log(10), 66 are log(0.95): the centre is -5.0%.
-    # A replicate moves it only by drawing the outlier's session 4+ times in 12 (1.5% of them).
-    assert "typical per-request change (Hodges-Lehmann) -5.0% [" in line
+    # Cutting 2 of 12 log-ratios at each end leaves eight log(0.95): the centre is -5.0%. A replicate moves
+    # it only by drawing the outlier's session 3+ times in 12.
+    assert "20% trimmed mean per-request change -5.0% [" in line
     assert "(n=12 matched requests, 12 sessions): faster; the 95% CI excludes 0" in line
     assert "no A/A floor (no arm ran twice)" in line
     # The ratio of matched means follows the outlier: (9.5 * 11 + 100) / (10 * 12) - 1 = +70.4%, CI over 0.
