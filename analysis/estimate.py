@@ -33,10 +33,10 @@ HL_MAX_PAIRS = 600    # Hodges-Lehmann's pairwise table is O(n^2) per replicate;
 Z95, Z80 = 1.959964, 0.841621   # two-sided 5% test; 80% power
 # One server launch's drift of the typical decode time per token, log units: what a session bootstrap
 # inside one launch cannot see. Measured on the CPU emulator's quickstart (BENCHMARKS.md, "Verdict
-# calibration"): across 12 launches of each arm, A/A centres (Hodges-Lehmann) spread by 0.39-0.47% against a within-launch
-# standard error of 0.25-0.39%, i.e. sqrt((0.39^2 - 0.25^2) / 2) ~ 0.2% per launch. A single A/B run has
-# two launches (off, on), so its CI adds 2 x LAUNCH_SD_LOG^2 in quadrature; where arms repeat (ABBA) the
-# launch bootstrap measures it instead. A GPU host drifts more: repeat the arms there.
+# calibration"): across 12 launches of each arm, A/A centres (Hodges-Lehmann) spread by 0.39-0.47%
+# against a within-launch standard error of 0.25-0.39%: sqrt((0.39^2 - 0.25^2) / 2) ~ 0.2% per launch.
+# A single A/B run has two launches (off, on), so its CI adds 2 x LAUNCH_SD_LOG^2 in quadrature; where
+# arms repeat (ABBA) the launch bootstrap measures it instead. A GPU host drifts more: repeat arms there.
 LAUNCH_SD_LOG = 0.002
 # Student's t 97.5% quantiles for 0..30 degrees of freedom (index = df; df 0 unused): scipy.stats.t.ppf
 # (0.975, df) rounded to 3 places (scipy is not a dependency). Past 30: z + (z^3 + z) / (4 df), within 0.003.
