@@ -8,7 +8,7 @@
     formatting.py  how numbers, deltas with CIs and noise floors read in every table
     plots.py       TPOT CDF, matched delta histogram, TPOT over time (matplotlib Agg)
     placement.py   concurrent placement with a swap: kernel effect apart from the GPU-set effect
-    cycles.py      optional "kernel in the loop" section from emulator_cycles.jsonl
+    cycles.py      optional "kernel in the loop" section from the emulator cycle log
     accuracy.py    accuracy table from accuracy/<task>.jsonl (paired tests: pipeline.accuracy.compare)
     provenance.py  the manifest's provenance block
     report.py      write_report / cli_report: `pipeline report`

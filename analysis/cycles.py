@@ -1,4 +1,7 @@
-"""Optional "kernel in the loop" section from the emulator's emulator_cycles.jsonl (one line per cycle).
+"""Optional "kernel in the loop" section from the emulator's cycle log (one line per cycle).
+
+Each server lifetime writes its own log (emulator_cycles/lifetime-<n>.jsonl); analysis/rundir.py picks
+the one whose lifetime ran the load stage, so a resumed arm's figures come from one server.
 
 Fields used (pipeline/emulator/engine.py `_log_line`): `step_us` (modelled
 step time), `attn_us` (cost-model attention time) and, when the real kernel
@@ -54,17 +57,20 @@ def cycle_summary(df: "pd.DataFrame") -> dict[str, float]:
 
 def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> list[str]:
     """Markdown for the section (empty list when no arm has a cycle log); writes its plots."""
-    frames = {}
+    frames, notes = {}, []
     for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)):
-        p = runs[0].paths.emulator_cycles
-        if p.is_file():
+        p = runs[0].cycle_log
+        if runs[0].cycle_log_note:
+            notes.append(runs[0].cycle_log_note)
+        if p is not None and p.is_file():
             df = cycles_frame(read_jsonl(p))
             if not df.empty:
                 frames[label] = df
     if not frames:
         return []
-    lines = ["From the emulator's per-cycle log (first run of each arm). Attention share = attention time / "
-             "step time, summed over cycles.", "",
+    lines = ["From the emulator's per-cycle log (first run of each arm; of a resumed arm run, the server "
+             "lifetime that ran the load). Attention share = attention time / step time, summed over cycles.",
+             *([""] + [f"Cycle log: {n}." for n in notes] if notes else []), "",
              "| arm | cycles | step mean (us) | step p50 (us) | step p90 (us) | decode-only step p50 (us) "
              "| attention share |", "|---|---|---|---|---|---|---|"]
     for label, df in frames.items():

@@ -131,6 +131,20 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
         lines += [f"| {a} | {s} | {st} | {d} |" for a, s, st, d in rows]
     else:
         lines += ["", "Stage durations: unknown"]
+    return lines + superseded_lines(manifest)
+
+
+def superseded_lines(manifest: dict) -> list[str]:
+    """What a resume set aside and reran (the runner's manifest "superseded" list); the tables above
+    hold only the attempts that count."""
+    entries = [e for e in manifest.get("superseded") or [] if isinstance(e, dict)]
+    if not entries:
+        return []
+    lines = ["", "Set aside on resume (kept, not analysed):"]
+    for e in entries:
+        where = RunPaths(Path(".")).superseded_arm(str(e.get("arm_run")), int(e.get("attempt") or 0)).as_posix()
+        lines.append(f"- {e.get('arm_run')} attempt {e.get('attempt')} (`{where}`, at {e.get('at', UNKNOWN)}): "
+                     f"{e.get('reason', UNKNOWN)}")
     return lines
 
 

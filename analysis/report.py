@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from analysis import accuracy, cycles, placement, plots, stats
+from analysis import accuracy, cycles, engine_paths, placement, plots, stats
 from analysis import verdict as verdict_md
 from analysis.compare import Comparison, compare as run_compare
 from analysis.formatting import fmt, fmt_delta, fmt_floor
@@ -157,6 +157,7 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
               *verdict_md.sensitivity_md(c, recipe_of(run).get("target_effect")), ""]
     if placement_lines:  # concurrent placement with a swap: kernel effect apart from the GPU effect
         parts += ["## Placement: concurrent with swap", "", *placement_lines, ""]
+    parts += engine_paths.section_md(run)  # sglang runs only: vattn / base forwards per arm run
     parts += ["## Server-side metrics", "", *server_md(c), "", "## Plots", ""]
     parts += [f"![{name}]({_rel(p, out_dir)})" for name, p in figures.items()] + [""]
     if cycle_lines:

@@ -32,6 +32,8 @@ class ArmRun:
     window_s: float                # measured window, seconds
     server: "pd.DataFrame | None" = None
     warmup_records: int = 0
+    cycle_log: Path | None = None  # emulator: the log of the server lifetime that served the load stage
+    cycle_log_note: str = ""       # said in the report when the choice among lifetimes needs saying
     phase_window_ns: tuple[int, int] | None = None   # aiperf's profiling phase, when it recorded one
 
 
@@ -90,6 +92,31 @@ def expected_arms(manifest: dict[str, Any]) -> list[str]:
     return ["off", "on"]
 
 
+def served_cycle_log(manifest: dict[str, Any], name: str, paths: ArmPaths) -> tuple[Path | None, str]:
+    """The emulator cycle log of the server lifetime that served `name`'s load stage, and a note.
+
+    The runner records that lifetime as stages.<name>.load.cycle_log_lifetime. A resumed arm run has one
+    log per lifetime, and only the lifetime that ran the load matches the aiperf records beside it.
+    """
+    logs = paths.emulator_cycle_logs()
+    if not logs:  # a run from before per-lifetime logs (or no cycle log at all)
+        legacy = paths.legacy_emulator_cycles
+        return (legacy if legacy.is_file() else None), ""
+    stages = (manifest.get("stages") or {}).get(name) or {}
+    recorded = (stages.get("load") or {}).get("cycle_log_lifetime")
+    if recorded is not None:
+        if int(recorded) not in logs:
+            return None, (f"{name}: the load ran in server lifetime {recorded}, whose cycle log is missing "
+                          f"(have {sorted(logs)}); left out")
+        note = (f"{name}: server lifetime {recorded} of {len(logs)} (the one that ran the load)"
+                if len(logs) > 1 else "")
+        return logs[int(recorded)], note
+    last = max(logs)
+    note = (f"{name}: {len(logs)} server lifetimes and no record of which ran the load; showing the last "
+            f"({last})") if len(logs) > 1 else ""
+    return logs[last], note
+
+
 def load_arm_run(paths: ArmPaths, name: str, arm: str, order: int) -> ArmRun:
     export = paths.profile_export
     raw = records_frame(read_jsonl(export))
@@ -127,6 +154,7 @@ def load_run(root: Path) -> Run:
             notes.append(f"arm run `{row['name']}`: no aiperf export at {ap.profile_export}; left out")
             continue
         runs.append(load_arm_run(ap, row["name"], row["arm"], row["order"]))
+        runs[-1].cycle_log, runs[-1].cycle_log_note = served_cycle_log(manifest, row["name"], ap)
     present = {r.arm for r in runs}
     for arm in expected_arms(manifest):
         if arm not in present:

@@ -17,11 +17,16 @@ def _load(path: str):
     return load_recipe(path)
 
 
+def _run_dir_taken(run_dir: Path, why: str) -> SystemExit:
+    return SystemExit(f"error: --out: run dir {run_dir} {why}; a run never overwrites or shares another's dir. "
+                      f"Use `pipeline run --resume {run_dir}` to finish that run, or another --out")
+
+
 def _new_run_dir(recipe, out: str | None) -> Path:
+    """A fast first check; the atomic claim is the exclusive write of the manifest (Manifest.create)."""
     run_dir = Path(out) if out else Path(recipe.output_dir) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise SystemExit(f"error: --out: run dir {run_dir} already exists and is not empty; a run never "
-                         f"overwrites another. Use `pipeline run --resume {run_dir}` to finish it, or a new --out")
+        raise _run_dir_taken(run_dir, "already exists and is not empty")
     return run_dir
 
 
@@ -48,7 +53,7 @@ def cmd_plan(args) -> int:
 
     recipe = _load(args.recipe)
     run_dir = Path(args.out) if args.out else Path(recipe.output_dir) / f"{recipe.name}-<timestamp>"
-    plan = build_plan(recipe, run_dir)
+    plan = build_plan(recipe, run_dir, run_id="<run-id>")  # the id exists once `pipeline run` creates the dir
     print(format_plan(plan, recipe, _load_commands(recipe, plan)))
     return 0
 
@@ -71,26 +76,32 @@ def _resume(run_dir: Path, recipe_path: str | None):
 
 def cmd_run(args) -> int:
     from pipeline.config.recipe import recipe_to_dict
-    from pipeline.manifest import Manifest
+    from pipeline.manifest import Manifest, new_run_id, now
     from pipeline.paths import RunPaths
     from pipeline.plan import build_plan
     from pipeline.runner import check_matched_gpus, execute, host_facts, make_hosts
 
     if args.resume:
         recipe, manifest = _resume(Path(args.resume), args.recipe)
-        run_dir = Path(args.resume)
+        run_dir, run_id = Path(args.resume), manifest.data.get("run_id")
     elif args.recipe:
         recipe = _load(args.recipe)
         run_dir = _new_run_dir(recipe, args.out)
+        created = now()
+        run_id = new_run_id(run_dir, created)
     else:
         raise SystemExit("error: give a recipe (pipeline run recipe.yaml) or --resume RUN_DIR")
-    plan = build_plan(recipe, run_dir)
+    plan = build_plan(recipe, run_dir, run_id)
     hosts = make_hosts(recipe)
     if not args.resume:
         facts = host_facts(recipe, hosts)
         check_matched_gpus(plan, facts)
-        manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
-                                   recipe_path=str(args.recipe), plan=plan.to_dict(), hosts=facts)
+        try:
+            manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
+                                       recipe_path=str(args.recipe), plan=plan.to_dict(), hosts=facts,
+                                       run_id=run_id, created=created)
+        except FileExistsError:  # another run claimed the dir after the first check
+            raise _run_dir_taken(run_dir, "was claimed by another `pipeline run` started at the same time") from None
     print(f"run dir: {run_dir}  ({'resuming' if args.resume else 'new'}; "
           f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
     execute(recipe, plan, manifest, hosts)

@@ -27,5 +27,22 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def write_json_exclusive(path: Path, obj: Any) -> None:
+    """Create `path` whole, or raise FileExistsError if it exists: of writers racing for one path exactly
+    one wins. The file is written aside and hard-linked into place, since link(2), unlike rename(2), never
+    replaces an existing file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())

@@ -5,6 +5,7 @@ crash leaves the last complete state: `--resume` trusts a stage only when its st
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import os
 import platform
@@ -14,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.hosts import Host
-from pipeline.io import read_json, write_json_atomic
+from pipeline.io import read_json, write_json_atomic, write_json_exclusive
 from pipeline.paths import REPO_ROOT
 
 PACKAGES = ("vattn-pipeline", "aiperf", "torch", "triton", "sglang", "vllm", "pydantic", "pandas")
@@ -22,6 +23,13 @@ PACKAGES = ("vattn-pipeline", "aiperf", "torch", "triton", "sglang", "vllm", "py
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id(run_dir: Path, created: str) -> str:
+    """A short id unique per run: the absolute local run dir and its creation time, hashed. Remote hosts key
+    their artifact folders by it (pipeline/paths.py remote_arm_dir), so two runs whose dirs share a
+    basename never share a remote folder; the manifest keeps it, so a resume finds the same one."""
+    return hashlib.sha256(f"{Path(run_dir).resolve()}|{created}".encode()).hexdigest()[:10]
 
 
 def package_versions() -> dict[str, str]:
@@ -67,15 +75,17 @@ class Manifest:
         self._lock = threading.Lock()
 
     @classmethod
-    def create(cls, path: Path, *, recipe: dict, recipe_path: str, plan: dict, hosts: dict) -> "Manifest":
+    def create(cls, path: Path, *, recipe: dict, recipe_path: str, plan: dict, hosts: dict, run_id: str,
+               created: str) -> "Manifest":
+        """Write a new run's manifest; FileExistsError if the run dir already has one. This write claims
+        the run dir: of two runs started at once on one path, only the first to link its manifest goes on."""
         data = {"recipe_path": recipe_path, "recipe": recipe, "plan": plan, "env_diff": plan["env_diff"],
                 "arm_runs": [{k: a[k] for k in ("name", "arm", "round", "group", "host", "gpus", "port")}
                              for a in plan["arm_runs"]],
-                "versions": package_versions(), "git_sha": git_sha(), "hosts": hosts,
-                "created": now(), "finished": None, "stages": {}}
-        m = cls(path, data)
-        m.save()
-        return m
+                "versions": package_versions(), "git_sha": git_sha(), "hosts": hosts, "run_id": run_id,
+                "created": created, "finished": None, "stages": {}}
+        write_json_exclusive(path, data)
+        return cls(path, data)
 
     @classmethod
     def load(cls, path: Path) -> "Manifest":
@@ -96,6 +106,24 @@ class Manifest:
             entry["status"] = status
             entry["started" if status == "running" else "finished"] = now()
             entry.update(extra)
+            self.save()
+
+    def note(self, arm_run: str, stage: str, **extra) -> None:
+        """Add facts to a stage's entry without touching its status or times (e.g. after the server stops)."""
+        with self._lock:
+            self.data["stages"].setdefault(arm_run, {}).setdefault(stage, {}).update(extra)
+            self.save()
+
+    def next_attempt(self, arm_run: str) -> int:
+        """1 + how many times this arm run was set aside already."""
+        return 1 + sum(1 for e in self.data.get("superseded", []) if e["arm_run"] == arm_run)
+
+    def supersede(self, arm_run: str, attempt: int, **why) -> None:
+        """Set aside an arm run's stage entries (kept under "superseded") so that all its stages run again."""
+        with self._lock:
+            self.data.setdefault("superseded", []).append(
+                {"arm_run": arm_run, "attempt": attempt, "at": now(), **why,
+                 "stages": self.data["stages"].pop(arm_run, {})})
             self.save()
 
     def set(self, key: str, value) -> None:

@@ -13,14 +13,54 @@ Layout (see DESIGN.md, "Data flow"):
         accuracy/<task>.jsonl            accuracy stage, one line per question per repeat
         accuracy/<task>.summary.json
         accuracy_result.json
-        emulator_cycles.jsonl            emulator only: one line per speculative cycle
+        emulator_cycles/lifetime-<n>.jsonl   emulator only: one line per speculative cycle, one file per
+                                         server lifetime (n = 1, 2, ... in start order; a resume starts one)
+      superseded/<arm_run>.<k>/          a concurrent arm run's earlier attempt, set aside when its group
+                                         reran as a whole on resume
+
+    On an SSH host an arm run's artifacts live in <workdir>/<run dir name>-<run id>/arms/<arm_run>.
 
 and the repository's own folders that the pipeline reads (presets under configs/).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+CYCLE_LOG_DIR = "emulator_cycles"
+_LIFETIME = re.compile(r"lifetime-(\d+)\.jsonl")
+
+
+def cycle_log_file(log_dir: str | Path, lifetime: int) -> Path:
+    """The cycle log of one server lifetime (the emulator claims the lowest free n at start)."""
+    return Path(log_dir) / f"lifetime-{lifetime}.jsonl"
+
+
+def cycle_log_lifetimes(log_dir: str | Path) -> dict[int, Path]:
+    """{lifetime n: file} of the cycle logs present in `log_dir`, in start order."""
+    found = {}
+    if Path(log_dir).is_dir():
+        for p in Path(log_dir).iterdir():
+            m = _LIFETIME.fullmatch(p.name)
+            if m:
+                found[int(m.group(1))] = p
+    return dict(sorted(found.items()))
+
+
+def remote_arm_dir(workdir: str, run_dir: str | Path, run_id: str | None, arm_run: str) -> str:
+    """An arm run's artifact folder on an SSH host (a POSIX path there).
+
+    The run id (manifest.json `run_id`) keeps apart two runs whose local dirs share a basename under one
+    workdir; manifests written before run ids existed have none, and resume into the old layout.
+    """
+    folder = f"{Path(run_dir).name}-{run_id}" if run_id else Path(run_dir).name
+    return str(PurePosixPath(workdir) / folder / "arms" / arm_run)
+
+
+def remote_superseded_dir(artifact_dir: str, attempt: int) -> str:
+    """Where an SSH host's artifacts of a superseded attempt are moved, beside the arm run's folder."""
+    return f"{artifact_dir}.superseded-{attempt}"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS_DIR = REPO_ROOT / "configs"              # presets a recipe lists under `presets:`
@@ -39,6 +79,9 @@ def task_records(accuracy_dir: Path, task: str) -> Path:
 
 def task_summary(accuracy_dir: Path, task: str) -> Path:
     return Path(accuracy_dir) / f"{task}.summary.json"
+
+# The hardware profiles of vattn's cost model (the emulator's attention time), by name: configs/hardware/<name>.yaml
+HARDWARE_PROFILES_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
 
 
 @dataclass(frozen=True)
@@ -85,7 +128,18 @@ class ArmPaths:
         return task_summary(self.accuracy_dir, task)
 
     @property
-    def emulator_cycles(self) -> Path:
+    def emulator_cycles_dir(self) -> Path:
+        return self.root / CYCLE_LOG_DIR
+
+    def emulator_cycles(self, lifetime: int) -> Path:
+        return cycle_log_file(self.emulator_cycles_dir, lifetime)
+
+    def emulator_cycle_logs(self) -> dict[int, Path]:
+        return cycle_log_lifetimes(self.emulator_cycles_dir)
+
+    @property
+    def legacy_emulator_cycles(self) -> Path:
+        """Runs made before per-lifetime logs wrote one file, appended to by every server lifetime."""
         return self.root / "emulator_cycles.jsonl"
 
     def stage_result(self, stage: str) -> Path:
@@ -118,6 +172,9 @@ class RunPaths:
 
     def arm(self, arm_run: str) -> ArmPaths:
         return ArmPaths(self.arms_dir / arm_run)
+
+    def superseded_arm(self, arm_run: str, attempt: int) -> Path:
+        return self.root / "superseded" / f"{arm_run}.{attempt}"
 
     def arm_runs(self) -> list[str]:
         """Arm-run folders present on disk, sorted."""

@@ -13,7 +13,7 @@ from pipeline.config.recipe import Recipe
 from pipeline.engines import get_engine
 from pipeline.engines.base import LaunchContext
 from pipeline.hosts import shell_join
-from pipeline.paths import RunPaths
+from pipeline.paths import RunPaths, remote_arm_dir
 
 STAGES = ("server", "load", "accuracy")
 
@@ -79,7 +79,9 @@ def _sequence(recipe: Recipe) -> list[tuple[str, int, int, int]]:
     return seq
 
 
-def build_plan(recipe: Recipe, run_dir: Path) -> RunPlan:
+def build_plan(recipe: Recipe, run_dir: Path, run_id: str | None = None) -> RunPlan:
+    """run_id: the manifest's; it names the run's folders on SSH hosts (None: the basename-only layout
+    of runs made before run ids, so that their resume finds their remote folders)."""
     p, paths = recipe.placement, RunPaths(Path(run_dir))
     engine = get_engine(recipe.engine)
     seen: dict[str, int] = {}
@@ -95,7 +97,7 @@ def build_plan(recipe: Recipe, run_dir: Path) -> RunPlan:
         port = recipe.server.port + (slot if one_host_pair else 0)
         local = host.kind == "local"
         artifact_dir = (str(paths.arm(name).root.resolve()) if local
-                        else f"{host.workdir}/{Path(run_dir).name}/arms/{name}")
+                        else remote_arm_dir(host.workdir, run_dir, run_id, name))
         env = {**recipe.server.env, **recipe.arms[arm].env}
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))

@@ -6,6 +6,7 @@ starts, so a crash keeps every finished stage and `--resume` redoes only what is
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -17,9 +18,9 @@ from pipeline.engines import get_engine
 from pipeline.hosts import Host, HostError, LocalHost, SshHost
 from pipeline.io import write_json_atomic
 from pipeline.manifest import Manifest, gpu_facts, now
-from pipeline.paths import RunPaths
+from pipeline.paths import RunPaths, remote_superseded_dir
 from pipeline.plan import ArmRun, RunPlan
-from pipeline.stages.server import save_result, start_server
+from pipeline.stages.server import save_result, served_paths, start_server
 
 
 class RunError(RuntimeError):
@@ -79,6 +80,41 @@ def _pending(plan: RunPlan, manifest: Manifest, a: ArmRun) -> list[str]:
     return [s for s in plan.stages[1:] if not manifest.is_done(a.name, s)]
 
 
+def _served_by(info: dict) -> dict:
+    """The server lifetime whose cycle log covers a stage (the emulator reports it in /server_info)."""
+    log = info.get("cycle_log")
+    return {"cycle_log_lifetime": log["lifetime"]} if isinstance(log, dict) and log.get("lifetime") else {}
+
+
+def _supersede_half_finished(plan: RunPlan, manifest: Manifest, hosts: dict[str, Host],
+                             group: list[ArmRun]) -> None:
+    """Concurrent placement pairs a group's arm runs because their loads ran at the same time. A resume
+    that finds the load done in some of them and not in the others would pair loads from different
+    times, so the finished ones are set aside (files under superseded/, stage entries under the
+    manifest's "superseded") and the whole group runs again. Once every load is done, a pending accuracy
+    stage reruns alone: accuracy does not depend on timing."""
+    done = [a for a in group if manifest.is_done(a.name, "load")]
+    if plan.mode != "concurrent" or not done or len(done) == len(group):
+        return
+    paths = RunPaths(Path(plan.run_dir))
+    for a in done:
+        _kill_leftover(manifest, a)
+        attempt = manifest.next_attempt(a.name)
+        local = paths.arm(a.name).root
+        if local.is_dir():
+            aside = paths.superseded_arm(a.name, attempt)
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(local), str(aside))
+        if a.host != "local":  # else the rerun would append to the old server log there and pull it back
+            hosts[a.host].run(["mv", a.artifact_dir, remote_superseded_dir(a.artifact_dir, attempt)])
+        unfinished = ", ".join(b.name for b in group if b not in done)
+        manifest.supersede(a.name, attempt, group=a.group,
+                           reason=f"concurrent group rerun as a whole: the load of {unfinished} had not "
+                                  f"finished, and a group's loads must run at the same time")
+        where = paths.superseded_arm(a.name, attempt).relative_to(paths.root)
+        progress_line(a.name, "-", f"load done but not {unfinished}'s: set aside to {where}; the group reruns")
+
+
 def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: ArmRun,
             barrier: threading.Barrier | None) -> None:
     from pipeline.accuracy.stage import run_accuracy
@@ -95,7 +131,9 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
     try:
         proc, result = start_server(engine, a, host, arm, timeout_s=recipe.server.startup_timeout_s,
                                     progress=say("server"))
-        manifest.mark(a.name, "server", "done", pid=getattr(proc, "pid", None), startup_s=result.startup_s)
+        served_by = _served_by(result.info)
+        manifest.mark(a.name, "server", "done", pid=getattr(proc, "pid", None), startup_s=result.startup_s,
+                      **served_by)
         save_result(result, arm.stage_result("server"))
         say("server")(f"healthy after {result.startup_s:.1f}s at {a.url}")
         if barrier is not None:
@@ -112,7 +150,7 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
                 res = run_accuracy(recipe.accuracy, url=a.url, model=recipe.model, out_dir=arm.accuracy_dir,
                                    progress=say("accuracy"))
             write_json_atomic(arm.stage_result(stage), asdict(res))
-            manifest.mark(a.name, stage, "done")
+            manifest.mark(a.name, stage, "done", **served_by)
             say(stage)(f"done in {time.monotonic() - t0:.0f}s")
     except BaseException as e:
         manifest.mark(a.name, current, "failed", error=f"{type(e).__name__}: {e}"[:2000])
@@ -128,9 +166,12 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
                 host.get(a.artifact_dir, arm.root)
             except HostError as e:
                 say("server")(f"could not pull {a.artifact_dir}: {e}")
+        if recipe.engine == "sglang":  # the base backend and vattn/base forward counts, into the manifest
+            manifest.note(a.name, "server", **served_paths(arm.server_log))
 
 
 def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:
+    _supersede_half_finished(plan, manifest, hosts, group)
     todo = [a for a in group if _pending(plan, manifest, a)]
     for a in group:
         if a not in todo:

@@ -15,13 +15,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "analysis", "vattn", "benchmarks")
 
-# Known violations that other parts of issue 15 remove (the benchmark tooling leaves vattn/, and
-# vattn/cost.py stops reading pipeline.paths). Delete these entries when those branches merge.
-KNOWN_UNTIL_MERGE = {
-    "cycles": {frozenset({"vattn/bench.py", "vattn/peers.py"})},
-    "vattn_to_pipeline": {("vattn/cost.py", "pipeline/paths.py")},
-}
-
 # pipeline/config holds the recipe models; the parts that run things sit above it.
 CONFIG_MAY_NOT_IMPORT = ("pipeline/stages/", "pipeline/runner.py", "pipeline/engines/", "pipeline/hosts.py",
                          "pipeline/plan.py", "pipeline/emulator/", "pipeline/accuracy/")
@@ -117,16 +110,21 @@ def test_the_walker_sees_function_level_imports():
 
 
 def test_no_import_cycles_between_files(graph):
-    found = [c for c in cycles(graph) if frozenset(c) not in KNOWN_UNTIL_MERGE["cycles"]]
+    found = cycles(graph)
     assert not found, "import cycles (move the shared piece into a module both import): " + "; ".join(
         " <-> ".join(c) for c in found)
 
 
-def test_vattn_imports_nothing_of_pipeline_or_analysis(graph):
+def test_vattn_imports_nothing_of_pipeline_analysis_or_benchmarks(graph):
     bad = sorted((src, dst) for src, dsts in graph.items() if src.startswith("vattn/") for dst in dsts
-                 if dst.startswith(("pipeline/", "analysis/")))
-    bad = [edge for edge in bad if edge not in KNOWN_UNTIL_MERGE["vattn_to_pipeline"]]
+                 if dst.startswith(("pipeline/", "analysis/", "benchmarks/")))
     assert not bad, f"vattn must stay usable on its own; it imports: {bad}"
+
+
+def test_the_product_does_not_import_benchmark_tooling(graph):
+    bad = sorted((src, dst) for src, dsts in graph.items() if src.startswith(("pipeline/", "analysis/"))
+                 for dst in dsts if dst.startswith("benchmarks/"))
+    assert not bad, f"benchmarks/ sits beside the product, not under it: {bad}"
 
 
 def test_config_imports_no_runtime(graph):

@@ -4,8 +4,8 @@ Public API (KERNEL.md): Workspace, plan, attention, reference; Plan and Backend 
 that keep plans or add a faster path behind the same API (see vattn.api's docstring).
 Importing vattn is cheap: torch and triton load on first use.
 
-`vattn.plan` and `vattn.reference` are the API functions; their modules stay importable as
-`from vattn.plan import plan_python` (`import vattn.plan as m` would give the function).
+Modules: contract (supported shapes, tolerances), planner (split planners), workspace, kernel
+(Triton), api, reference (fp32 oracle), cost (cost model), sglang (backend plugin).
 """
 
 from __future__ import annotations

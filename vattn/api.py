@@ -17,16 +17,14 @@ looks at the workspace/tensors; if its `run` raises, attention() warns once and 
 
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from vattn.contract import KV_DTYPES
+from vattn.planner import DEFAULT_PLANNER, FIELDS, PLANNERS, max_work_items, plan_gpu, plan_python
 from vattn.workspace import Workspace, interpreting
-
-# by path, not `from vattn import plan`: the package rebinds the name `plan` to the function below
-P = importlib.import_module("vattn.plan")
 
 
 def _bad(arg: str, value, supported: str):
@@ -37,7 +35,7 @@ def _bad(arg: str, value, supported: str):
 class Plan:
     """A batch's work list, living in its workspace's buffers (valid until the next plan())."""
 
-    tensors: dict  # plan.FIELDS -> int32 tensors ([W] work_*, [B+1] seq_part_start, [1] num_items)
+    tensors: dict  # planner.FIELDS -> int32 tensors ([W] work_*, [B+1] seq_part_start, [1] num_items)
     batch: int
     num_work_items: int  # W for this batch size
     mode: str
@@ -65,22 +63,22 @@ def _check_device(device) -> None:
         _bad("device", device, "cuda (cpu only under TRITON_INTERPRET=1)")
 
 
-def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str = "balanced",
+def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str = DEFAULT_PLANNER,
          workspace: Workspace, debug: bool = False) -> Plan:
     """Split the batch's KV ranges into pieces (one program per piece and KV head).
 
     seq_lens: [B] int32, KV length incl. the new tokens; cu_seqlens_q: [B+1] int32.
     num_kv_heads, page_size: must match the workspace. mode: "balanced" | "length_aware" | "fixed".
-    On CUDA with vattn.plan.plan_gpu present this is one launch, no host sync (graph-safe);
-    otherwise the pure-Python twin runs on host values (a sync; refused during capture).
+    On CUDA this is one launch of vattn.planner.plan_gpu, no host sync (graph-safe); on a CPU
+    (Triton's interpreter) the pure-Python twin plans from the host values.
     """
     import torch
 
     ws = workspace
     if not isinstance(ws, Workspace):
         _bad("workspace", type(ws).__name__, "a vattn.Workspace")
-    if mode not in P.PLANNERS:
-        _bad("mode", repr(mode), ", ".join(P.PLANNERS))
+    if mode not in PLANNERS:
+        _bad("mode", repr(mode), ", ".join(PLANNERS))
     if num_kv_heads != ws.num_kv_heads:
         _bad("num_kv_heads", num_kv_heads, f"the workspace's num_kv_heads={ws.num_kv_heads}")
     if page_size != ws.page_size:
@@ -93,21 +91,17 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     _check_int_vector("cu_seqlens_q", cu_seqlens_q, batch + 1, ws.device)
     if debug:
         _check_lens_values(seq_lens, cu_seqlens_q, ws.max_q_len)
-    width = P.max_work_items(batch, num_kv_heads, ws.slots)
+    width = max_work_items(batch, num_kv_heads, ws.slots)
     views = {f: buf[:width] for f, buf in ws.plan_buffers.items() if f.startswith("work_")}
     views["seq_part_start"] = ws.plan_buffers["seq_part_start"][: batch + 1]
     views["num_items"] = ws.plan_buffers["num_items"]
-    plan_gpu = getattr(P, "plan_gpu", None)
-    if plan_gpu is not None and ws.device.type == "cuda":
+    if ws.device.type == "cuda":
         plan_gpu(seq_lens, cu_seqlens_q, num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode, out=views)
-    else:
-        if ws.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("vattn.plan: the host planner reads seq_lens (a sync) and cannot be "
-                               "captured; plan outside the graph, or use a build with plan_gpu")
+    else:  # CPU (the interpreter): the host twin reads the lengths
         cu = cu_seqlens_q.tolist()
-        lists = P.plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
-                              num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
-        for f in P.FIELDS:
+        lists = plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
+                            num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
+        for f in FIELDS:
             views[f].copy_(torch.tensor(getattr(lists, f), dtype=torch.int32), non_blocking=False)
     return Plan(tensors=views, batch=batch, num_work_items=width, mode=mode, workspace=ws)
 
@@ -221,7 +215,7 @@ def _check_pages(block_tables, seq_lens, num_pages: int, page_size: int) -> None
              f"ids in [0, {num_pages}) for the pages each sequence uses")
 
 
-_KV_DTYPES = "torch.float8_e4m3fn, torch.bfloat16, torch.float16"
+_KV_DTYPES = ", ".join(f"torch.{name}" for name in KV_DTYPES)
 
 
 def _check_tensor(name: str, t, ndim: int, device) -> None:

@@ -7,8 +7,9 @@ compute term that grows with the packed query rows (q_len x GQA). A program with
 up to slot_boost faster (slot_sharing "sm"), or, in the older device-level form, a lone program takes
 up to slot_boost x its fair share. Programs past one wave wait for a free slot in launch order.
 Total = plan (per planner) + launches + makespan + reduce (fixed + per piece of the most-split
-sequence). The H200 profile is fitted to benchmarks/h200-vattn.json; `python -m vattn.cost
---check-cycles RUN_DIR` compares it with a kernel-in-the-loop run's measured calls.
+sequence). The H200 profile is fitted to benchmarks/h200-vattn.json; `python -m
+benchmarks.kernel.cost_check --check-cycles RUN_DIR` compares it with a kernel-in-the-loop run's
+measured calls.
 
 baseline: the engine's default kernel, fitted as fixed_us + KV bytes / tbps (or + work / rate) per
 (kv_dtype, phase) from measured tables; profiles cite each figure's source.
@@ -20,11 +21,10 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vattn.plan import KV_TILE, PLANNERS, plan_splits
+from vattn.planner import KV_TILE, PLANNERS, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
 PHASES = ("verify", "decode", "any")  # decode: every live sequence has q_len 1; any: one fit for both
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "hardware"
 
 
 @dataclass(frozen=True)
@@ -111,16 +111,23 @@ def _build(raw: dict, source: str) -> tuple[HardwareProfile, dict | None]:
     return prof, calibration
 
 
-def load_profile(name_or_path: str) -> HardwareProfile:
-    """"h200", "mi355x" (configs/hardware/<name>.yaml) or a path to a profile YAML."""
+def load_profile(name_or_path: str | Path, profiles_dir: str | Path | None = None) -> HardwareProfile:
+    """A profile by name ("h200": <profiles_dir>/h200.yaml) or by path to its YAML.
+
+    profiles_dir: where named profiles live; the caller knows (the repository keeps them in
+    configs/hardware/, pipeline.paths.HARDWARE_PROFILES_DIR). Without it only a path will do.
+    """
     import yaml
 
     path = Path(name_or_path)
     if not path.suffix:
-        path = CONFIG_DIR / f"{name_or_path}.yaml"
+        if profiles_dir is None:
+            raise ValueError(f"profile: got {str(name_or_path)!r}, a name; pass profiles_dir to look it up, "
+                             "or give a path to a profile YAML")
+        path = Path(profiles_dir) / f"{name_or_path}.yaml"
     if not path.is_file():
-        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-        raise ValueError(f"profile: got {name_or_path!r}; no file {path}; known: {', '.join(known)} or a path")
+        known = sorted(p.stem for p in Path(profiles_dir).glob("*.yaml")) if profiles_dir else []
+        raise ValueError(f"profile: got {str(name_or_path)!r}; no file {path}; known: {', '.join(known)} or a path")
     prof, calibration = _build(yaml.safe_load(path.read_text()), path.name)
     return prof if calibration is None else calibrate(prof, **calibration)
 
@@ -294,86 +301,3 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
     if name not in profile.baselines:
         raise ValueError(f"impl: got {impl!r}; allowed: vattn, baseline, {', '.join(profile.baselines)}")
     return _predict_baseline(seq_lens, q_lens, name, profile, num_kv_heads, head_dim, gqa, kv_dtype)
-
-
-# -- checking the model against a kernel-in-the-loop run ---------------------------------------------
-
-def _approx_batch(cycle: dict) -> tuple[list[int], list[int], bool]:
-    """(seq_lens, q_lens, exact): the cycle log keeps totals, not each sequence, so the verify batch is
-    rebuilt as its longest sequence (max_kv) plus the rest of attn_kv_tokens spread evenly: exact for
-    batches of 1 and 2 (up to the few new tokens max_kv may leave out) and for uniform batches."""
-    b, total, q = cycle["batch"], cycle["attn_kv_tokens"], cycle["q_len"]
-    if b == 1:
-        return [total], [q], True
-    longest = min(cycle["max_kv"], total)
-    rest = total - longest
-    lens = [longest] + [rest // (b - 1) + (i < rest % (b - 1)) for i in range(b - 1)]
-    return lens, [q] * b, b == 2
-
-
-def check_cycles(run_dir: str, profile: str = "h200", tol: float = 0.2) -> list[dict]:
-    """Per arm run: the share of decode cycles whose logged per-layer prediction, and the prediction
-    recomputed with `profile` on the rebuilt batch (_approx_batch), are within `tol` of the measured
-    kernel time, and the median ratios; exact_*: the cycles whose batch the log pins down exactly."""
-    import json
-    import statistics
-
-    from pipeline.paths import RunPaths
-
-    run = RunPaths(Path(run_dir))
-    if not run.arm_runs():
-        raise ValueError(f"run_dir: got {run_dir!r}; it has no arms/ folder with arm runs")
-    prof, rows = load_profile(profile), []
-    for arm in run.arm_runs():
-        arm_paths = run.arm(arm)
-        if not arm_paths.emulator_cycles.is_file():
-            continue
-        info = json.loads(arm_paths.server_info.read_text())
-        c = info["config"]
-        shape = dict(num_kv_heads=c["num_kv_heads"], head_dim=c["head_dim"], gqa=c["gqa"],
-                     kv_dtype=c["kv_dtype"], page_size=c["page_size"])
-        slots = info["hardware"].get("slots_per_sm", prof.slots_per_sm)  # the kernel's occupancy, as logged
-        arm_prof = replace(prof, slots_per_sm=slots)
-        logged, now, exact = [], [], []
-        for line in arm_paths.emulator_cycles.read_text().splitlines():
-            cyc = json.loads(line)
-            meas = cyc.get("measured_attention_layer_us", 0.0)
-            if not meas or not cyc.get("batch"):
-                continue
-            logged.append(cyc["predicted_attention_layer_us"] / meas)
-            lens, qs, is_exact = _approx_batch(cyc)
-            now.append(predict_attention_us(lens, qs, impl="vattn", planner=cyc["planner"], profile=arm_prof,
-                                            **shape) / meas)
-            if is_exact:
-                exact.append(now[-1])
-        if logged:
-            rows.append(dict(arm=arm, planner=info["arm"].get("planner"), cycles=len(logged),
-                             logged_within=sum(abs(r - 1) <= tol for r in logged) / len(logged),
-                             logged_median=statistics.median(logged),
-                             now_within=sum(abs(r - 1) <= tol for r in now) / len(now),
-                             now_median=statistics.median(now), exact_cycles=len(exact),
-                             exact_within=sum(abs(r - 1) <= tol for r in exact) / max(1, len(exact))))
-    return rows
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m vattn.cost", description=__doc__.splitlines()[0])
-    ap.add_argument("--check-cycles", metavar="RUN_DIR", required=True,
-                    help="a kernel-in-the-loop run directory (arms/*/emulator_cycles.jsonl)")
-    ap.add_argument("--profile", default="h200")
-    ap.add_argument("--tol", type=float, default=0.2)
-    args = ap.parse_args(argv)
-    print(f"predicted / measured per attention layer, decode cycles; 'now' = recomputed with profile "
-          f"{args.profile} on the batch rebuilt from the log's totals (longest + even rest: approximate)")
-    print(f"{'arm':8s} {'planner':13s} {'cycles':>6s} {'logged within':>14s} {'logged median':>14s} "
-          f"{'now within':>11s} {'now median':>11s} {'exact batches':>14s} {'exact within':>13s}")
-    for r in check_cycles(args.check_cycles, args.profile, args.tol):
-        print(f"{r['arm']:8s} {str(r['planner']):13s} {r['cycles']:6d} {r['logged_within']:14.0%} "
-              f"{r['logged_median']:14.2f} {r['now_within']:11.0%} {r['now_median']:11.2f} "
-              f"{r['exact_cycles']:14d} {r['exact_within']:13.0%}")
-
-
-if __name__ == "__main__":
-    main()

@@ -24,7 +24,7 @@ FP8_MAX = 448.0  # largest finite e4m3fn value
 
 @dataclass(frozen=True)
 class MainConfig:
-    """Compile-time choices of the main kernel (tuned in vattn.bench)."""
+    """Compile-time choices of the main kernel (tuned with benchmarks.kernel.bench)."""
 
     block_n: int = 64  # KV tokens per tile (the planners cut pieces at 64)
     num_warps: int = 4

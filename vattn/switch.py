@@ -6,7 +6,7 @@ This is the whole set; an A/B recipe's arms may differ in these variables and in
                  Unset means ON: a server started with the vattn backend (or the emulator) is asked for
                  vattn, so `VATTN=0` is the one explicit way to get the baseline. A recipe must still set
                  it in both arms (pipeline/config/arms.py), so a run never depends on this default.
-    VATTN_PLAN   vattn's split planner, one of vattn.plan.PLANNERS; unset or empty means balanced.
+    VATTN_PLAN   vattn's split planner, one of vattn.planner.PLANNERS; unset or empty means balanced.
                  Read only while VATTN is on (the baseline has its own fixed split).
 
 Every reader of the switch (the sglang gate, the emulator, the recipe validation) parses it here, so
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from vattn.plan import PLANNERS
+from vattn.planner import PLANNERS
 
 VATTN = "VATTN"
 VATTN_PLAN = "VATTN_PLAN"

@@ -3,20 +3,16 @@ and SLOTS (resident main-kernel programs per SM x SMs) read off the device.
 
 One workspace serves every layer and every CUDA-graph replay of batches up to
 max_batch: buffers never move, so captured graphs stay valid. It holds one plan at
-a time (vattn.plan overwrites it); use one workspace per live plan.
+a time (vattn.plan() overwrites it); use one workspace per live plan.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 
-P = importlib.import_module("vattn.plan")  # the package rebinds `vattn.plan` to the API function
+from vattn.contract import HEAD_DIMS, KV_DTYPES, MAX_GQA, MAX_Q_LEN, PAGE_SIZES, Q_DTYPES
+from vattn.planner import max_work_items
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
-SUPPORTED_PAGE_SIZES = (1, 16, 64)
-MAX_Q_LEN = 8  # KERNEL.md: q_len 0..8 per sequence
-MAX_GQA = 16
 CPU_SLOTS = 16  # interpreter runs have no SMs; any positive count gives a valid plan
 
 
@@ -27,7 +23,11 @@ def interpreting() -> bool:
 def _dtype_names():
     import torch
 
-    return {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return {getattr(torch, name): name for name in KV_DTYPES + Q_DTYPES}
+
+
+def _listed(values) -> str:
+    return ", ".join(map(str, values))
 
 
 def _check_config(head_dim, num_q_heads, num_kv_heads, page_size, max_q_len, max_batch, kv_dtype, q_dtype):
@@ -36,22 +36,22 @@ def _check_config(head_dim, num_q_heads, num_kv_heads, page_size, max_q_len, max
     def bad(arg, value, supported):
         raise ValueError(f"{arg}: got {value!r}; supported: {supported}")
 
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        bad("head_dim", head_dim, "64, 128, 256")
-    if page_size not in SUPPORTED_PAGE_SIZES:
-        bad("page_size", page_size, "1, 16, 64")
+    if head_dim not in HEAD_DIMS:
+        bad("head_dim", head_dim, _listed(HEAD_DIMS))
+    if page_size not in PAGE_SIZES:
+        bad("page_size", page_size, _listed(PAGE_SIZES))
     if not isinstance(num_kv_heads, int) or num_kv_heads < 1:
         bad("num_kv_heads", num_kv_heads, "an int >= 1")
     if not isinstance(num_q_heads, int) or num_q_heads % num_kv_heads or not 1 <= num_q_heads // num_kv_heads <= MAX_GQA:
-        bad("num_q_heads", num_q_heads, f"a multiple of num_kv_heads={num_kv_heads}, 1..16 q heads per KV head")
+        bad("num_q_heads", num_q_heads, f"a multiple of num_kv_heads={num_kv_heads}, 1..{MAX_GQA} q heads per KV head")
     if not isinstance(max_q_len, int) or not 1 <= max_q_len <= MAX_Q_LEN:
-        bad("max_q_len", max_q_len, "1..8")
+        bad("max_q_len", max_q_len, f"1..{MAX_Q_LEN}")
     if not isinstance(max_batch, int) or max_batch < 1:
         bad("max_batch", max_batch, "an int >= 1")
-    if kv_dtype not in _dtype_names():
-        bad("kv_dtype", kv_dtype, "torch.float8_e4m3fn, torch.bfloat16, torch.float16")
-    if q_dtype not in (torch.bfloat16, torch.float16):
-        bad("q_dtype", q_dtype, "torch.bfloat16, torch.float16")
+    if kv_dtype not in [getattr(torch, name) for name in KV_DTYPES]:
+        bad("kv_dtype", kv_dtype, _listed(f"torch.{name}" for name in KV_DTYPES))
+    if q_dtype not in [getattr(torch, name) for name in Q_DTYPES]:
+        bad("q_dtype", q_dtype, _listed(f"torch.{name}" for name in Q_DTYPES))
 
 
 class Workspace:
@@ -93,7 +93,7 @@ class Workspace:
     def _alloc(self) -> None:
         import torch
 
-        width = P.max_work_items(self.max_batch, self.num_kv_heads, self.slots)
+        width = max_work_items(self.max_batch, self.num_kv_heads, self.slots)
         i32 = dict(dtype=torch.int32, device=self.device)
         self.plan_buffers = {f: torch.full((width,), -1, **i32) for f in ("work_seq", "work_part")}
         self.plan_buffers.update({f: torch.zeros(width, **i32) for f in ("work_start", "work_end")})

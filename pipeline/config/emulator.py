@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.paths import MODEL_PRESETS_DIR, preset_file
+from vattn.contract import HEAD_DIMS, PAGE_SIZES
 
 DEFAULT_PRESET = "qwen3.5-397b-a17b-tp2"
 # Fields a model preset may set (the model's shape and its speculative head); a preset file with
@@ -39,7 +40,10 @@ class EmulatorConfig(BaseModel):
     tokenizer: str | None = Field(None, description=(
         "HF tokenizer directory (tokenizer.json) used to count prompt tokens and to make output text, one "
         "vocab word per generated token. Unset: whitespace-separated words count as tokens."))
-    cycle_log: str | None = Field(None, description="Write one JSON line per engine cycle to this file.")
+    cycle_log: str | None = Field(None, description=(
+        "Write one JSON line per engine cycle to this file (created new: an existing file is an error)."))
+    cycle_log_dir: str | None = Field(None, description=(
+        "Write the cycle log to <dir>/lifetime-<n>.jsonl, n the lowest free number: one file per server start."))
     cycle_log_flush_s: float = Field(1.0, gt=0, le=60, description="Flush the cycle log at least this often.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Server log level.")
 
@@ -116,10 +120,14 @@ class EmulatorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "EmulatorConfig":
-        if self.head_dim not in (64, 128, 256):
-            raise ValueError(f"head_dim: {self.head_dim} is not supported; allowed: 64, 128, 256")
-        if self.page_size not in (1, 16, 64):
-            raise ValueError(f"page_size: {self.page_size} is not supported; allowed: 1, 16, 64")
+        if self.cycle_log and self.cycle_log_dir:
+            raise ValueError("cycle_log and cycle_log_dir are both set; give one (cycle_log_dir: one file per "
+                             "server start)")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim: {self.head_dim} is not supported; allowed: {', '.join(map(str, HEAD_DIMS))}")
+        if self.page_size not in PAGE_SIZES:
+            raise ValueError(f"page_size: {self.page_size} is not supported; allowed: "
+                             f"{', '.join(map(str, PAGE_SIZES))}")
         if len(self.accept_probs) != self.draft_tokens:
             raise ValueError(f"accept_probs: {len(self.accept_probs)} values {self.accept_probs} for "
                              f"draft_tokens={self.draft_tokens}; give exactly one probability per draft token")

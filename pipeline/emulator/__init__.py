@@ -17,5 +17,5 @@ Files, one concern each:
     server.py        aiohttp routes: /v1/chat/completions, /v1/completions, /v1/models, /health,
                      /server_info, /metrics (sglang names)
     metrics.py       Prometheus text
-    cyclelog.py      one JSON line per cycle (--cycle-log)
+    cyclelog.py      one JSON line per cycle, one file per server lifetime (--cycle-log-dir; --cycle-log FILE)
 """

@@ -5,6 +5,7 @@ import sys
 
 from pipeline.config.emulator import ConfigError
 from pipeline.emulator.cli import config_from_argv
+from pipeline.emulator.cyclelog import CycleLogError
 from pipeline.emulator.tokens import TokenizerError
 
 
@@ -14,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.emulator.server import serve  # aiohttp and the cost model load only once config is good
 
         serve(cfg)
-    except (ConfigError, TokenizerError) as e:
+    except (ConfigError, TokenizerError, CycleLogError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

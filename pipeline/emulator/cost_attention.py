@@ -10,6 +10,7 @@ from typing import Any
 
 from pipeline.config.emulator import ConfigError, EmulatorConfig
 from pipeline.emulator.arm import Arm
+from pipeline.paths import HARDWARE_PROFILES_DIR
 
 
 class CostModelAttention:
@@ -22,7 +23,7 @@ class CostModelAttention:
 
         self._predict = cost.predict_attention_us
         try:
-            self.profile = cost.load_profile(cfg.hardware)
+            self.profile = cost.load_profile(cfg.hardware, HARDWARE_PROFILES_DIR)
         except (ValueError, OSError) as e:
             raise ConfigError(f"hardware: {cfg.hardware!r}: {e}") from None
         self._kw = dict(impl=arm.impl, planner=arm.planner, profile=self.profile, num_kv_heads=cfg.num_kv_heads,

@@ -191,16 +191,26 @@ def server_info(cfg: EmulatorConfig, arm: Arm, attention, tokens) -> dict[str, A
     }
 
 
+def open_cycle_log(cfg: EmulatorConfig) -> CycleLog | None:
+    if cfg.cycle_log_dir:
+        return CycleLog.next_lifetime(cfg.cycle_log_dir, cfg.cycle_log_flush_s)
+    if cfg.cycle_log:
+        return CycleLog(cfg.cycle_log, cfg.cycle_log_flush_s)
+    return None
+
+
 def build_app(cfg: EmulatorConfig, env=None) -> web.Application:
     """Everything that can fail on bad config fails here, before the port opens."""
     arm = Arm.from_env(env)
     attention = make_attention(cfg, arm)
     tokens = load_tokens(cfg.tokenizer, cfg.seed)
     metrics = Metrics(cfg.model)
-    cycle_log = CycleLog(cfg.cycle_log, cfg.cycle_log_flush_s) if cfg.cycle_log else None
+    cycle_log = open_cycle_log(cfg)
     engine = Engine(cfg, StepTimer(cfg, attention), tokens, arm, metrics, cycle_log)
     api = Api(cfg, engine)
     info = server_info(cfg, arm, attention, tokens)
+    if cycle_log:  # the runner records which lifetime's log served each stage (analysis/cycles.py reads it)
+        info["cycle_log"] = cycle_log.info()
     app = web.Application(middlewares=[errors], client_max_size=1 << 30)
     app[ENGINE], app[INFO] = engine, info
 

@@ -1,8 +1,11 @@
 """The embedded emulator engine: `python -m pipeline.emulator` (see pipeline/emulator/)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.config.server import args_to_argv
 from pipeline.engines.base import LaunchContext
+from pipeline.paths import ArmPaths
 
 
 class EmulatorEngine:
@@ -12,8 +15,10 @@ class EmulatorEngine:
     metrics_path = "/metrics"
 
     def command(self, ctx: LaunchContext) -> list[str]:
+        # One cycle-log file per server start, so a resumed arm keeps each lifetime's cycles apart.
+        cycle_dir = ArmPaths(Path(ctx.artifact_dir)).emulator_cycles_dir
         argv = [ctx.python, "-m", "pipeline.emulator", "--host", ctx.bind, "--port", str(ctx.port),
-                "--model", ctx.model, "--cycle-log", f"{ctx.artifact_dir}/emulator_cycles.jsonl"]
+                "--model", ctx.model, "--cycle-log-dir", str(cycle_dir)]
         if ctx.tokenizer:
             argv += ["--tokenizer", ctx.tokenizer]
         return argv + args_to_argv(ctx.server_args)

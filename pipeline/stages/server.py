@@ -117,3 +117,18 @@ def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, 
 
 def save_result(result, path: Path) -> None:
     write_json_atomic(path, asdict(result))
+
+
+def served_paths(log: Path) -> dict:
+    """sglang with the vattn backend: {"base_backend", "paths": {"vattn": {mode: n}, "base": {...}},
+    "processes"} from the server log's path counters; {} when the log has none (another engine, a
+    server that died before its first line). Read after the server stopped: its exit line is the last."""
+    from vattn.sglang.counters import parse_log  # pure Python: no sglang or torch
+
+    if not Path(log).is_file():
+        return {}
+    counts = parse_log(Path(log).read_text(errors="replace"))
+    if not counts["processes"]:
+        return {}
+    return {"base_backend": counts["base_backend"], "processes": counts["processes"],
+            "paths": {k: counts[k] for k in ("vattn", "base")}}

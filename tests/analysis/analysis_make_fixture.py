@@ -93,15 +93,16 @@ def slim_run(root: Path) -> None:
     paths = RunPaths(Path(root))
     for name in paths.arm_runs():
         arm = paths.arm(name)
+        logs = [*arm.emulator_cycle_logs().values(), arm.legacy_emulator_cycles]
         for p in sorted(arm.root.rglob("*"), reverse=True):
-            if p.is_file() and p.name not in KEEP and p.parent != arm.accuracy_dir and p != arm.emulator_cycles:
+            if p.is_file() and p.name not in KEEP and p.parent != arm.accuracy_dir and p not in logs:
                 p.unlink()
             elif p.is_dir() and not any(p.iterdir()):
                 p.rmdir()
         slim(arm.profile_export)
-        if arm.emulator_cycles.is_file():
-            lines = arm.emulator_cycles.read_text().splitlines()[:MAX_CYCLES]
-            arm.emulator_cycles.write_text("\n".join(lines) + "\n")
+        for log in (p for p in logs if p.is_file()):
+            lines = log.read_text().splitlines()[:MAX_CYCLES]
+            log.write_text("\n".join(lines) + "\n")
 
 
 def slim(export: Path) -> None:

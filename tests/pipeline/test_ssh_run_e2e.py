@@ -43,7 +43,8 @@ def test_ab_on_an_ssh_host_pulls_remote_artifacts(sshd, tmp_path):
         assert run["host"] == "box" and run["artifact_dir"].startswith(str(remote_workdir))
         # Written on the SSH host, pulled into the local run dir by fabric.
         assert (out / f"arms/{arm}/server.log").stat().st_size > 0
-        assert (out / f"arms/{arm}/emulator_cycles.jsonl").stat().st_size > 0
+        assert (out / f"arms/{arm}/emulator_cycles/lifetime-1.jsonl").stat().st_size > 0
+        assert manifest["stages"][arm]["load"]["cycle_log_lifetime"] == 1
         assert json.loads((out / f"arms/{arm}/server_info.json").read_text())["arm"]["env"]["VATTN"] == \
             ("0" if arm == "off" else "1")
         assert (out / f"arms/{arm}/aiperf/profile_export.jsonl").stat().st_size > 0

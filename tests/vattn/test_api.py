@@ -158,8 +158,8 @@ def test_attention_debug_checks_pages_and_token_count(dev):
 def test_package_surface_is_lazy_and_names_are_the_api():
     code = ("import sys, vattn; assert 'triton' not in sys.modules and 'torch' not in sys.modules, "
             "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton'))[:5];"
-            "from vattn.plan import plan_python; from vattn.reference import reference;"
-            "assert callable(vattn.plan) and vattn.reference is reference and vattn.plan is not plan_python;"
+            "from vattn.planner import plan_python; from vattn.reference import reference;"
+            "from vattn.api import plan; assert vattn.plan is plan and vattn.reference is reference;"
             "assert {'Workspace', 'plan', 'attention', 'reference'} <= set(vattn.__all__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from vattn.cost import kernel_path, load_profile, predict_attention_us
-from vattn.plan import PLANNERS
+from vattn.planner import PLANNERS
 
-H200, MI355X = load_profile("h200"), load_profile("mi355x")
+PROFILES = Path(__file__).resolve().parents[2] / "configs" / "hardware"
+H200, MI355X = load_profile("h200", PROFILES), load_profile("mi355x", PROFILES)
 HD256 = dict(num_kv_heads=1, head_dim=256, gqa=16, kv_dtype="fp8", page_size=16)
 
 
@@ -87,7 +88,7 @@ def bench_records():
 
 
 def bench_batch(r):
-    """seq_lens as measured (agentic rows) or uniform; ragged q_lens as vattn.bench_shapes.ragged draws them."""
+    """seq_lens as measured (agentic rows) or uniform; ragged q_lens as benchmarks.kernel.shapes.ragged draws them."""
     lens = r.get("seq_lens") or [r["total_kv_tokens"] // r["batch"]] * r["batch"]
     assert sum(lens) == r["total_kv_tokens"]
     if r["q_len"] == "ragged1-4":
@@ -217,7 +218,9 @@ def test_fast_enough_for_the_emulator():
 
 def test_profile_errors(tmp_path):
     with pytest.raises(ValueError, match=r"profile: got 'h100'; no file .*h100.yaml; known: h200, mi355x"):
-        load_profile("h100")
+        load_profile("h100", PROFILES)
+    with pytest.raises(ValueError, match=r"profile: got 'h200', a name; pass profiles_dir to look it up"):
+        load_profile("h200")
     with pytest.raises(ValueError, match=r"impl: got 'fa3'; allowed: vattn, baseline, flashinfer, sglang_triton"):
         predict([10], 4, HD256, impl="fa3")
     with pytest.raises(ValueError, match=r"planner: got 'lean'; allowed: fixed, length_aware, balanced"):
@@ -229,7 +232,7 @@ def test_profile_errors(tmp_path):
     with pytest.raises(ValueError, match=r"kv_dtype/phase: got fp8/decode; profile h200 baseline sglang_triton "
                                          r"was measured for fp8/verify"):
         predict([10], 1, HD256, impl="sglang_triton")
-    config_dir = load_profile.__globals__["CONFIG_DIR"]
+    config_dir = PROFILES
     fast = tmp_path / "fast.yaml"  # the MI355X profile is still solved from one calibration point
     fast.write_text((config_dir / "mi355x.yaml").read_text().replace("tbps: 4.279", "tbps: 7.9"))
     with pytest.raises(ValueError, match=r"calibration: 7.9 TB/s at 16 x 35000 needs a .* TB/s wave, above the "
@@ -287,29 +290,3 @@ def test_makespan_sm_sharing_hand_worked():
     assert _makespan_us([(10, 1), (30, 1)], 1, 6, 6.0, 1.5, sms=3) == pytest.approx(8 + 20 / 1.5)
     # one slot per SM: nothing to share, no boost
     assert _makespan_us([(20, 1)], 1, 2, 2.0, 1.5, sms=2) == pytest.approx(20)
-
-
-def test_check_cycles_on_a_tiny_run(tmp_path, capsys):
-    from vattn.cost import check_cycles, main
-
-    arm = tmp_path / "arms" / "on"
-    arm.mkdir(parents=True)
-    shape = dict(num_kv_heads=1, head_dim=256, gqa=8, kv_dtype="fp8_e4m3", page_size=16)
-    (arm / "server_info.json").write_text(json.dumps(
-        {"config": shape, "arm": {"planner": "balanced"}, "hardware": {"slots_per_sm": 2}}))
-    kw = dict(shape, kv_dtype="fp8")
-    exact = predict([40_000], 4, kw)
-    cycles = [dict(batch=0, measured_attention_layer_us=0.0),  # prefill only: skipped
-              dict(batch=1, attn_kv_tokens=40_000, max_kv=40_000, q_len=4, planner="balanced",
-                   predicted_attention_layer_us=exact / 2, measured_attention_layer_us=exact),
-              dict(batch=3, attn_kv_tokens=60_000, max_kv=40_000, q_len=4, planner="balanced",
-                   predicted_attention_layer_us=50.0, measured_attention_layer_us=2 * predict([40_000, 10_000, 10_000], 4, kw))]
-    (arm / "emulator_cycles.jsonl").write_text("\n".join(json.dumps(c) for c in cycles))
-    [row] = check_cycles(str(tmp_path))
-    assert row["arm"] == "on" and row["cycles"] == 2 and row["logged_within"] == 0
-    assert row["now_within"] == 0.5 and row["now_median"] == pytest.approx(0.75)
-    assert row["exact_cycles"] == 1 and row["exact_within"] == 1.0  # batch 1: the log pins it down
-    main(["--check-cycles", str(tmp_path)])
-    assert "on       balanced" in capsys.readouterr().out
-    with pytest.raises(ValueError, match=r"run_dir: got '.*'; it has no arms/ folder with arm runs"):
-        check_cycles(str(tmp_path / "arms"))

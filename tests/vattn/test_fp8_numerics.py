@@ -275,9 +275,18 @@ def test_interp_edited_kernel_fails_the_model_check(edit):
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(INTERP or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 GPU_RECORD = Path(__file__).parent / "data" / "fp8_numerics_gpu.json"
-# GPU vs model: ex2.approx, div.full and FMA contraction add a few fp32 ulp to the summation order.
-# Provisional (not yet measured on a GPU): the record keeps each case's measured error.
+# GPU vs model: ex2.approx, div.full and FMA contraction add a few fp32 ulp to the summation order
+# (measured on an H200, 2026-11-30: 1.6e-7 to 1.4e-6). Hopper's fp8 MMA (the split-Q e4m3 dots) does not
+# accumulate in full fp32 (DeepSeek-V3's report puts it near 14 mantissa bits), which the model's fp32 sums
+# cannot follow: measured 9.0e-5 and 1.6e-4 there. Each bound is ~3x its measurement; the model's mutations
+# move the output by 4.5e-5 to 1.5e-2, so on those cases the GPU record catches the larger ones only, and
+# the interpreter runs above (fp32 sums) keep the tight check.
 TOL_GPU = 1e-5
+TOL_GPU_FP8_MMA = 5e-4
+
+
+def tol_gpu(steps: dict) -> float:
+    return TOL_GPU_FP8_MMA if steps["q"] == "split_e4m3" else TOL_GPU
 
 
 @gpu
@@ -300,7 +309,7 @@ def test_gpu_default_path_matches_rounding_model_and_record():
         print(f"{name}: GPU kernel vs rounding model {record[name]['err_model']:.2e}")
     GPU_RECORD.parent.mkdir(exist_ok=True)
     GPU_RECORD.write_text(json.dumps(record, indent=1) + "\n")
-    assert all(r["err_model"] <= TOL_GPU for n, r in record.items() if n != "_meta"), record
+    assert all(r["err_model"] <= tol_gpu(r["steps"]) for n, r in record.items() if n != "_meta"), record
 
 
 def test_rounding_model_against_recorded_gpu_outputs():
@@ -318,4 +327,4 @@ def test_rounding_model_against_recorded_gpu_outputs():
         out = torch.frombuffer(bytearray(base64.b64decode(r["out_fp32"])), dtype=torch.float32).view(r["shape"])
         want = rounding.attention(*_args(case_batch(name)), pieces=[tuple(p) for p in r["pieces"]],
                                   steps=rounding.Steps(**r["steps"]), block_n=r["block_n"])
-        assert rel_err(out, want) <= TOL_GPU, (name, rel_err(out, want), record["_meta"])
+        assert rel_err(out, want) <= tol_gpu(r["steps"]), (name, rel_err(out, want), record["_meta"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from vattn import switch
-from vattn.plan import PLANNERS
+from vattn.planner import PLANNERS
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("", True), ("1", True), ("true", True), (" On ", True),

@@ -5,11 +5,14 @@ Three registrations, all through sglang's own extension points, none of them edi
   target model's backend and the draft model's main backend;
 - the CLI choices (`add_attention_backend_choices`, `add_draft_attention_backend_choices`);
 - EAGLE's draft backend factory, whose backend maps are local dicts: `vattn` is added to them
-  (draft extend -> VattnAttnBackend; the multi-step draft decode -> sglang's Triton container,
-  since its steps read a per-step chain rather than req_to_token).
+  (draft extend -> the base's draft-extend backend wrapped in VattnAttnBackend; the multi-step
+  draft decode -> the base's own container, since its steps read a per-step chain rather than
+  req_to_token).
 Importing this package imports nothing heavy; `register()` imports sglang.
 """
 from __future__ import annotations
+
+import os
 
 NAME = "vattn"
 _registered = False
@@ -20,18 +23,37 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from sglang.srt.arg_groups import choices
     from sglang.srt.layers.attention import attention_registry
 
     from vattn.sglang.backend import create_vattn_backend
 
     attention_registry.register_attention_backend(NAME)(create_vattn_backend)
-    if NAME not in choices.ATTENTION_BACKEND_CHOICES:
-        choices.add_attention_backend_choices([NAME])
-    if NAME not in choices.DRAFT_ATTENTION_BACKEND_CHOICES:
-        choices.add_draft_attention_backend_choices([NAME])
+    _add_cli_choices()
     _hook_draft_factory()
     _registered = True
+
+
+def _add_cli_choices() -> None:
+    """`--attention-backend vattn` (and the prefill/decode variants). sglang 0.5.23 keeps the lists
+    in arg_groups.choices with a separate draft list; 0.5.17 keeps one list in server_args, which
+    `--speculative-draft-attention-backend` does not restrict."""
+    try:
+        from sglang.srt.arg_groups import choices
+    except ImportError:  # sglang 0.5.17
+        from sglang.srt import server_args as choices
+    if NAME not in choices.ATTENTION_BACKEND_CHOICES:
+        choices.add_attention_backend_choices([NAME])
+    drafts = getattr(choices, "DRAFT_ATTENTION_BACKEND_CHOICES", None)
+    if drafts is not None and NAME not in drafts:
+        choices.add_draft_attention_backend_choices([NAME])
+    if os.environ.get("VATTN_DETERMINISTIC", "").strip() == "1":
+        # opt-in: sglang's --enable-deterministic-inference checks the backend *name*; the base
+        # receives sglang's deterministic settings as usual, but vattn's split plan depends on
+        # the batch, so the on arm is not batch-invariant (the A/A baseline measures the rest)
+        for listed in ("DETERMINISTIC_ATTENTION_BACKEND_CHOICES", "RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND"):
+            names = getattr(choices, listed, None)
+            if names is not None and NAME not in names:
+                names.append(NAME)
 
 
 def _hook_draft_factory() -> None:
@@ -41,22 +63,45 @@ def _hook_draft_factory() -> None:
     if getattr(original, "_vattn_hook", False):
         return
 
-    def _create_backend(self, backend_name, backend_map, error_template, stamps_children=False):
-        if NAME not in backend_map and "triton" in backend_map:
-            backend_map = dict(backend_map)
-            if stamps_children:  # the multi-step draft decode container
-                backend_map[NAME] = backend_map["triton"]
-            else:
-                backend_map[NAME] = lambda: (NAME, _draft_backend(self.draft_model_runner))
+    def _create_backend(self, backend_name, backend_map, error_template, *args, **kwargs):
+        if NAME not in backend_map:
+            backend_map = _with_vattn(self.draft_model_runner, backend_map, _multistep(backend_map, args, kwargs))
         # through the attribute, not the closure, so tests can stand in for sglang's method
-        return _create_backend.__wrapped__(self, backend_name, backend_map, error_template, stamps_children)
+        return _create_backend.__wrapped__(self, backend_name, backend_map, error_template, *args, **kwargs)
 
     _create_backend._vattn_hook = True
     _create_backend.__wrapped__ = original
     DraftBackendFactory._create_backend = _create_backend
 
 
-def _draft_backend(draft_model_runner):
-    from vattn.sglang.backend import VattnAttnBackend
+def _multistep(backend_map: dict, args, kwargs) -> bool:
+    """Is this the multi-step draft decode container's map? sglang 0.5.23 says so
+    (`stamps_children`); 0.5.17's maps differ only in their creators, `_create_*_decode_backend`."""
+    if "stamps_children" in kwargs:
+        return bool(kwargs["stamps_children"])
+    if args:
+        return bool(args[0])
+    return all(getattr(fn, "__name__", "").endswith("_decode_backend") for fn in backend_map.values())
 
-    return VattnAttnBackend(draft_model_runner, skip_prefill=False)
+
+def _with_vattn(draft_model_runner, backend_map: dict, multistep: bool) -> dict:
+    """A copy of the factory's map with `vattn` -> the base's entry (multi-step draft decode, left
+    to the base: its steps read a per-step chain) or the base's draft-extend backend, wrapped."""
+    from vattn.sglang import base as base_choice
+
+    name, _ = base_choice.resolve(draft_model_runner)
+    if name not in backend_map:
+        return backend_map  # sglang's own error names the backend it could not find
+    backend_map = dict(backend_map)
+    if multistep:
+        backend_map[NAME] = backend_map[name]
+    else:
+        backend_map[NAME] = lambda: _wrapped_draft_extend(draft_model_runner, backend_map[name], name)
+    return backend_map
+
+
+def _wrapped_draft_extend(draft_model_runner, make_base, name: str):
+    from vattn.sglang import compat
+    from vattn.sglang.backend import wrap
+
+    return compat.wrap_draft_entry(make_base(), lambda b: wrap(b, draft_model_runner, name))

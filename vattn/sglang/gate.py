@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-HEAD_DIMS = (64, 128, 256)
-PAGE_SIZES = (1, 16, 64)
-KV_DTYPES = ("float8_e4m3fn", "bfloat16")  # torch dtype names; fp8 e5m2, fp16-only, int4 stay on the base
-Q_DTYPES = ("bfloat16", "float16")
-MAX_GQA = 16
-MAX_Q_LEN = 8  # KERNEL.md: q_len 0..8 per sequence
+from vattn.contract import HEAD_DIMS, MAX_GQA, MAX_Q_LEN, PAGE_SIZES, Q_DTYPES
+from vattn.contract import KV_DTYPES as KERNEL_KV_DTYPES
+
+# torch dtype names the backend serves: the kernel's, less fp16 caches (fp8 e5m2, fp16-only and int4 stay on the base)
+KV_DTYPES = tuple(d for d in KERNEL_KV_DTYPES if d != "float16")
 MODES = ("target_verify", "draft_extend", "decode")
 
 

@@ -1,7 +1,11 @@
-"""`python -m vattn.sglang.launch <sglang launch_server args>`: register vattn, then run sglang.
+"""`python -m vattn.sglang.launch [--vattn-base fa3|flashinfer|triton] <sglang launch_server args>`:
+register vattn, then run sglang.
 
-The argv reaches sglang's server unchanged: main() does what `python -m sglang.launch_server`
-does (load sglang's plugins, parse, run_server), with vattn registered first.
+`--vattn-base` (vattn.sglang.base) is removed from argv before sglang parses it and exported as
+`VATTN_BASE`, which sglang's scheduler processes inherit; without it the base is sglang's own
+default for the model on that GPU. The rest of argv reaches sglang's server unchanged: main() does
+what `python -m sglang.launch_server` does (load sglang's plugins, parse, run_server), with vattn
+registered first.
 
 Why registration happens at import: sglang starts its scheduler processes with the "spawn"
 method, and a spawned child re-imports the parent's __main__ module (this one, as __mp_main__)
@@ -14,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 
-from vattn.sglang import register
+from vattn.sglang import base, register
 
 register()
 
@@ -25,13 +29,21 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
-    args = sys.argv[1:] if argv is None else list(argv)
+    args = export_base(sys.argv[1:] if argv is None else list(argv))
     load_plugins()
     server_args = prepare_server_args(args)
     try:
         launch_server.run_server(server_args)
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
+
+
+def export_base(argv: list[str]) -> list[str]:
+    """Strip `--vattn-base X` from argv; export X as VATTN_BASE for the scheduler children."""
+    rest, chosen = base.strip_flag(argv)
+    if chosen is not None:
+        os.environ[base.ENV] = chosen
+    return rest
 
 
 if __name__ == "__main__":

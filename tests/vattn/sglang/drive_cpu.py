@@ -1,5 +1,10 @@
 """Routing scenarios of the real VattnAttnBackend on CPU, printed as one JSON object.
 
+Two bases: sglang's real Triton backend (its attention kernels recorded at their module
+boundary), and a recording stand-in for FA3/FlashInfer installed in sglang's registry under
+"fa3" (stand_in_base.py; scenarios_wrapper.py). Both are built by the wrapper's registry factory,
+as on a server.
+
 Run by test_contract.py in a subprocess because Triton decides at decoration time whether its
 kernels are interpreted: TRITON_INTERPRET=1 must be set before sglang's kernels import, and
 must not leak into the rest of the test session. sglang's own metadata kernels run in the
@@ -20,18 +25,21 @@ import sglang_env as E  # noqa: E402
 Q_LEN = 4
 
 
-def make_backend(env_vars: dict | None = None, **env_kw):
-    from vattn.sglang.backend import VattnAttnBackend
+def make_backend(env_vars: dict | None = None, *, base: str = "triton", **env_kw):
+    """The registry's `vattn` entry over `base`; env_vars (VATTN, ...) apply while it is built."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-    old = {k: os.environ.get(k) for k in (env_vars or {})}
-    os.environ.update(env_vars or {})
+    old = {k: os.environ.get(k) for k in ["VATTN_BASE", *(env_vars or {})]}
+    os.environ.update({"VATTN_BASE": base, **(env_vars or {})})
     try:
         env = E.build_env(device="cpu", **env_kw)
-        backend = VattnAttnBackend(env.runner)
+        backend = ATTENTION_BACKENDS["vattn"](env.runner)
     finally:
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     calls = {"vattn": [], "base_extend": 0, "base_decode": 0}
+    if base != "triton":
+        return env, backend, calls
 
     def base_extend(q, k, v, o, *a, **kw):
         calls["base_extend"] += 1
@@ -41,8 +49,9 @@ def make_backend(env_vars: dict | None = None, **env_kw):
         calls["base_decode"] += 1
         o.zero_()
 
-    backend.extend_attention_fwd = base_extend  # the base's kernel boundary (set per instance)
-    backend.decode_attention_fwd = base_decode
+    triton = backend.vattn_base
+    triton.extend_attention_fwd = base_extend  # the Triton base's kernel boundary (set per instance)
+    triton.decode_attention_fwd = base_decode
     return env, backend, calls
 
 
@@ -177,6 +186,7 @@ def scenario_refusals(result):
               Q_LEN)
     result["vattn_off"] = dict(vattn=len(calls["vattn"]), base_extend=calls["base_extend"],
                                reason=backend.vattn_reason)
+    result["triton_base"] = dict(cls=type(backend.vattn_base).__name__, name=backend.vattn_base_name)
 
 
 def scenario_failure(result):
@@ -188,6 +198,7 @@ def scenario_failure(result):
     handler = logging.Handler()
     handler.emit = lambda rec: records.append(rec.getMessage()) if rec.levelno >= logging.WARNING else None
     logging.getLogger("vattn.sglang.backend").addHandler(handler)
+    logging.getLogger("vattn.sglang.backend").setLevel(logging.INFO)
     env, backend, calls = make_backend()
     intercept_vattn(calls, fail=True)
     layer = RadixAttention(num_heads=16, head_dim=256, scaling=0.06, num_kv_heads=1, layer_id=0)
@@ -206,7 +217,10 @@ def main():
     import vattn.sglang
 
     vattn.sglang.register()
-    result = {}
+    import scenarios_wrapper as W
+
+    result = {"sglang": E.sglang_version()}
+    W.run(result, make_backend, intercept_vattn, run_layer)
     scenario_verify(result)
     scenario_modes(result)
     scenario_refusals(result)

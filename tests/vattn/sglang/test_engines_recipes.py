@@ -1,10 +1,11 @@
 """The sglang / vLLM engine adapters, the configs/servers presets and the cluster recipes.
 
 `pipeline plan recipes/<point>.yaml` must print the exact sglang command for both arms, identical
-but for VATTN; every flag must exist in the installed sglang 0.5.23's launch_server CLI.
+but for VATTN; every flag must exist in the installed sglang's launch_server CLI (0.5.17 or 0.5.23).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -21,6 +22,8 @@ from pipeline.config.recipe import load_recipe
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if re.match(r"(mi355x|h200)-tp\d+-c\d+\.yaml$", p.name))
+# The recipes that run a real sglang server on the H200 machines here (dummy weights, a local config).
+REAL_SERVER_RECIPES = [ROOT / "recipes" / n for n in ("h200-sglang-qwen3-hd256.yaml", "h200x4-sglang-tp2-concurrent.yaml")]
 POINTS = {"mi355x": {(2, 32), (4, 16), (2, 8), (4, 4)}, "h200": {(8, 32), (4, 16), (8, 8), (4, 4)}}
 
 # The MI355X reference's TP2 c32 server, flag for flag (DESIGN.md; configs/servers presets).
@@ -117,16 +120,22 @@ def sglang_cli():
     try:
         sglang_env.import_sglang()
     except ImportError as exc:  # pragma: no cover - CI installs it
-        pytest.skip(f"sglang 0.5.23 is not importable: {exc}")
+        pytest.skip(f"sglang is not importable: {exc}")
     from pipeline.engines import sglang as adapter
 
     return adapter
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", RECIPES + REAL_SERVER_RECIPES, ids=lambda p: p.stem)
 def test_every_emitted_flag_exists_in_sglangs_cli(sglang_cli, path, tmp_path):
     argv = list(build_plan(load_recipe(path), tmp_path / "run").arm_runs[0].argv)
     sglang_cli.check_flags(argv[3:])  # after `python3 -m vattn.sglang.launch`
+
+
+def test_check_flags_knows_the_launchers_vattn_base(sglang_cli):
+    sglang_cli.check_flags(["--model-path", "m", "--attention-backend", "vattn", "--vattn-base", "fa3"])
+    with pytest.raises(ValueError, match=r"server.args: --vattn-base: got 'fa9'; allowed: fa3, flashinfer, triton"):
+        sglang_cli.check_flags(["--model-path", "m", "--vattn-base", "fa9"])
 
 
 def test_check_flags_names_unknown_flags_and_bad_values(sglang_cli):
@@ -136,19 +145,31 @@ def test_check_flags_names_unknown_flags_and_bad_values(sglang_cli):
         sglang_cli.check_flags(["--model-path", "m", "--kv-cache-dtype", "fp7"])
 
 
-def test_launcher_runs_sglangs_server_with_the_same_argv(sglang_cli, monkeypatch):
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+              "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 1, "num_hidden_layers": 2,
+              "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "head_dim": 64}
+
+
+@pytest.mark.parametrize("flag", [["--vattn-base", "fa3"], ["--vattn-base=fa3"], []], ids=["two", "eq", "none"])
+def test_launcher_runs_sglangs_server_with_the_same_argv_but_vattn_base(sglang_cli, monkeypatch, flag, tmp_path):
     from sglang import launch_server
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
     import vattn.sglang.launch as launcher
 
     seen = {}
+    monkeypatch.setenv("VATTN_BASE", "")  # so the teardown restores whatever was there before
     monkeypatch.setattr(launch_server, "run_server", lambda server_args: seen.setdefault("args", server_args))
     monkeypatch.setattr("sglang.srt.utils.kill_process_tree", lambda *a, **k: None)
-    launcher.main(["--model-path", "some/model", "--attention-backend", "vattn", "--page-size", "16"])
+    # sglang 0.5.17 resolves its defaults against the device and the model's config: a CPU and a
+    # local config.json (no hub), no tokenizer
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    launcher.main(["--model-path", str(tmp_path), *flag, "--attention-backend", "vattn", "--page-size", "16",
+                   "--device", "cpu", "--skip-tokenizer-init"])
     assert "vattn" in ATTENTION_BACKENDS
-    args = seen["args"]
-    assert (args.model_path, args.attention_backend, args.page_size) == ("some/model", "vattn", 16)
+    args = seen["args"]  # sglang's own parser saw no --vattn-base (it would have exited on it)
+    assert (args.model_path, args.attention_backend, args.page_size) == (str(tmp_path), "vattn", 16)
+    assert (os.environ.get("VATTN_BASE") or None) == ("fa3" if flag else None)  # what the spawned schedulers read
 
 
 @pytest.mark.slow

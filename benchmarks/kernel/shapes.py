@@ -75,6 +75,8 @@ def agentic_lens(batch: int, total: int, seed: int = AGENTIC_SEED) -> list[int]:
     ints = [int(t) for t in tail]
     ints[min(range(len(ints)), key=lambda i: ints[i])] += rest - sum(ints)  # exact total
     return [AGENTIC_BIG] + ints
+
+
 def agentic(batch: int, total: int, label: str) -> Shape:
     lens = tuple(agentic_lens(batch, total))
     return Shape(f"bs{batch}-agentic-{label}", lens, (4,) * batch)

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The planner names, everywhere (API, cost model, switch, bench). Their order is the plan kernel's MODE id.
 PLANNERS = ("fixed", "length_aware", "balanced")
+DEFAULT_PLANNER = "balanced"
 KV_TILE = 64  # tokens per KV tile: every piece starts on a tile boundary
 SEG_MAX = 64  # most pieces per sequence for fixed and length_aware (the MI355X reference's cap)
 # A piece's fixed cost in KV-tile equivalents: loading Q and writing the fp32 partial
@@ -196,7 +198,7 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
 
 
 # -- GPU planners: one single-program Triton launch, fixed-size outputs, no host sync ---------------
-# The kernel body names `tl`, bound in this module's globals at first use: importing vattn.plan (the
+# The kernel body names `tl`, bound in this module's globals at first use: importing vattn.planner (the
 # cost model, the emulator) must not import triton. Its `tl.constexpr` annotations stay unevaluated
 # strings (from __future__ import annotations), which triton.jit reads as constexpr. Built per interpreter mode, since triton.jit
 # decides between compiling and interpreting when it wraps the function.

@@ -1,7 +1,7 @@
 """Static evidence for the main kernel without a GPU: compile it for sm_90a and report ptxas's registers and
 spills and the SASS instruction count, per (page size, config). Runs on a CPU-only machine.
 
-    python -m vattn.sass --pages 1,16 --configs 64,4,2,2,1,0,0:64,4,2,2,1,0,1
+    python -m benchmarks.kernel.sass --pages 1,16 --configs 64,4,2,2,1,0,0:64,4,2,2,1,0,1
 
 The loop is issue-bound at 2 programs per SM (BENCHMARKS.md, Nsight Compute), so the instruction count
 of one compiled kernel against another predicts which runs faster. ptxas and cuobjdump: a CUDA toolkit's
@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks.kernel.configs import label, parse_config
 
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
             "cu_q_ptr": "*i32", "k_descale_ptr": "*fp32", "v_descale_ptr": "*fp32", "work_seq_ptr": "*i32",
@@ -102,21 +104,19 @@ def _loops(lines: list[str]) -> list[int]:
 
 
 def main(argv=None) -> int:
-    from vattn.bench import _label, _parse_config
-
-    ap = argparse.ArgumentParser(prog="python -m vattn.sass", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel.sass", description=__doc__.split("\n")[0])
     ap.add_argument("--pages", default="1,16,64", help="comma-separated page sizes (default 1,16,64)")
     ap.add_argument("--configs", default="64,4,2,2,1,0,0:64,4,2,2,1,0,1",
-                    help="colon-separated vattn.bench --config strings (default: split-Q, without/with hoist_rows)")
+                    help="colon-separated bench --config strings (default: split-Q, without/with hoist_rows)")
     ap.add_argument("--qrows", type=int, default=64, help="packed query rows: q_len x GQA (default 64)")
     ap.add_argument("--head-dim", type=int, default=256)
     a = ap.parse_args(argv)
     print("| page | config | registers | spill bytes | SASS | integer SASS | loop bodies |\n|---|---|---|---|---|---|---|")
     for page in (int(p) for p in a.pages.split(",")):
         for text in a.configs.split(":"):
-            config = _parse_config(text)
+            config = parse_config(text)
             r = assemble(ptx(page, config, head_dim=a.head_dim, qrows=a.qrows))
-            print(f"| {page} | {_label(config)} | {r['registers']} | {r['spill_bytes']} | {r['sass']} | "
+            print(f"| {page} | {label(config)} | {r['registers']} | {r['spill_bytes']} | {r['sass']} | "
                   f"{r['sass_integer']} | {' / '.join(map(str, r['loops']))} |", flush=True)
     return 0
 

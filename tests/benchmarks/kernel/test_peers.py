@@ -1,4 +1,4 @@
-"""vattn/peers.py on a CPU: the SDPA floor against the reference, the correctness gate, clean skips."""
+"""benchmarks.kernel.peers on a CPU: the SDPA floor against the reference, the correctness gate, clean skips."""
 
 from __future__ import annotations
 
@@ -6,20 +6,19 @@ import importlib.util
 
 import pytest
 
-from vattn import bench, peers
-from vattn.bench_report import format_table
-from vattn.bench_shapes import Shape
+from benchmarks.kernel import bench, harness, peers
+from benchmarks.kernel.peers import base, sdpa_peer, table, warmup
+from benchmarks.kernel.report import format_table
+from benchmarks.kernel.shapes import Shape
 
 TINY = Shape("tiny-peer", (70, 33, 16), (3, 1, 4), head_dim=32, num_q_heads=4, num_kv_heads=2, kv_dtype="fp16",
              q_label="ragged")
 
 
 @pytest.fixture
-def cpu_batch(monkeypatch):
-    monkeypatch.setattr(bench, "DEVICE", "cpu")
-
+def cpu_batch():
     def make(shape=TINY):
-        return bench.Batch(shape)
+        return harness.Batch(shape, "cpu")
 
     return make
 
@@ -37,10 +36,10 @@ def test_parse_peers_names_the_bad_value():
 
 def test_page_lists_rebuild_each_sequence(cpu_batch):
     b = cpu_batch()
-    indptr, indices, last = peers._pages(TINY, b.tables[1])
+    indptr, indices, last = base.pages(TINY, b.tables[1])
     assert indptr.tolist() == [0, 5, 8, 9] and last.tolist() == [6, 1, 16]
     assert indices[5:8].tolist() == b.tables[1][1, :3].tolist()
-    slots, sptr = peers._slots(TINY, b.tables[1], new_tokens=list(TINY.q_lens))  # the prefixes: L - q_len
+    slots, sptr = base.slots(TINY, b.tables[1], new_tokens=list(TINY.q_lens))  # the prefixes: L - q_len
     assert sptr.tolist() == [0, 67, 99, 111]
     assert slots[67].item() == b.tables[1][1, 0].item() * 16  # sequence 1, position 0
 
@@ -55,7 +54,7 @@ def test_sdpa_floor_matches_the_reference_and_writes_a_bench_record(cpu_batch, k
 
     def timed(fn, replays):
         calls.append(replays)
-        return bench._timed_graph(fn, replays)
+        return harness.timed_graph(fn, replays, "cpu")
 
     recs = peers.bench_peers(shape, b, ["sdpa"], replays=3, timed_graph=timed)
     assert len(recs) == 1 and calls == [3]
@@ -67,7 +66,7 @@ def test_sdpa_floor_matches_the_reference_and_writes_a_bench_record(cpu_batch, k
     for key in ("shape", "batch", "total_kv_tokens", "head_dim", "gqa", "q_len", "page_size", "planner",
                 "plan_us", "main_us", "reduce_us", "replicas", "l2_cold"):
         assert key in r
-    bench._stamp(r, "cpu", "now", 1.0)
+    harness.stamp(r, "cpu", "now", 1.0)
     assert "| sdpa " in format_table([r])
 
 
@@ -75,7 +74,7 @@ def test_a_wrong_peer_is_reported_wrong_and_not_timed(cpu_batch, monkeypatch):
     b = cpu_batch()
 
     def off_by_a_bit(shape, batch):
-        good = peers._sdpa(shape, batch)
+        good = sdpa_peer.sdpa(shape, batch)
         run = good.run
         good.run = lambda r: (run(r), good.out.mul_(1.1))
         return good
@@ -94,7 +93,7 @@ def test_a_lossy_peer_is_timed_and_marked_up_to_its_bound(cpu_batch, monkeypatch
     """A peer that rounds Q to e4m3 by design (info["lossy"]) is timed with its error marked over KERNEL.md's
     tolerance; past LOSSY_FP8_LIMIT it is wrong like any other."""
     def lossy(shape, batch):
-        good = peers._sdpa(shape, batch)
+        good = sdpa_peer.sdpa(shape, batch)
         run = good.run
         good.run = lambda r: (run(r), good.out.mul_(scale))
         good.info["lossy"] = "e4m3 Q"
@@ -104,7 +103,7 @@ def test_a_lossy_peer_is_timed_and_marked_up_to_its_bound(cpu_batch, monkeypatch
     (r,) = peers.bench_peers(FP8_TINY, cpu_batch(FP8_TINY), ["sdpa"], replays=1, timed_graph=lambda fn, n: 1.0)
     if timed:
         assert r["us"] > 0 and r["within_tolerance"] is False and r["lossy"] == "e4m3 Q"
-        assert "**over tolerance**" in peers._cell(dict(r, read_ceiling_tbps=4.5))
+        assert "**over tolerance**" in table._cell(dict(r, read_ceiling_tbps=4.5))
     else:
         assert "us" not in r and r["error"].startswith("wrong output: rel_err 5.00e-01 > 0.1 (not timed)")
 
@@ -150,19 +149,20 @@ def test_bench_cli_rejects_an_unknown_peer():
 def test_prewarm_builds_each_flashinfer_module_once(monkeypatch, capsys):
     import subprocess
 
-    from vattn.bench_shapes import select
+    from benchmarks.kernel.shapes import select
 
     started = []
 
     class Child:
         def __init__(self, argv, env):
+            assert argv[1:3] == ["-m", "benchmarks.kernel.peers"]  # its __main__ builds one configuration
             started.append(argv[3:])
             assert int(env["MAX_JOBS"]) >= 2
 
         def wait(self, timeout):
             return 0
 
-    monkeypatch.setattr(peers, "importlib_find", lambda module: object())
+    monkeypatch.setattr(warmup, "importlib_find", lambda module: object())
     monkeypatch.setattr(subprocess, "Popen", Child)
     monkeypatch.delenv("MAX_JOBS", raising=False)
     peers.prewarm(select("16x35k,16x35k-gqa8,16x35k-q1,16x35k-bf16"), ["flashinfer", "flashinfer_bf16",

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from vattn.plan import (
+from vattn.planner import (
     KV_TILE, MIN_PIECE_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
 )
 
@@ -230,7 +230,7 @@ def run_gpu(lens, qs, hkv, slots, mode, device="cpu"):
 
     import torch
 
-    from vattn.plan import FIELDS, plan_gpu
+    from vattn.planner import FIELDS, plan_gpu
 
     width = max_work_items(len(lens), hkv, slots)
     out = {f: torch.full((width,), 77, dtype=torch.int32, device=device) for f in FIELDS[:4]}
@@ -270,8 +270,8 @@ GPU_SEARCH_CASES = [
 INTERPRETER_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from test_plan import CASES, GPU_EDGE_CASES, GPU_SEARCH_CASES, run_gpu
-from vattn.plan import PLANNERS
+from test_planner import CASES, GPU_EDGE_CASES, GPU_SEARCH_CASES, run_gpu
+from vattn.planner import PLANNERS
 print(json.dumps({m: [run_gpu(*case, m) for case in GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6]]
                  for m in PLANNERS}))
 """
@@ -300,7 +300,7 @@ def test_plan_gpu_equals_python_under_interpreter():
 
 def test_plan_gpu_checks_its_arguments():
     torch = pytest.importorskip("torch")
-    from vattn.plan import plan_gpu
+    from vattn.planner import plan_gpu
 
     lens, cu = torch.tensor([5, 6], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"seq_lens: got torch.int64 \(2,\); expected contiguous int32 \[B\]"):
@@ -350,7 +350,7 @@ def test_plan_gpu_replays_in_a_cuda_graph(mode):
 
     import torch
 
-    from vattn.plan import FIELDS, plan_gpu
+    from vattn.planner import FIELDS, plan_gpu
 
     batch, hkv, slots = 20, 1, 264
     width = max_work_items(batch, hkv, slots)

@@ -1,4 +1,4 @@
-"""vattn.bench's tables: a plain one for the terminal, a markdown one for BENCHMARKS.md."""
+"""The bench's tables: a plain one for the terminal, a markdown one for BENCHMARKS.md."""
 
 from __future__ import annotations
 

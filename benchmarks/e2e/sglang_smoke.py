@@ -1,0 +1,157 @@
+"""One real sglang server per arm (VATTN=1, then VATTN=0), a few greedy requests each: does vattn serve?
+
+    python3 benchmarks/e2e/sglang_smoke.py --out DIR [--prompts 16] [--long-tokens 6000]
+
+The server is the recipe's own command (recipes/h200-sglang-qwen3-hd256.yaml, resolved by `pipeline plan`'s
+code), so what this checks is what `pipeline run` of that recipe would start: sglang 0.5.17 through
+`python -m vattn.sglang.launch`, CUDA graphs on, STANDALONE speculative decoding with 4 draft tokens.
+Per arm it writes DIR/<arm>.server.log and DIR/<arm>.json (outputs, the vattn path counters from the log),
+then DIR/smoke.json: both arms' counters, whether CUDA graphs were captured, and greedy-output identity
+(identical fraction; the first differing token of each pair, by the model's tokenizer). No aiperf: the
+requests are plain OpenAI chat completions, half of them with a long random prefix so that target verify
+reads thousands of KV tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "h200-sglang-qwen3-hd256.yaml"
+
+
+def server_argv(port: int) -> list[str]:
+    from pipeline.config.recipe import load_recipe
+    from pipeline.plan import build_plan
+
+    plan = build_plan(load_recipe(RECIPE), Path("/tmp/sglang-smoke-plan"))
+    argv = list(plan.arm_runs[0].argv)
+    at = argv.index("--port")
+    argv[at + 1] = str(port)
+    return [sys.executable if a.endswith("python3") or a.endswith("python") else a for a in argv]
+
+
+def post(url: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"server not healthy after {timeout:.0f} s")
+
+
+def prompts(n: int, long_tokens: int) -> list[str]:
+    rows = [json.loads(x) for x in (REPO / "recipes/data/accuracy/gsm8k_synthetic.jsonl").read_text().splitlines()]
+    words = json.loads((REPO / "recipes/data/tokenizer/tokenizer.json").read_text())["model"]["vocab"]
+    words = [w for w in words if w.isalpha()]
+    rng = random.Random(7)
+    out = []
+    for i in range(n):
+        q = rows[i % len(rows)]["question"]
+        prefix = " ".join(rng.choice(words) for _ in range(long_tokens)) + "\n\n" if i % 2 else ""
+        out.append(prefix + q)
+    return out
+
+
+def run_arm(arm: str, vattn: str, args, texts: list[str]) -> dict:
+    port = 30000 + (vattn == "1")
+    env = {**os.environ, "VATTN": vattn, "VATTN_COUNTERS_INTERVAL": "2"}
+    log = open(args.out / f"{arm}.server.log", "w")
+    proc = subprocess.Popen(server_argv(port), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.time()
+    try:
+        wait_healthy(url, proc, args.startup_timeout)
+        started = time.time() - t0
+
+        def ask(text):
+            body = {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0,
+                    "max_tokens": args.max_tokens, "ignore_eos": True}
+            return post(url + "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+
+        t1 = time.time()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            outputs = list(pool.map(ask, texts))
+        served = time.time() - t1
+        time.sleep(5)  # one counter interval and more: the last line covers every forward
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    from vattn.sglang.counters import parse_log
+
+    text = (args.out / f"{arm}.server.log").read_text(errors="replace")
+    result = {"arm": arm, "VATTN": vattn, "startup_s": round(started, 1), "serve_s": round(served, 1),
+              "counters": parse_log(text), "cuda_graph_lines": [ln[-160:] for ln in text.splitlines()
+                                                                 if "cuda graph" in ln.lower()][:6],
+              "vattn_lines": [ln[-200:] for ln in text.splitlines() if "vattn" in ln and "paths" not in ln][:8],
+              "outputs": outputs}
+    (args.out / f"{arm}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--long-tokens", type=int, default=6000)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--startup-timeout", type=float, default=420)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    texts = prompts(args.prompts, args.long_tokens)
+    arms = [run_arm("on", "1", args, texts), run_arm("off", "0", args, texts)]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(REPO / "recipes/data/tokenizer/tokenizer.json"))
+    firsts = [first_difference(tok.encode(a).ids, tok.encode(b).ids)
+              for a, b in zip(arms[0]["outputs"], arms[1]["outputs"])]
+    summary = {"identical": sum(f is None for f in firsts), "pairs": len(firsts),
+               "first_differing_token": [f for f in firsts if f is not None],
+               "arms": {a["arm"]: {k: a[k] for k in ("startup_s", "serve_s", "counters", "cuda_graph_lines",
+                                                      "vattn_lines")} for a in arms}}
+    (args.out / "smoke.json").write_text(json.dumps(summary, indent=1))
+    for a in arms:
+        c = a["counters"]
+        print(f"{a['arm']:>3} VATTN={a['VATTN']} start {a['startup_s']} s, serve {a['serve_s']} s, "
+              f"base {c.get('base_backend')}, vattn {c.get('vattn')}, base {c.get('base')}")
+    print(f"greedy outputs identical: {summary['identical']}/{summary['pairs']}; first differing tokens: "
+          f"{summary['first_differing_token']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The measurement every kernel benchmark shares: batches, timing, the accuracy check, the record's shape.
+
+- Batch: one shape's device tensors; the KV pool holds R replicas (together >= 4 x the L2), each read
+  through its own randomly permuted page table, so a timed loop over the R replicas reads cold KV;
+- timed_graph: capture a function once in a CUDA graph, median device time over many replays;
+- check: relative Frobenius error against vattn.reference, judged by vattn.contract's tolerances;
+- shape_fields / stamp: the fields every record (vattn's or a peer's) starts and ends with.
+
+The device is an argument everywhere ("cuda", or "cpu" for a dry run under TRITON_INTERPRET=1, where
+timings mean nothing and only the plumbing is checked). torch and triton load inside the functions.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+
+from benchmarks.kernel.shapes import Shape
+from vattn.contract import tolerance
+
+L2_BYTES = 60e6  # H200
+MIN_REPLICAS = 4  # cold L2: at least this many copies of the batch's KV, and together >= 4 x L2
+DRY_RUN_REPLICAS = 2  # the interpreter is slow, and a CPU has no L2 to defeat
+
+
+def q_dtype(device: str):
+    import torch
+
+    # the interpreter's bf16 dots are wrong (KERNEL.md): dry runs use fp16 Q
+    return torch.bfloat16 if device == "cuda" else torch.float16
+
+
+def kv_torch_dtype(shape: Shape):
+    import torch
+
+    return {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16}[shape.kv_dtype]
+
+
+def random_cache(pages: int, p: int, hkv: int, d: int, dtype, gen, device: str, chunk: int = 1 << 27):
+    """[pages, p, hkv, d] of normal values, filled in chunks (an fp32 temporary of the whole pool would not fit)."""
+    import torch
+
+    cache = torch.empty(pages, p, hkv, d, dtype=dtype, device=device)
+    flat = cache.view(-1)
+    for i in range(0, flat.numel(), chunk):
+        n = min(chunk, flat.numel() - i)
+        flat[i:i + n].copy_(torch.randn(n, device=device, generator=gen))
+    return cache
+
+
+class Batch:
+    """Device tensors of one shape: R replicas of the KV in one pool, R permuted page tables."""
+
+    def __init__(self, shape: Shape, device: str = "cuda", seed: int = 0):
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        p, hkv, d = shape.page_size, shape.num_kv_heads, shape.head_dim
+        self.device = device
+        self.kv_dtype = kv_torch_dtype(shape)
+        pages = [-(-n // p) for n in shape.seq_lens]
+        per_replica = max(1, sum(pages))
+        self.replicas = max(MIN_REPLICAS, min(256, math.ceil(4 * L2_BYTES / max(shape.kv_bytes, 1))))
+        if device == "cpu":
+            self.replicas = DRY_RUN_REPLICAS
+        self.l2_cold = self.replicas * shape.kv_bytes >= 4 * L2_BYTES
+        pool_pages = self.replicas * per_replica
+        self.k = random_cache(pool_pages, p, hkv, d, self.kv_dtype, gen, device)
+        self.v = random_cache(pool_pages, p, hkv, d, self.kv_dtype, gen, device)
+        perm = torch.randperm(pool_pages, device=device, generator=gen).to(torch.int32)
+        self.tables = [self._table(shape, pages, perm[r * per_replica:(r + 1) * per_replica])
+                       for r in range(self.replicas)]
+        self.seq_lens = torch.tensor(shape.seq_lens, dtype=torch.int32, device=device)
+        cu = [0]
+        for n in shape.q_lens:
+            cu.append(cu[-1] + n)
+        self.cu = torch.tensor(cu, dtype=torch.int32, device=device)
+        q = torch.randn(cu[-1], shape.num_q_heads, d, device=device, generator=gen)
+        self.q = q.to(q_dtype(device))
+        self.out = torch.empty_like(self.q)
+        fp8 = shape.kv_dtype == "fp8"
+        self.k_descale = torch.tensor([0.9], device=device) if fp8 else None
+        self.v_descale = torch.tensor([1.1], device=device) if fp8 else None
+        self.scale = 1.0 / math.sqrt(d)
+
+    def _table(self, shape: Shape, pages: list[int], ids):
+        """[B, max pages] int32: sequence b's pages, taken in order from this replica's slice of the permutation."""
+        import torch
+
+        t = torch.zeros(shape.batch, max(max(pages) if pages else 1, 1), dtype=torch.int32, device=self.device)
+        first = 0
+        for b, n in enumerate(pages):
+            t[b, :n] = ids[first:first + n]
+            first += n
+        return t
+
+    def attention_args(self, replica: int) -> tuple:
+        """vattn.attention's positional arguments (and vattn.reference's) on one replica."""
+        return (self.q, self.k, self.v, self.tables[replica], self.seq_lens, self.cu, self.k_descale,
+                self.v_descale, self.scale)
+
+    def reference(self):
+        """vattn.reference on replica 0: the fp32 oracle every implementation is checked against."""
+        import vattn
+
+        return vattn.reference(*self.attention_args(0))
+
+
+class BatchCache:
+    """One Batch alive at a time (pools are GBs), reused while consecutive calls ask for the same shape."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self._key, self._batch = None, None
+
+    def get(self, shape: Shape) -> Batch:
+        key = (shape.seq_lens, shape.q_lens, shape.head_dim, shape.num_q_heads, shape.num_kv_heads,
+               shape.page_size, shape.kv_dtype)
+        if key != self._key:
+            self._key, self._batch = None, None  # free the old pool before allocating the new one
+            if self.device == "cuda":
+                import torch
+
+                torch.cuda.empty_cache()
+            self._batch, self._key = Batch(shape, self.device), key
+        return self._batch
+
+
+# -- timing --------------------------------------------------------------------------------------------
+
+def timed_graph(fn, replays: int, device: str = "cuda") -> float:
+    """Capture fn once, replay it; median device time of one replay in us (on a CPU: one eager call's wall
+    time, for dry runs)."""
+    import torch
+
+    if device == "cpu":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm-up (compiles, first-touch) outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return _median_event_us(g.replay, replays)
+
+
+def eager_us(fn, replays: int) -> float:
+    """Median device time of fn run eagerly (CUDA events), for work a graph cannot capture."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return host_us(fn, replays)
+    fn()
+    return _median_event_us(fn, replays)
+
+
+def _median_event_us(fn, replays: int) -> float:
+    import torch
+
+    times = []
+    for _ in range(max(1, replays)):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def host_us(fn, replays: int, *, sync: bool | None = None, warmup: bool = True) -> float:
+    """Median wall time of fn in us, device work included when sync (default: whenever CUDA is there), for
+    work that reads the host (a planner that syncs)."""
+    import torch
+
+    sync = torch.cuda.is_available() if sync is None else sync
+    if warmup:
+        fn()
+    times = []
+    for _ in range(max(1, replays)):
+        if sync:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def read_ceiling_tbps(gib: float = 4.0) -> float:
+    """Streaming read of a fresh buffer far larger than L2 (best of a Triton read and torch.sum), on CUDA."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read(x_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        base = tl.program_id(0).to(tl.int64) * BLOCK * ITERS
+        acc = tl.zeros([BLOCK], tl.int32)
+        for i in range(ITERS):
+            offs = base + i * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0)
+        tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+    n = int(gib * 2**30) // 4
+    x = torch.randint(0, 1 << 20, (n,), dtype=torch.int32, device="cuda")
+    block, iters = 2048, 16
+    grid = triton.cdiv(n, block * iters)
+    out = torch.empty(grid, dtype=torch.int32, device="cuda")
+    try:
+        t_triton = triton.testing.do_bench(lambda: _read[(grid,)](x, out, n, BLOCK=block, ITERS=iters, num_warps=8),
+                                           warmup=50, rep=300, return_mode="median")
+    except Exception as exc:  # the ceiling must not stop the run: torch.sum's read remains
+        print(f"read ceiling: Triton read failed ({exc!r}); using torch.sum only", file=sys.stderr)
+        t_triton = float("inf")
+    t_torch = triton.testing.do_bench(lambda: x.sum(), warmup=50, rep=300, return_mode="median")
+    return n * 4 / (min(t_triton, t_torch) * 1e-3) / 1e12
+
+
+# -- accuracy and records ------------------------------------------------------------------------------
+
+def check(out, ref) -> tuple[float, bool]:
+    """(relative Frobenius error of out against the fp32 reference, whether out holds a NaN)."""
+    nan = bool(out.isnan().any().item())
+    return float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)), nan
+
+
+def within_tolerance(rel_err: float | None, nan: bool | None, kv_dtype: str) -> bool:
+    """KERNEL.md's bar for a result to count: finite, and within the tolerance of its cache's dtype."""
+    return rel_err is not None and not nan and rel_err <= tolerance(kv_dtype)
+
+
+def shape_fields(shape: Shape, impl: str, planner: str) -> dict:
+    """The fields every record starts with: which shape, which implementation, which planner."""
+    return dict(shape=shape.name, batch=shape.batch, total_kv_tokens=shape.total_kv_tokens, head_dim=shape.head_dim,
+                gqa=shape.gqa, num_kv_heads=shape.num_kv_heads, q_len=shape.q_label, page_size=shape.page_size,
+                kv_dtype=shape.kv_dtype, impl=impl, planner=planner)
+
+
+def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:
+    """The fields every record ends with: where and when it was measured, and that run's read ceiling."""
+    r.update(device=device, date=date, read_ceiling_tbps=ceiling)
+    return r

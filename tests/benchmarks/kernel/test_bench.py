@@ -1,0 +1,46 @@
+"""benchmarks.kernel.bench's CLI on a CPU: the baseline choice, input errors, and the dry run's records
+(the timing itself needs a GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.kernel import bench, peers
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_sglang_triton_is_the_baseline_when_sglang_imports(monkeypatch):
+    monkeypatch.setattr(peers, "sglang_importable", lambda: None)
+    assert bench.sglang_baseline()[0] == ["sglang_triton"]
+    monkeypatch.setattr(peers, "sglang_importable", lambda: "sglang: ModuleNotFoundError: No module named 'orjson'")
+    names, note = bench.sglang_baseline()
+    assert names == [] and "orjson" in note and "skipped" in note
+
+
+def test_bench_cli_rejects_an_unknown_planner():
+    with pytest.raises(SystemExit, match=r"--planners: got 'lean'; allowed: balanced, length_aware, fixed"):
+        bench.main(["--planners", "lean", "--shapes", "16x35k"])
+
+
+@pytest.mark.slow
+def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_path):
+    """The whole bench path (BatchCache, planners, graphs stand-in, reference check, peers) on tiny shapes under
+    Triton's interpreter, in a subprocess (TRITON_INTERPRET must be set before triton is imported)."""
+    out = tmp_path / "dry.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.bench", "--dry-run", "--peers", "sdpa",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = json.loads(out.read_text())
+    vattn_rows = [r for r in records if r["impl"] == "vattn"]
+    assert {(r["shape"], r["planner"]) for r in vattn_rows} == {
+        (s, p) for s in ("tiny-fp8", "tiny-fp16-page1") for p in ("balanced", "length_aware", "fixed")}
+    assert all(r["rel_err"] < 5e-3 and r["nan"] is False and r["device"] == "cpu-interpreter" for r in vattn_rows)
+    assert [r["shape"] for r in records if r["impl"] == "sdpa"] == ["tiny-fp8", "tiny-fp16-page1"]

@@ -1,0 +1,22 @@
+"""benchmarks.kernel.shapes: KERNEL.md's shapes, seeded and exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.kernel.shapes import AGENTIC_BIG, agentic_lens, select
+
+
+def test_agentic_batches_are_seeded_and_exact():
+    lens = agentic_lens(20, 2_320_000)
+    assert lens == agentic_lens(20, 2_320_000)  # seeded
+    assert sum(lens) == 2_320_000 and lens[0] == AGENTIC_BIG and len(lens) == 20
+    assert all(1000 <= n <= 200_000 for n in lens[1:])
+
+
+def test_shape_bytes_and_selection():
+    s = select("16x35k")[0]
+    assert s.kv_bytes == 16 * 35_000 * 1 * 256 * 2 * 1  # fp8: one byte per element, K and V
+    assert select("16x35k-bf16")[0].kv_bytes == 2 * s.kv_bytes
+    with pytest.raises(ValueError, match=r"--shapes: got 'nope'; allowed: main, variants, grid, all"):
+        select("nope")
