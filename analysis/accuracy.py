@@ -13,7 +13,9 @@ from analysis.load import read_jsonl
 from pipeline.paths import ArmPaths
 
 MAX_DISCORDANT = 20
-EMULATOR_NOTE = "plumbing only: emulator output is filler, accuracy not meaningful"
+MAX_DIVERGED = 10
+EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt alone, so accuracy is not "
+                 "meaningful; identical outputs in both arms show an exact kernel")
 
 
 def tasks_of(arm: ArmPaths) -> list[str]:
@@ -74,6 +76,34 @@ def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> tuple[str, list[st
     return result.cell().replace("|", "/"), lines
 
 
+def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str) -> list[str]:
+    """Outputs compared answer by answer (analysis.outputs): how many are identical, and where the others
+    first differ, in words (tokens, for the emulator)."""
+    import pandas as pd
+
+    from analysis.outputs import identity_summary, output_identity
+
+    ra, rb = (pd.DataFrame(read_jsonl(p.accuracy_records(task))) for p in (a, b))
+    if not {"id", "repeat", "output"} <= set(ra.columns) & set(rb.columns):
+        return []
+    ra, rb = (r[~r["failed"].fillna(False).astype(bool)] if "failed" in r else r for r in (ra, rb))
+    pairs = output_identity(ra, rb)
+    s = identity_summary(pairs)
+    head = (f"Outputs, {task} ({a_label} vs {b_label}): identical in {s['identical']}/{s['n']} answers "
+            f"({s['fraction_identical'] * 100:.0f}%)")
+    if s["identical"] == s["n"]:
+        return [head + "."]
+    lines = [head + f"; the others first differ at word {s['min_first_diff']:.0f} (earliest), "
+             f"{s['median_first_diff']:.0f} (median):"]
+    diverged = pairs[~pairs["identical"]].sort_values("first_diff")
+    for r in diverged.head(MAX_DIVERGED).itertuples():
+        lines.append(f"- {r.id} (repeat {r.repeat}): first differs at word {r.first_diff:.0f} of "
+                     f"{r.len_a} / {r.len_b}")
+    if len(diverged) > MAX_DIVERGED:
+        lines.append(f"- ... and {len(diverged) - MAX_DIVERGED} more")
+    return lines
+
+
 def _mark(v: float) -> str:
     return "right" if v == 1 else "wrong" if v == 0 else f"{v:.2f}"
 
@@ -95,6 +125,7 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
     lines += [f"| task | {a_label} | {b_label} | delta (pp) | n ({a_label} / {b_label}) | failed | paired test |",
               "|---|---|---|---|---|---|---|"]
     discordant: list[str] = []
+    identity: list[str] = []
     for t in tasks:
         ra, rb = arm_accuracy(a, t), arm_accuracy(b, t)
         fa, fb = _cell(ra), _cell(rb)
@@ -105,4 +136,6 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         lines.append(f"| {t} | {fa} | {fb} | {dd} | {n} | {failed} | {test} |")
         if disc:
             discordant += ["", f"Discordant questions, {t} ({a_label} -> {b_label}):", *disc]
-    return lines + discordant
+        if a.accuracy_records(t).is_file() and b.accuracy_records(t).is_file():
+            identity += ["", *identity_lines(t, a, b, a_label, b_label)]
+    return lines + identity + discordant

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from analysis import stats
+import numpy as np
+
+from analysis import estimate as est
+from analysis import stats, window
 from analysis.metrics import ArmData, arm_deltas, match_counts, match_requests, matched_deltas, per_request_delta
 from analysis.rundir import ArmRun
 
@@ -29,6 +32,10 @@ class Comparison:
     request_deltas: "pd.Series"      # matched per-request TPOT delta %
     aa_source: str | None = None     # which runs gave the noise floor
     notes: list[str] = field(default_factory=list)
+    primary: est.Estimate | None = None          # the verdict's estimate (analysis.estimate.PRIMARY)
+    candidates: "pd.DataFrame | None" = None     # every estimator on the same pairs, for the report
+    primary_floor: float | None = None           # A/A noise floor of the primary estimate
+    window_s: float = float("nan")               # the matched runs' measured window (first pair)
 
 
 def pool(runs: list[ArmRun]) -> ArmData:
@@ -47,8 +54,11 @@ def matched_pairs(a_runs: list[ArmRun], b_runs: list[ArmRun]) -> "pd.DataFrame":
     return pd.concat(parts, ignore_index=True)
 
 
-def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int) -> tuple[dict, dict, str | None]:
+def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int,
+              duration_s: float | None = None) -> tuple[dict, dict, str | None]:
     """Noise floor per arm metric and per matched metric from every side that ran twice (max over sides)."""
+    import pandas as pd
+
     arm_floor: dict[str, float] = {}
     matched_floor: dict[str, float] = {}
     used = []
@@ -57,7 +67,8 @@ def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int) -> tuple[dict, 
             continue
         r1, r2 = runs[0], runs[1]
         used.append(f"{r1.name} vs {r2.name}")
-        for row in arm_deltas(pool([r1]), pool([r2]), n_boot, seed).itertuples():
+        ew = pd.DataFrame([equal_window_row([r1], [r2], duration_s, n_boot, seed)])
+        for row in pd.concat([arm_deltas(pool([r1]), pool([r2]), n_boot, seed), ew]).itertuples():
             f = stats.noise_floor(stats.Delta(row.a, row.b, row.delta_pct, row.lo, row.hi))
             arm_floor[row.key] = max(arm_floor.get(row.key, 0.0), f)
         md = matched_deltas(match_requests(r1.records, r2.records), n_boot, seed)
@@ -67,14 +78,49 @@ def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int) -> tuple[dict, 
     return arm_floor, matched_floor, (", ".join(used) or None)
 
 
+def primary_floor(sides: list[list[ArmRun]], n_boot: int, seed: int) -> float | None:
+    """The primary estimate's A/A noise floor: max over sides that ran twice, None if none did."""
+    floors = [stats.noise_floor(est.estimate(est.log_ratios(match_requests(runs[0].records, runs[1].records)),
+                                             est.PRIMARY, n_boot, seed))
+              for runs in sides if len(runs) >= 2]
+    return max(floors) if floors else None
+
+
+def equal_window_row(a_runs: list[ArmRun], b_runs: list[ArmRun], duration_s: float | None,
+                     n_boot: int, seed: int) -> dict:
+    """Arm-table row: output tokens per second inside the same window W in every arm run."""
+    w = window.equal_window([r.window_s for r in a_runs + b_runs], duration_s)
+    sessions = sorted({s for r in a_runs + b_runs for s in r.records["conversation_id"]}, key=str)
+
+    def sample(runs: list[ArmRun]) -> stats.Sample:
+        vals, sess = [], []
+        for r in runs:
+            t = window.tokens_in_window(r.records, window.window_start_ns(r.records, r.phase_window_ns), w)
+            vals.append(t.to_numpy())
+            sess.append(r.records.loc[t.index, "conversation_id"].to_numpy())
+        return stats.make_sample(np.concatenate(vals), np.concatenate(sess), sessions, stats.rate_stat(w * len(runs)))
+
+    d = stats.paired_bootstrap(sample(a_runs), sample(b_runs), len(sessions), n_boot, seed)
+    return {"key": "throughput_equal_window", "metric": f"Output throughput, equal {w:.0f} s window (tok/s)",
+            "a": d.a, "b": d.b, "delta_pct": d.pct, "lo": d.lo, "hi": d.hi, "sessions": d.sessions,
+            "higher_is_better": True}
+
+
 def compare(a_runs: list[ArmRun], b_runs: list[ArmRun], a_label: str, b_label: str,
-            n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> Comparison:
+            n_boot: int = stats.N_BOOT, seed: int = stats.SEED, duration_s: float | None = None) -> Comparison:
+    import pandas as pd
+
     arm_table = arm_deltas(pool(a_runs), pool(b_runs), n_boot, seed)
+    arm_table = pd.concat([arm_table, pd.DataFrame([equal_window_row(a_runs, b_runs, duration_s, n_boot, seed)])],
+                          ignore_index=True)
     m = matched_pairs(a_runs, b_runs)
     matched = matched_deltas(m, n_boot, seed)
+    lr = est.log_ratios(m)
+    candidates = est.compare_estimators(lr, n_boot, seed) if len(lr) else None
+    primary = est.estimate(lr, est.PRIMARY, n_boot, seed) if len(lr) else None
     # Dedupe: in a two-run comparison the same folder could appear on both sides' lists.
     sides = [a_runs] if [r.paths for r in a_runs] == [r.paths for r in b_runs] else [a_runs, b_runs]
-    arm_floor, matched_floor, source = aa_floors(sides, n_boot, seed)
+    arm_floor, matched_floor, source = aa_floors(sides, n_boot, seed, duration_s)
     arm_table["floor"] = arm_table["key"].map(arm_floor)
     if not matched.empty:
         matched["floor"] = matched["key"].map(matched_floor)
@@ -83,4 +129,5 @@ def compare(a_runs: list[ArmRun], b_runs: list[ArmRun], a_label: str, b_label: s
         notes.append(f"{a_label} ran {len(a_runs)}x and {b_label} {len(b_runs)}x; matched requests use the "
                      f"first {min(len(a_runs), len(b_runs))} run(s) of each")
     return Comparison(a_label, b_label, a_runs, b_runs, arm_table, matched, match_counts(m),
-                      per_request_delta(m), source, notes)
+                      per_request_delta(m), source, notes, primary, candidates,
+                      primary_floor(sides, n_boot, seed), a_runs[0].window_s)

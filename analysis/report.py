@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from analysis import accuracy, cycles, engine_paths, placement, plots, stats
+from analysis import verdict as verdict_md
 from analysis.compare import Comparison, compare as run_compare
 from analysis.formatting import fmt, fmt_delta, fmt_floor
 from analysis.load import AnalysisError
@@ -30,46 +31,30 @@ DEFINITIONS = (
     "Interactivity is tokens per second per user, defined as 1000 / TPOT[ms]; \"at TPOT p50\" uses the "
     "median TPOT and \"at TPOT p90\" the 90th-percentile (slow-tail) TPOT. Output throughput is output "
     "tokens of completed requests divided by the measured window (aiperf's profiling phase), summed over "
-    "repeats. Percentiles interpolate linearly between order statistics. Delta = (on - off) / off. "
+    "repeats. Output throughput over an equal window counts the output tokens each arm run emitted in the "
+    "same W seconds from its profiling start (W: the recipe's duration, at most the shortest window; a "
+    "request's first token at its TTFT, the rest spread evenly to its end), so an arm whose last requests "
+    "spill into the grace period is not measured over a longer window. Percentiles interpolate linearly between order statistics. Delta = (on - off) / off. "
     "95% CIs come from a paired bootstrap that resamples whole sessions (conversation_id) "
     f"{stats.N_BOOT} times with seed {stats.SEED}. The A/A noise floor, when an arm ran twice, is the "
     "largest |delta| inside the 95% CI of the same statistic between the two runs of one arm: a delta "
     "smaller than it cannot be told from run-to-run drift.")
 
 
-SIGN_P_NOTE = 0.01  # a sign test this strong is worth a clause when the mean's CI says nothing
-
-
-def _sign_clause(row) -> str:
-    """Matched requests only: the mean of per-request TPOTs follows its largest values, and one request
-    that sat behind another's long prefill in one arm only can swing it by several percent; the sign test
-    counts requests and is not moved by that. When it is clear, say so next to the mean's verdict."""
-    p, faster, slower = row.get("sign_p"), row.get("faster"), row.get("slower")
-    if p is None or not np.isfinite(p) or p >= SIGN_P_NOTE or faster == slower:
-        return ""
-    word, k = ("faster", faster) if faster > slower else ("slower", slower)
-    return (f"; but {k} of {faster + slower} matched requests were {word} (sign test p={p:.2g}, median "
-            f"per-request delta {row['median_req_delta_pct']:+.1f}%): the mean is carried by a few outliers")
-
-
 def verdict(c: Comparison) -> str:
-    """One line: the matched decode-time-per-token delta (the kernel's direct effect), else TPOT p50."""
-    m = c.matched[c.matched["key"] == "tpot_ms"] if not c.matched.empty else c.matched
-    row = m.iloc[0] if len(m) else c.arm_table[c.arm_table["key"] == "tpot_p50"].iloc[0]
-    what = f"decode time per token (matched, n={row['n']})" if len(m) else "TPOT p50"
-    d = fmt_delta(row["delta_pct"], row["lo"], row["hi"])
-    floor = row.get("floor")
-    head = f"**Verdict:** {c.b_label} vs {c.a_label}: {what} {d}"
+    """One line: the primary per-request estimate on matched requests (analysis.verdict); with no matched
+    request, TPOT p50 of each arm's own requests."""
+    line = verdict_md.verdict_line(c)
+    if line is not None:
+        return line
+    row = c.arm_table[c.arm_table["key"] == "tpot_p50"].iloc[0]
+    head = f"**Verdict:** {c.b_label} vs {c.a_label}: TPOT p50 {fmt_delta(row['delta_pct'], row['lo'], row['hi'])}"
     if not (np.isfinite(row["lo"]) and np.isfinite(row["hi"])):
         return (f"{head}: no conclusion: {row['sessions']} session(s) behind it, fewer than the "
                 f"{stats.MIN_SESSIONS} a session bootstrap needs; run longer or with more sessions.")
     if not (row["lo"] > 0 or row["hi"] < 0):
-        return f"{head}: no detectable change in the mean (the 95% CI includes 0){_sign_clause(row)}."
-    word = "slower" if row["lo"] > 0 else "faster"   # from the CI, which excludes 0 here
-    if floor is not None and np.isfinite(floor) and abs(row["delta_pct"]) <= floor:
-        return f"{head}: {word}, but within the A/A noise floor ({fmt_floor(floor)})."
-    tail = f", beyond the A/A noise floor ({fmt_floor(floor)})" if floor is not None and np.isfinite(floor) else ""
-    return f"{head}: {word}; the 95% CI excludes 0{tail}."
+        return f"{head}: no change detected (the 95% CI includes 0); no request completed in both arms."
+    return f"{head}: {'slower' if row['lo'] > 0 else 'faster'}; the 95% CI excludes 0; no request completed in both arms."
 
 
 def load_md(c: Comparison) -> list[str]:
@@ -153,6 +138,11 @@ def _rel(p: Path, base: Path) -> str:
     return Path(os.path.relpath(p, base)).as_posix()
 
 
+def recipe_of(run: Run) -> dict:
+    r = run.manifest.get("recipe")
+    return r if isinstance(r, dict) else {}
+
+
 def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dict[str, Path],
             cycle_lines: list[str], out_dir: Path, placement_lines: Sequence[str] = ()) -> str:
     engine = (run.manifest.get("recipe") or {}).get("engine") or run.manifest.get("engine")
@@ -162,7 +152,9 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
     parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", DEFINITIONS, "",
-              "## Matched requests", "", *matched_md(c), ""]
+              "## Matched requests", "", *matched_md(c), "", *verdict_md.primary_md(c), "",
+              "## What this run could have seen", "",
+              *verdict_md.sensitivity_md(c, recipe_of(run).get("target_effect")), ""]
     if placement_lines:  # concurrent placement with a swap: kernel effect apart from the GPU effect
         parts += ["## Placement: concurrent with swap", "", *placement_lines, ""]
     parts += engine_paths.section_md(run)  # sglang runs only: vattn / base forwards per arm run
@@ -207,7 +199,8 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
         target = RunPaths(run.root)
         out = Path(out) if out else target.report
         prefix, title = "", f"A/B report: {run.root.name} ({b_arm} vs {a_arm})"
-    c = run_compare(a_runs, b_runs, a_label, b_label, n_boot=n_boot)
+    duration = (recipe_of(other or run).get("load") or {}).get("benchmark_duration_s")
+    c = run_compare(a_runs, b_runs, a_label, b_label, n_boot=n_boot, duration_s=duration)
     figures = make_plots(c, target.plots_dir, prefix)
     cycle_lines = cycles.cycles_md(c, target.plots_dir, prefix, out.parent)
     placement_lines = placement.placement_md(run, n_boot=n_boot) if other is None else []

@@ -34,6 +34,7 @@ class ArmRun:
     warmup_records: int = 0
     cycle_log: Path | None = None  # emulator: the log of the server lifetime that served the load stage
     cycle_log_note: str = ""       # said in the report when the choice among lifetimes needs saying
+    phase_window_ns: tuple[int, int] | None = None   # aiperf's profiling phase, when it recorded one
 
 
 @dataclass
@@ -134,9 +135,10 @@ def load_arm_run(paths: ArmPaths, name: str, arm: str, order: int) -> ArmRun:
             server = server_metrics_frame(json.loads(sm.read_text()))
         except ValueError:
             server = None  # an unreadable optional export must not sink the report
+    phase = read_phase_window(paths.aiperf_phase_manifest)
     return ArmRun(name=name, arm=arm, order=order, paths=paths, records=add_match_key(prof), counts=counts,
-                  window_s=window_seconds(prof, read_phase_window(paths.aiperf_phase_manifest)), server=server,
-                  warmup_records=int((raw["phase"] == "warmup").sum()))
+                  window_s=window_seconds(prof, phase), server=server,
+                  warmup_records=int((raw["phase"] == "warmup").sum()), phase_window_ns=phase)
 
 
 def load_run(root: Path) -> Run:

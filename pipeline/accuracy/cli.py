@@ -31,10 +31,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model name sent in each request")
     parser.add_argument("--task", required=True, choices=TASK_NAMES)
     parser.add_argument("--data", type=Path, default=None,
-                        help="local JSONL/parquet in the published field names "
-                             "(default: the HF hub)")
+                        help="local JSONL, CSV (GPQA's published gpqa_diamond.csv) or parquet in the "
+                             "published field names (default: the HF hub)")
     parser.add_argument("--shots-data", type=Path, default=None,
                         help="gsm8k: file of solved problems for the shots")
+    parser.add_argument("--num-shots", type=int, default=None,
+                        help="few-shot examples per prompt (gsm8k default 5; gpqa_diamond only 0)")
     parser.add_argument("--limit", type=int, default=None, help="first N questions only")
     parser.add_argument("--repeats", type=int, default=None,
                         help="asks per question (gsm8k 1, gpqa_diamond 8)")
@@ -57,7 +59,7 @@ def spec_from_args(args: argparse.Namespace):
     from pipeline.config.accuracy import AccuracySpec
 
     task = {"name": args.task, "data": args.data, "shots_data": args.shots_data,
-            "limit": args.limit, "repeats": args.repeats, "concurrency": args.concurrency,
+            "num_shots": args.num_shots, "limit": args.limit, "repeats": args.repeats, "concurrency": args.concurrency,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
             "timeout_s": args.timeout, "retries": args.retries,
             "extra_body": args.extra_body or {}}
@@ -65,6 +67,23 @@ def spec_from_args(args: argparse.Namespace):
 
 
 _FLAG = {"name": "--task", "timeout_s": "--timeout"}
+
+
+def flag_of(field: str) -> str:
+    return _FLAG.get(field, "--" + field.replace("_", "-"))
+
+
+def _flags_in(msg: str) -> str:
+    """A TaskSpec message names recipe fields ("num_shots: 3 for gpqa_diamond ..."); a CLI user has
+    flags, so name those instead."""
+    import re
+
+    from pipeline.config.accuracy import TaskSpec
+
+    # Only names with an underscore: plain words ("data", "name") also occur in ordinary prose.
+    fields = sorted((f for f in TaskSpec.model_fields if "_" in f), key=len, reverse=True)
+    msg = re.sub(r"\btasks\[\d+\]\.", "", msg).replace("the field", "the flag")
+    return re.sub(r"(?<![-\w])(" + "|".join(fields) + r")\b", lambda m: flag_of(m.group(1)), msg)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -78,15 +97,14 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
         result = run_accuracy(spec, url=args.url, model=args.model, out_dir=args.out,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+                              progress=lambda line: print(line, file=sys.stderr, flush=True), data_name="--data")
     except ValidationError as e:
         first = e.errors()[0]
         field = first["loc"][-1] if first["loc"] else None
         msg = first["msg"].removeprefix("Value error, ")
         if isinstance(field, str):   # a field's own check; else a cross-field rule naming it
-            flag = _FLAG.get(field, "--" + field.replace("_", "-"))
-            msg = f"{flag}: {msg} (got {first.get('input')!r})"
-        print(f"pipeline eval: error: {msg}", file=sys.stderr)
+            msg = f"{flag_of(field)}: {msg} (got {first.get('input')!r})"
+        print(f"pipeline eval: error: {_flags_in(msg)}", file=sys.stderr)
         return 1
     except (DataError, ResumeError) as e:   # already one line that names the fix
         print(f"pipeline eval: error: {e}", file=sys.stderr)

@@ -25,8 +25,18 @@ class HubSource:
     fields: str               # the published field names, for the error message
 
 
+def sibling(where: str, field: str) -> str:
+    """How the user names another field of the same task, given how they named its data file: a recipe
+    path (accuracy.tasks[0].data -> accuracy.tasks[0].num_shots) or a `pipeline eval` flag (--data ->
+    --num-shots). Errors name what the user can actually set."""
+    if where.startswith("--"):
+        return "--" + field.replace("_", "-")
+    return where.rsplit(".", 1)[0] + "." + field if "." in where else field
+
+
 def read_rows(path: Path, where: str) -> list[dict]:
-    """All rows of a local .jsonl/.json/.parquet file, as dicts."""
+    """All rows of a local .jsonl/.json/.csv/.parquet file, as dicts. CSV is GPQA's published format
+    (gpqa_diamond.csv: Question, Correct Answer, Incorrect Answer 1..3, Record ID, ...)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{where}: file not found: {path}")
@@ -37,7 +47,21 @@ def read_rows(path: Path, where: str) -> list[dict]:
         import pandas as pd
 
         return pd.read_parquet(path).to_dict("records")
-    raise DataError(f"{where}: unsupported file type '{suffix}' ({path}); use .jsonl or .parquet")
+    if suffix == ".csv":
+        return _read_csv(path, where)
+    raise DataError(f"{where}: unsupported file type '{suffix}' ({path}); use .jsonl, .json, .csv or .parquet")
+
+
+def _read_csv(path: Path, where: str) -> list[dict]:
+    import pandas as pd
+
+    try:
+        # Everything as text, empty cells as "": an answer like "1e5" or "NA" must reach the prompt verbatim.
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise DataError(f"{where}: {path} is not a readable CSV ({type(e).__name__}: {reason})") from None
+    return df.to_dict("records")
 
 
 def _read_jsonl(path: Path, where: str) -> list[dict]:
@@ -85,8 +109,7 @@ def _hub_offline_mode() -> bool:
 
 def load_hub(source: HubSource, where: str) -> list[list[dict]]:
     """Rows of each split in `source.splits`, or one DataError saying how to provide a file."""
-    fix = (f"provide a local file with fields {source.fields}: `pipeline eval --data FILE` "
-           f"or the recipe field {where}")
+    fix = f"set {where} to a local file with fields {source.fields}"
     if not _hub_offline_mode() and not hub_reachable():
         raise DataError(f"{where}: no local data file and the HF hub is unreachable "
                         f"(dataset {source.repo}/{source.config}); {fix} "

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from pipeline.accuracy.data import DataError, HubSource, load_hub, read_rows, require_fields, row_id
+from pipeline.accuracy.data import DataError, HubSource, load_hub, read_rows, require_fields, row_id, sibling
 from pipeline.config.accuracy import TaskSpec
 
 HUB = HubSource("openai/gsm8k", "main", ("test", "train"), "question, answer ('... #### N')")
@@ -108,7 +108,7 @@ def load(spec: TaskSpec, where: str) -> tuple[list[Question], list[Question]]:
         else:
             evals, pool = _questions(rows, where, spec.data), []
     if spec.shots_data is not None:
-        shots_where = where.rsplit(".", 1)[0] + ".shots_data" if "." in where else "--shots-data"
+        shots_where = sibling(where, "shots_data")
         pool = _questions(read_rows(spec.shots_data, shots_where), shots_where, spec.shots_data)
     if not pool:
         # No train split anywhere: spend the first rows of the eval file on shots.
@@ -116,7 +116,7 @@ def load(spec: TaskSpec, where: str) -> tuple[list[Question], list[Question]]:
     shots = pool[:spec.num_shots]
     if len(shots) < spec.num_shots:
         raise DataError(f"{where}: {spec.num_shots} shots requested but only {len(shots)} "
-                        "solved problems are available; lower num_shots or add train rows")
+                        f"solved problems are available; lower {sibling(where, 'num_shots')} or add train rows")
     shot_texts = {s.question for s in shots}
     evals = [q for q in evals if q.question not in shot_texts]
     if not evals:

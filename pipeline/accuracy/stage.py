@@ -64,7 +64,7 @@ class _Job:
 
 
 def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
-                 progress: Progress | None = None) -> AccuracyResult:
+                 progress: Progress | None = None, data_name: str | None = None) -> AccuracyResult:
     """Run every task of `spec` against the OpenAI-compatible server at `url`.
 
     out_dir is the arm's accuracy folder (ArmPaths.accuracy_dir): records go to
@@ -74,7 +74,8 @@ def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
     """
     results = []
     for i, task in enumerate(spec.tasks):
-        jobs, n_questions = _plan(task, f"accuracy.tasks[{i}].data")
+        # Errors name the data field as the user wrote it: the recipe path, or the CLI's flag (data_name).
+        jobs, n_questions = _plan(task, data_name or f"accuracy.tasks[{i}].data")
         results.append(_run_task(task, jobs, n_questions, url=url, model=model,
                                  out_dir=Path(out_dir), progress=progress or (lambda _: None)))
     return AccuracyResult(tuple(results))

@@ -39,6 +39,9 @@ class Recipe(Strict):
     load: LoadSpec = Field(..., description="aiperf load")
     accuracy: AccuracySpec | None = Field(None, description="accuracy tasks run after the load; none to skip")
     output_dir: str = Field("runs", description="parent folder of run directories (relative to the cwd)")
+    target_effect: float | None = Field(None, description=(
+        "smallest change of decode time per token worth detecting, in percent (5 = 5%); the report says "
+        "whether the run could detect it and how long a window would"))
 
     @field_validator("arms")
     @classmethod
@@ -47,6 +50,14 @@ class Recipe(Strict):
             raise ValueError(f"found arms {sorted(arms)}; a recipe has exactly two arms: `off` (baseline) "
                              f"and `on` (candidate)")
         return arms
+
+    @field_validator("target_effect")
+    @classmethod
+    def _target_effect(cls, v):
+        if v is not None and not 0 < v < 100:
+            raise ValueError("must be a percentage between 0 and 100, exclusive: the smallest change of decode "
+                             "time per token worth detecting; write `target_effect: 5` for 5%")
+        return v
 
     @field_validator("switch_vars")
     @classmethod

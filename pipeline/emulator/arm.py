@@ -8,6 +8,11 @@ from typing import Any, Mapping
 from pipeline.config.emulator import ConfigError
 from vattn import switch
 
+# Test hook, not a kernel switch: the probability per output word that the emulated vattn kernel's numerics
+# move the argmax. It goes in server.env (both arms alike, so the arms still differ only in the switch) and
+# acts only where vattn serves; it shows what the report says when a kernel changes answers.
+PERTURB_ENV = "EMULATOR_PERTURB_NUMERICS"
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -16,6 +21,7 @@ class Arm:
     vattn: bool
     impl: str       # "vattn" | "baseline"
     planner: str    # split planner used by `impl`
+    flip_rate: float = 0.0   # PERTURB_ENV's value while vattn serves, else 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Arm":
@@ -24,9 +30,26 @@ class Arm:
         try:
             if not switch.enabled(env):
                 return cls(vattn=False, impl="baseline", planner="fixed")
-            return cls(vattn=True, impl="vattn", planner=switch.plan_mode(env))
+            return cls(vattn=True, impl="vattn", planner=switch.plan_mode(env), flip_rate=perturb_rate(env))
         except ValueError as e:
             raise ConfigError(f"env {e}") from None
 
     def info(self, env: Mapping[str, str] | None = None) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "env": switch.switch_env(env)}
+
+
+def perturb_rate(env: Mapping[str, str] | None = None) -> float:
+    """PERTURB_ENV as a probability in [0, 1); unset or empty is 0."""
+    import os
+
+    raw = ((os.environ if env is None else env).get(PERTURB_ENV) or "").strip()
+    if not raw:
+        return 0.0
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = -1.0
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"{PERTURB_ENV}: got {raw!r}; allowed: a probability per output word in [0, 1), "
+                         f"e.g. 0.02; unset it for an exact kernel")
+    return rate

@@ -11,7 +11,8 @@ sequence emits its accepted tokens (1 .. draft_tokens + 1).
 Acceptance is a property of the request, not of the arm: with greedy decoding and a kernel that changes
 no answers, the same prompt gets the same draft tokens accepted at the same steps whichever kernel runs.
 So each request draws its acceptance from its own generator, seeded by the prompt; the A/B then compares
-the same acceptance sequences, and a matched request's TPOT moves only with the cycle times.
+the same acceptance sequences, and a matched request's TPOT moves only with the cycle times. The output
+words are likewise a function of the prompt (tokens.OutputWords), so the arms' answers can be compared.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pipeline.emulator.cyclelog import CycleLog
 from pipeline.emulator.metrics import Metrics
 from pipeline.emulator.prefix_cache import BlockHasher, PrefixCache
 from pipeline.emulator.timing import StepTimer
-from pipeline.emulator.tokens import Tokens
+from pipeline.emulator.tokens import OutputWords, Tokens
 
 CATCH_UP_S = 0.02  # a cycle that starts later than this after the last deadline restarts the clock
 
@@ -39,6 +40,7 @@ class Request:
     end_reason: str           # finish_reason once max_new tokens are out: "length" | "stop"
     hasher: BlockHasher       # chained block hashes of prompt (+ output as it grows)
     accept_rng: random.Random  # this request's acceptance draws (seeded by its prompt)
+    words: OutputWords        # this request's output words (a function of its prompt)
     arrival: float = field(default_factory=time.monotonic)
     cached: int = 0           # prompt tokens served by the prefix cache
     prefilled: int = 0        # prompt tokens in KV (cached ones included)
@@ -74,8 +76,9 @@ class Engine:
         hasher = BlockHasher(self.cfg.prefix_block_tokens)
         hasher.extend(ids)
         # hash() of a tuple of ints is the same in every process (only str and bytes hashes are salted)
+        h = hash((self.cfg.seed, tuple(ids)))
         return Request(prompt_len=len(ids), max_new=max_new, end_reason=end_reason, hasher=hasher,
-                       accept_rng=random.Random(hash((self.cfg.seed, tuple(ids)))))
+                       accept_rng=random.Random(h), words=self.tokens.output_words(h, self.arm.flip_rate))
 
     def submit(self, req: Request) -> None:
         self.waiting.append(req)
@@ -187,7 +190,7 @@ class Engine:
         n = min(n, r.max_new - r.generated)
         words = self.tokens.word_ids
         for _ in range(n):
-            i = self.tokens.next_word()
+            i = r.words.next()
             r.out.append(i)
             r.hasher.append(words[i])
         r.generated += n

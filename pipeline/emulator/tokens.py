@@ -105,6 +105,47 @@ class Tokens:
         """Index of a random output word (seeded): word_ids[i] is its id, word_texts[i] its text."""
         return self.rng.randrange(len(self.words))
 
+    def output_words(self, prompt_hash: int, flip_rate: float = 0.0) -> "OutputWords":
+        """A request's output word stream: a function of its prompt alone (see OutputWords)."""
+        return OutputWords(prompt_hash, len(self.words), flip_rate)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit hash (no Random object per token)."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+    return x ^ (x >> 31)
+
+
+class OutputWords:
+    """One request's output words, as greedy decoding would make them: each word is a function of the
+    prompt and of every word before it, so two arms whose kernels compute the same logits answer word
+    for word alike, whatever their timing or batch mates.
+
+    `flip_rate` stands in for a kernel whose numerics differ: each word is, with that probability, replaced
+    by another one (the argmax moved). The draw is seeded by the prompt, so a perturbed run is
+    reproducible, and since later words depend on earlier ones the outputs stay apart from there on.
+    """
+
+    def __init__(self, prompt_hash: int, n_words: int, flip_rate: float = 0.0):
+        self.state = _mix(prompt_hash & _MASK)
+        self.flip_state = _mix(self.state ^ 0x5EED)
+        self.n_words = n_words
+        self.flip_threshold = int(flip_rate * (1 << 64))
+
+    def next(self) -> int:
+        self.state = _mix(self.state + 0x9E3779B97F4A7C15)
+        i = self.state % self.n_words
+        if self.flip_threshold:
+            self.flip_state = _mix(self.flip_state + 0x9E3779B97F4A7C15)
+            if self.flip_state < self.flip_threshold:
+                i = (i + 1 + self.flip_state % (self.n_words - 1)) % self.n_words
+        self.state ^= i  # the word taken feeds the next one, as a decoded token feeds the next step
+        return i
+
 
 class HfTokens(Tokens):
     """A HF tokenizer directory, loaded with `tokenizers` from tokenizer.json (fast, no transformers)."""

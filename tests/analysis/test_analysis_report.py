@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from analysis_records import write_jsonl
 
+from analysis.accuracy import EMULATOR_NOTE
 from analysis.load import read_jsonl
 from analysis.report import ReportError, cli_report, write_report
 
@@ -91,7 +92,7 @@ def test_compare_two_runs_on_arms(run, tmp_path):
     assert "### run:on:" in md and "### other:on:" in md
     # Same exports on both sides: every matched delta is exactly zero.
     assert "| Decode time per token (ms) | 33 | 5.87 | 5.87 | +0.0% [+0.0, +0.0]" in md
-    assert "no detectable change" in md.splitlines()[2]
+    assert "no change detected" in md.splitlines()[2]
     for name in PLOTS:
         assert_image(other / "plots" / f"compare_run_{name}")
     named = write_report(run, tmp_path / "named.md", compare=other, arms=("off", "on"), n_boot=N_BOOT)
@@ -110,10 +111,13 @@ def test_accuracy_table_and_emulator_label(run):
     (run / "manifest.json").write_text(json.dumps(manifest))
     md = write_report(run, n_boot=N_BOOT).read_text()
     acc = section(md, "Accuracy")
-    assert "plumbing only: emulator output is filler, accuracy not meaningful" in acc
+    assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
     assert "| gsm8k | 75.0% (strict 75.0%) | 50.0% (strict 50.0%) | -25.0 | 4 / 4 | 0 / 0 | McNemar exact p=1 " \
            "(off-only 1, on-only 0, n=4); strict p=1; outputs differ 1/4 |" in acc
     assert "Discordant questions, gsm8k (off -> on):\n- q1 (repeat 0): right -> wrong" in acc
+    # Output x1 became x0: one answer of four differs, at its first (and only) word.
+    assert ("Outputs, gsm8k (off vs on): identical in 3/4 answers (75%); the others first differ at word 0 "
+            "(earliest), 0 (median):\n- q1 (repeat 0): first differs at word 0 of 1 / 1") in acc
 
 
 def test_kernel_in_the_loop_section_from_cycle_log(run):
@@ -214,7 +218,7 @@ def test_too_few_sessions_gives_no_ci_and_no_conclusion(tmp_path):
     run = make_run(tmp_path / "tiny", {"off": [record("s0", 0, 0, tpot=10), record("s1", 0, 0, tpot=12)],
                                        "on": [record("s0", 0, 0, tpot=8), record("s1", 0, 0, tpot=9)]})
     md = write_report(run, n_boot=N_BOOT).read_text()
-    assert "no conclusion: 2 session(s) behind it, fewer than the 5" in md.splitlines()[2]
+    assert "no conclusion: 2 session(s), fewer than the 5" in md.splitlines()[2]
     assert "| TPOT p50 (ms) | 11.00 | 8.50 | -22.7% [no CI: < 5 sessions] | no repeat |" in md
 
 
@@ -281,7 +285,7 @@ def test_report_on_quickstart_run_dir(tmp_path):
     md = write_report(run, n_boot=N_BOOT).read_text()
     check_report(md, "off", "on")
     acc = section(md, "Accuracy")
-    assert "plumbing only: emulator output is filler, accuracy not meaningful" in acc
+    assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
     assert "| gsm8k |" in acc and "| gpqa_diamond |" in acc and "McNemar exact p=" in acc
     assert "| off | 100 |" in section(md, "Kernel in the loop")
     assert "sglang:spec_accept_length" in section(md, "Server-side metrics")
@@ -308,19 +312,39 @@ def test_verdict_within_aa_noise_floor(tmp_path):
         "on": [record(f"s{i}", 0, i, tpot=t * 0.97) for i, t in enumerate(base)],
         "off.2": [record(f"s{i}", 0, i, tpot=t * w) for i, (t, w) in enumerate(zip(base, wobble))]})
     line = write_report(run, n_boot=N_BOOT).read_text().splitlines()[2]
-    # Every request is exactly 3% faster, so the CI collapses on -3.0% and excludes 0 ...
-    assert "decode time per token (matched, n=8) -3.0% [-3.0, -3.0]" in line
+    # Every request is exactly 3% faster: the CI is only the launch drift, t(7) x sqrt(8/7) x sqrt(2) x 0.2%
+    # = 0.72% in log units around -3.0%, and excludes 0 ...
+    assert "decode time per token, 20% trimmed mean per-request change -3.0% [-3.7, -2.3] (n=8 matched" in line
     # ... but two runs of the same config differ by far more than that.
-    assert ": faster, but within the A/A noise floor (±" in line
+    assert ": faster, but within the A/A noise floor; CI half-width 0.7 pts is narrower than the A/A floor (±" in line
 
 
-def test_verdict_names_a_clear_sign_test_when_an_outlier_hides_the_mean(tmp_path):
+def test_verdict_primary_is_robust_to_an_outlier_that_hides_the_mean(tmp_path):
     from analysis_records import make_run, record
 
     # Eleven requests 5% faster; the twelfth stalled behind another request's prefill in `on` only.
     off = [record(f"s{i}", 0, i, tpot=10.0) for i in range(12)]
     on = [record(f"s{i}", 0, i, tpot=100.0 if i == 11 else 9.5) for i in range(12)]
-    line = write_report(make_run(tmp_path / "outlier", {"off": off, "on": on}), n_boot=N_BOOT).read_text().splitlines()[2]
-    assert "no detectable change in the mean (the 95% CI includes 0)" in line
-    # Two-sided exact sign test, 11 of 12: 2 * (1 + 12) / 2**12 = 0.0063.
-    assert "but 11 of 12 matched requests were faster (sign test p=0.0063, median per-request delta -5.0%)" in line
+    md = write_report(make_run(tmp_path / "outlier", {"off": off, "on": on}), n_boot=N_BOOT).read_text()
+    line = md.splitlines()[2]
+    # Cutting 2 of 12 log-ratios at each end leaves eight log(0.95): the centre is -5.0%. A replicate moves
+    # it only by drawing the outlier's session 3+ times in 12.
+    assert "20% trimmed mean per-request change -5.0% [" in line
+    assert "(n=12 matched requests, 12 sessions): faster; the 95% CI excludes 0" in line
+    assert "no A/A floor (no arm ran twice)" in line
+    # The ratio of matched means follows the outlier: (9.5 * 11 + 100) / (10 * 12) - 1 = +70.4%, CI over 0.
+    row = next(x for x in md.splitlines() if x.startswith("| ratio of matched means"))
+    assert "+70.4%" in row and row.endswith("| no |")
+
+
+def test_report_says_what_the_run_could_have_seen(tmp_path):
+    from analysis_records import make_run, record
+
+    rng = __import__("numpy").random.default_rng(3)
+    off = [record(f"s{i}", t, 1000.0 * t, tpot=10.0) for i in range(8) for t in range(3)]
+    on = [record(f"s{i}", t, 1000.0 * t, tpot=10.0 * float(rng.uniform(0.9, 1.1))) for i in range(8) for t in range(3)]
+    md = write_report(make_run(tmp_path / "see", {"off": off, "on": on}, recipe={"target_effect": 0.5}),
+                      n_boot=N_BOOT).read_text()
+    sec = md.split("## What this run could have seen")[1].split("\n## ")[0]
+    assert "Smallest detectable effect: " in sec and "over 24 matched requests" in sec
+    assert "- a 0.5% effect (the recipe's target_effect): about " in sec and "x this one) at this noise level" in sec

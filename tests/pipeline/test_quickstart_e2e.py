@@ -70,6 +70,9 @@ def test_quickstart_ab_end_to_end(tmp_path):
         assert (out / f"arms/{arm}/accuracy/gsm8k.jsonl").stat().st_size > 0
     report = (out / "report.md").read_text()
     assert "TPOT" in report and "Accuracy" in report and "not meaningful" in report
+    # The emulator's answers are a function of the prompt, and both arms model an exact kernel.
+    assert "Outputs, gsm8k (off vs on): identical in 20/20 answers (100%)." in report
+    assert "Outputs, gpqa_diamond (off vs on): identical in 20/20 answers (100%)." in report
     assert len(list((out / "plots").glob("*.png"))) >= 3
 
 

@@ -50,7 +50,7 @@ def test_offline_without_file_is_one_clear_error(monkeypatch):
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     with pytest.raises(DataError, match=r"^accuracy.tasks\[0\].data: no local data file and the HF "
                                         r"hub is unreachable \(dataset Idavidrein/gpqa/gpqa_diamond\)"
-                                        r"; provide a local file .*`pipeline eval --data FILE`"):
+                                        r"; set accuracy.tasks\[0\].data to a local file with fields"):
         gpqa.load(TaskSpec(name="gpqa_diamond"), "accuracy.tasks[0].data")
 
 
@@ -63,9 +63,10 @@ def test_offline_cli_prints_one_line_and_fails(tmp_path):
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("pipeline eval: error: accuracy.tasks[0].data: no local data "
+    # A CLI user is told about the flag, not about a recipe path the CLI does not have.
+    assert proc.stderr.startswith("pipeline eval: error: --data: no local data "
                                   "file and the HF hub is unreachable (dataset openai/gsm8k/main)")
-    assert "--data FILE" in proc.stderr
+    assert "set --data to a local file" in proc.stderr and "accuracy.tasks" not in proc.stderr
 
 
 def test_cli_flag_error_is_one_line(tmp_path):
@@ -86,10 +87,10 @@ def test_local_file_errors(tmp_path):
     bad.write_text(json.dumps({"Question": "q", "answer": "#### 1"}) + "\n")
     with pytest.raises(DataError, match=r"w: row 0 of .*bad.jsonl lacks field\(s\) \['question'\]"):
         gsm8k.load(TaskSpec(name="gsm8k", data=bad), "w")
-    csv = tmp_path / "x.csv"
-    csv.write_text("a,b\n")
-    with pytest.raises(DataError, match=r"w: unsupported file type '.csv'"):
-        gpqa.load(TaskSpec(name="gpqa_diamond", data=csv), "w")
+    txt = tmp_path / "x.txt"
+    txt.write_text("a,b\n")
+    with pytest.raises(DataError, match=r"w: unsupported file type '.txt' .*; use .jsonl, .json, .csv or .parquet"):
+        gpqa.load(TaskSpec(name="gpqa_diamond", data=txt), "w")
 
 
 def test_shots_without_split_come_from_first_rows_and_are_excluded(tmp_path):
@@ -171,7 +172,7 @@ def test_hub_rows_map_to_splits(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", gated)
     with pytest.raises(DataError, match=r"w: could not load Idavidrein/gpqa/gpqa_diamond from the "
                                         r"HF hub \(FileNotFoundError: Dataset 'Idavidrein/gpqa' is "
-                                        r"a gated dataset on the Hub.\); provide a local file"):
+                                        r"a gated dataset on the Hub.\); set w to a local file"):
         gpqa.load(TaskSpec(name="gpqa_diamond"), "w")
 
 

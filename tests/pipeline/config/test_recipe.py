@@ -116,3 +116,14 @@ def test_concurrent_arms_differ_in_placement_and_switch_only(write_recipe, tmp_p
     gpus = {"0": "<GPUS>", "1": "<GPUS>"}
     assert _resolved(off, gpus) == _resolved(on, gpus)
     assert plan.env_diff == {"VATTN": ("0", "1")}
+
+
+def test_target_effect_is_a_percentage(write_recipe):
+    assert load_recipe(write_recipe(target_effect=5)).target_effect == 5.0
+    assert load_recipe(write_recipe()).target_effect is None
+    for bad in (0, -3, 150):
+        with pytest.raises(RecipeError, match=rf"target_effect: must be a percentage between 0 and 100, exclusive: "
+                                              rf".*write `target_effect: 5` for 5% \(found {bad}\)"):
+            load_recipe(write_recipe(target_effect=bad))
+    with pytest.raises(RecipeError, match=r"target_effect: Input should be a valid number"):
+        load_recipe(write_recipe(target_effect="five"))

@@ -32,7 +32,8 @@ def test_defaults_are_the_qwen_tp2_preset():
     cfg = config_from_argv([])
     assert (cfg.attention_layers, cfg.num_kv_heads, cfg.head_dim, cfg.gqa, cfg.kv_dtype, cfg.page_size,
             cfg.draft_tokens) == (15, 1, 256, 16, "fp8_e4m3", 16, 3)
-    assert cfg.mean_accept_length() == pytest.approx(1 + 0.8 + 0.8 * 0.6 + 0.8 * 0.6 * 0.45)
+    assert cfg.mean_accept_length() == pytest.approx(1 + 0.92 + 0.92 * 0.87 + 0.92 * 0.87 * 0.83)
+    assert 3.38 <= cfg.mean_accept_length() <= 3.40   # the MI355X reference's accept length (preset's [R])
 
 
 def test_flags_override_yaml_which_overrides_preset(tmp_path):
@@ -48,7 +49,7 @@ def test_flags_override_yaml_which_overrides_preset(tmp_path):
 @pytest.mark.parametrize("argv,match", [
     (["--port", "0"], r"port: Input should be greater than or equal to 1 \(got '0'\)"),
     (["--max-running-requests", "many"], r"max_running_requests: Input should be a valid integer"),
-    (["--draft-tokens", "2"], r"accept_probs: 3 values \[0.8, 0.6, 0.45\] for draft_tokens=2"),
+    (["--draft-tokens", "2"], r"accept_probs: 3 values \[0.92, 0.87, 0.83\] for draft_tokens=2"),
     (["--accept-probs", "0.5", "1.5", "0.5"], r"accept_probs: \[1.5\] outside \[0, 1\]"),
     (["--head-dim", "100"], r"head_dim: 100 is not supported; allowed: 64, 128, 256"),
     (["--kv-dtype", "fp4"], r"kv_dtype: Input should be 'fp8_e4m3' or 'bf16'"),
