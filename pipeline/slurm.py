@@ -23,6 +23,8 @@ from pipeline.paths import SlurmJobPaths
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 WAITING = {"PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
+# A job on its way out: its processes are being killed or its epilog runs; how it ended is known seconds later.
+SETTLING = {"COMPLETING", "SIGNALING", "STAGE_OUT"}
 
 # Written by the job before it execs the server: JSON of where it runs (python3 is on every node that
 # can run an engine; nvidia-smi only where there are NVIDIA GPUs).
@@ -106,9 +108,14 @@ class SlurmJob:
         code = self._fields.get("ExitCode", "1:0").split(":")[0]
         return int(code) if code.isdigit() and int(code) else 1 if self.state != "COMPLETED" else 0
 
-    def describe(self) -> str:
-        """The job's state for an error message: id, state, reason, node, exit code, Slurm's own output."""
-        self.refresh()
+    def describe(self, settle_s: float = 20.0) -> str:
+        """The job's state for an error message: id, state, reason, node, exit code, Slurm's own output.
+
+        A job still COMPLETING is given settle_s to reach its final state (CANCELLED, FAILED, ...), which
+        is what the message must name."""
+        deadline = time.monotonic() + settle_s
+        while self.refresh() in SETTLING and time.monotonic() < deadline:
+            time.sleep(0.5)
         f = self._fields
         out = LocalHost().read_tail(str(self._files.output), 10)
         return (f"slurm job {self.job_id} {self.state} (reason {f.get('Reason', '?')}, exit "
