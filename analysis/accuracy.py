@@ -7,7 +7,7 @@ discordant questions, outputs that differ) belong to pipeline/accuracy/compare.p
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from analysis.load import read_jsonl
 from pipeline.paths import ArmPaths
@@ -76,7 +76,7 @@ def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> tuple[str, list[st
     return result.cell().replace("|", "/"), lines
 
 
-def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str) -> list[str]:
+def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, note: str = "") -> list[str]:
     """Outputs compared answer by answer (analysis.outputs): how many are identical, and where the others
     first differ, in words (tokens, for the emulator)."""
     import pandas as pd
@@ -89,7 +89,7 @@ def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: s
     ra, rb = (r[~r["failed"].fillna(False).astype(bool)] if "failed" in r else r for r in (ra, rb))
     pairs = output_identity(ra, rb)
     s = identity_summary(pairs)
-    head = (f"Outputs, {task} ({a_label} vs {b_label}): identical in {s['identical']}/{s['n']} answers "
+    head = (f"Outputs, {task} ({a_label} vs {b_label}){note}: identical in {s['identical']}/{s['n']} answers "
             f"({s['fraction_identical'] * 100:.0f}%)")
     if s["identical"] == s["n"]:
         return [head + "."]
@@ -115,7 +115,11 @@ def _cell(r: dict[str, Any] | None) -> str:
     return f"{r['accuracy'] * 100:.1f}%{strict}"
 
 
-def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: str | None) -> list[str]:
+def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: str | None,
+                repeats: Sequence[tuple[ArmPaths, ArmPaths, str, str]] = ()) -> list[str]:
+    """The accuracy table, then output identity a vs b and, for each (first run, repeat, names) in
+    `repeats`, the same arm against its repeat: the A/A baseline (batching and cache hits alone can
+    change greedy outputs in an engine, so identity off vs on means something only beside it)."""
     tasks = sorted(set(tasks_of(a)) | set(tasks_of(b)))
     if not tasks:
         return ["Accuracy: not run."]
@@ -136,6 +140,8 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         lines.append(f"| {t} | {fa} | {fb} | {dd} | {n} | {failed} | {test} |")
         if disc:
             discordant += ["", f"Discordant questions, {t} ({a_label} -> {b_label}):", *disc]
-        if a.accuracy_records(t).is_file() and b.accuracy_records(t).is_file():
-            identity += ["", *identity_lines(t, a, b, a_label, b_label)]
+        pairs = [(a, b, a_label, b_label, "")] + [(*r, ", A/A baseline") for r in repeats]
+        for x, y, x_label, y_label, note in pairs:
+            if x.accuracy_records(t).is_file() and y.accuracy_records(t).is_file():
+                identity += ["", *identity_lines(t, x, y, x_label, y_label, note)]
     return lines + identity + discordant

@@ -33,7 +33,7 @@ METRIC_COLUMNS = {
 
 RECORD_COLUMNS = [
     "conversation_id", "turn_index", "phase", "start_ns", "end_ns",
-    "cancelled", "error", "ok", *METRIC_COLUMNS.values(),
+    "cancelled", "error", "ok", *METRIC_COLUMNS.values(), "x_request_id",
 ]
 
 
@@ -68,6 +68,8 @@ def records_frame(lines: list[dict[str, Any]]) -> "pd.DataFrame":
             "end_ns": meta.get("request_end_ns"),
             "cancelled": bool(meta.get("was_cancelled", False)),
             "error": None if not err else (err.get("type") or err.get("message") or "error"),
+            # aiperf's X-Request-ID header: joins a record to the server's own log line for that request
+            "x_request_id": meta.get("x_request_id"),
         }
         for tag, col in METRIC_COLUMNS.items():
             m = metrics.get(tag)

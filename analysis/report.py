@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from analysis import accuracy, cycles, engine_paths, placement, plots, stats
+from analysis import acceptance, accuracy, cycles, engine_paths, placement, plots, stats
 from analysis import verdict as verdict_md
 from analysis.compare import Comparison, compare as run_compare
 from analysis.formatting import fmt, fmt_delta, fmt_floor
@@ -158,11 +158,14 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     if placement_lines:  # concurrent placement with a swap: kernel effect apart from the GPU effect
         parts += ["## Placement: concurrent with swap", "", *placement_lines, ""]
     parts += engine_paths.section_md(run)  # sglang runs only: vattn / base forwards per arm run
+    parts += acceptance.section_md(c, engine)  # runs whose engine logs acceptance per request
     parts += ["## Server-side metrics", "", *server_md(c), "", "## Plots", ""]
     parts += [f"![{name}]({_rel(p, out_dir)})" for name, p in figures.items()] + [""]
     if cycle_lines:
         parts += ["## Kernel in the loop", "", *cycle_lines, ""]
-    parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine), ""]
+    repeats = [(runs[0].paths, runs[1].paths, runs[0].name, runs[1].name)
+               for runs in (c.a_runs, c.b_runs) if len(runs) >= 2]
+    parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine, repeats), ""]
     parts += ["## Provenance", ""]
     if other is not None:
         parts += [f"### {c.a_label}: {run.root}", "", *provenance_md(run.manifest, run.root), "",

@@ -51,3 +51,18 @@ def test_paired_test_failure_is_reported_in_the_cell_not_raised(tmp_path):
         write_jsonl(arm.accuracy_records("gsm8k"), [dict(q(0, True), output="x"), dict(q(1, False), output="y")])
     row = accuracy_md(a, b, "off", "on", "sglang")[2]
     assert row.startswith("| gsm8k | 50.0% | 50.0% | +0.0 | 2 / 2 | 0 / 0 | paired test failed: KeyError")
+
+
+def test_identity_beside_the_aa_baseline(tmp_path):
+    """off vs on first, then each arm against its repeat, labelled as the A/A baseline; a divergence in
+    the repeat is reported with its position like any other."""
+    off, on, off2 = (ArmPaths(tmp_path / n) for n in ("off", "on", "off.2"))
+    same = [dict(q(i, False, strict=False), output=f"a b c {i}") for i in range(3)]
+    for arm in (off, on):
+        write_jsonl(arm.accuracy_records("gsm8k"), same)
+    write_jsonl(off2.accuracy_records("gsm8k"), same[:2] + [dict(same[2], output="a b x 2")])
+    lines = accuracy_md(off, on, "off", "on", "sglang", [(off, off2, "off", "off.2")])
+    assert "Outputs, gsm8k (off vs on): identical in 3/3 answers (100%)." in lines
+    assert ("Outputs, gsm8k (off vs off.2), A/A baseline: identical in 2/3 answers (67%); the others first "
+            "differ at word 2 (earliest), 2 (median):") in lines
+    assert lines.index("Outputs, gsm8k (off vs on): identical in 3/3 answers (100%).") < len(lines) - 2
