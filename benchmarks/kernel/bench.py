@@ -127,6 +127,15 @@ def sglang_baseline() -> tuple[list[str], str]:
     return ["sglang_triton"], "sglang baseline: sglang_triton (benchmarks/kernel/peers/sglang_peer.py)"
 
 
+def default_peers() -> tuple[list[str], str]:
+    """Without --peers: the sglang baseline (above), and TensorRT-LLM's XQA whenever FlashInfer >= 0.7 imports."""
+    names, note = sglang_baseline()
+    why = peers.xqa_importable()
+    if why:
+        return names, f"{note}; xqa skipped: not importable ({why})"
+    return names + ["xqa"], f"{note}; xqa (benchmarks/kernel/peers/xqa_peer.py)"
+
+
 def _run_one(shape, planners, batches, replays, config, check, impl=None) -> list[dict]:
     try:
         recs = bench_shape(shape, planners, batches, replays=replays, config=config, check=check)
@@ -206,7 +215,7 @@ def _run(a) -> int:
     print(f"device {info.device}; read ceiling {info.ceiling:.2f} TB/s; {date}", flush=True)
     note = f"peers: {', '.join(names)}" if names else ""
     if not names:
-        names, note = sglang_baseline()
+        names, note = default_peers()
     print(note, flush=True)
     if names:
         peers.prewarm(shapes, names)
@@ -304,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--use-sweep-best", action="store_true", help="run the shapes with the sweep's fastest "
                     "config whose rel_err meets KERNEL.md's tolerance (warps still follow each shape's rows)")
     ap.add_argument("--peers", default="", help="comma-separated peers timed on the same batches after vattn: "
-                    f"{','.join(peers.PEERS)} (benchmarks/kernel/peers/)")
+                    f"{','.join(peers.PEERS)} (benchmarks/kernel/peers/); default: sglang_triton and xqa, "
+                    "each where its library imports")
     ap.add_argument("--no-check", action="store_true", help="skip the comparison with vattn.reference")
     ap.add_argument("--out", default="vattn-bench.json", help="JSON list of records (default vattn-bench.json)")
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1 on tiny shapes: "

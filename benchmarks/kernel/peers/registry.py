@@ -5,12 +5,14 @@ from benchmarks.kernel.peers.fa3_peer import fa3
 from benchmarks.kernel.peers.flashinfer_peer import flashinfer
 from benchmarks.kernel.peers.sdpa_peer import sdpa
 from benchmarks.kernel.peers.sglang_peer import sglang
+from benchmarks.kernel.peers.xqa_peer import xqa
 
 # name -> (shape, batch) -> Prepared
 FACTORIES = {
     "flashinfer": lambda s, b: flashinfer(s, b, "fa2", False, "flashinfer"),
     "flashinfer_bf16": lambda s, b: flashinfer(s, b, "fa2", True, "flashinfer_bf16"),
     "flashinfer_fa3": lambda s, b: flashinfer(s, b, "fa3", False, "flashinfer_fa3"),
+    "xqa": xqa,
     "fa3": fa3,
     "sglang_triton": lambda s, b: sglang(s, b, split_kv=False),
     "sglang_triton_splitkv": lambda s, b: sglang(s, b, split_kv=True),
