@@ -74,6 +74,9 @@ def test_placement_on_cpu_tells_sets_apart_by_port():
 def test_placement_by_gpu_ids_and_by_host():
     p = placement_frame(manifest(gpus=((0,), (1,))))
     assert list(p["gpus"]) == [(0,), (1,), (1,), (0,)] and list(p["gpu_set"]) == ["A", "B", "B", "A"]
+    # TP2 pairs on one 4-GPU host (recipes/*tp2-concurrent.yaml): a set is a pair of ids.
+    p = placement_frame(manifest(gpus=((0, 1), (2, 3))))
+    assert list(p["gpus"]) == [(0, 1), (2, 3), (2, 3), (0, 1)] and list(p["gpu_set"]) == ["A", "B", "B", "A"]
     # One host per arm: same port and GPU id on both, the host tells them apart.
     p = placement_frame(manifest(ports=(30000, 30000), gpus=((0,), (0,)), hosts=("h0", "h1")))
     assert list(p["host"]) == ["h0", "h1", "h1", "h0"] and list(p["gpu_set"]) == ["A", "B", "B", "A"]

@@ -1,7 +1,9 @@
 """End to end, no doubles: concurrent placement with a swap on this CPU machine.
 
 Two real emulator servers at once (one per GPU-set slot, told apart by port), real aiperf against each,
-then the swapped group, then the real report with its "Placement: concurrent with swap" section.
+then the swapped group, then the real report with its "Placement: concurrent with swap" section. Run twice:
+without GPU binding, and with TP2 pairs of GPU ids 0-3 (recipes/h200x4-sglang-tp2-concurrent.yaml's placement;
+the emulator ignores CUDA_VISIBLE_DEVICES, so the ids need not exist here).
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ def free_port_pair() -> int:
     raise RuntimeError("no two consecutive free ports in 31000-39000")
 
 
-def make_recipe(tmp_path: Path, port: int) -> Path:
+def make_recipe(tmp_path: Path, port: int, gpus_per_arm: int = 0) -> Path:
     trace = tmp_path / "trace"
     subprocess.run([sys.executable, "-m", "pipeline.tracegen", "traces", "--out", str(trace), "--preset",
                     "quickstart", "--sessions", "6", "--first-context-median", "8000", "--max-context", "40000",
@@ -52,12 +54,14 @@ def make_recipe(tmp_path: Path, port: int) -> Path:
         "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1", "VATTN_PLAN": "balanced"}}},
         "server": {"args": {"hardware": "h200", "model_preset": "qwen3.5-397b-a17b-tp2",
                             "max_running_requests": 16}, "port": port, "startup_timeout_s": 120},
-        "placement": {"mode": "concurrent", "swap": True},
+        "placement": {"mode": "concurrent", "swap": True, "gpus_per_arm": gpus_per_arm},
         # 20 s window; the grace lets requests in flight at the window's end finish (aiperf drops the
         # rest), and the timeout bounds a stuck aiperf on a loaded machine.
         "load": {"trace": str(trace), "concurrency": 6, "benchmark_duration_s": 20, "grace_period_s": 20,
                  "timeout_s": 150, "seed": 7},
     }
+    if gpus_per_arm:
+        recipe["hosts"] = {"local": {"kind": "local", "gpus": list(range(2 * gpus_per_arm))}}
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -75,11 +79,12 @@ def request_span(arm_dir: Path) -> tuple[int, int, int]:
     return min(m["request_start_ns"] for m in meta), max(m["request_end_ns"] for m in meta), ok
 
 
-def test_concurrent_swap_ab_end_to_end(tmp_path):
+@pytest.mark.parametrize("gpus_per_arm", [0, 2], ids=["no-gpus", "tp2-pairs"])
+def test_concurrent_swap_ab_end_to_end(tmp_path, gpus_per_arm):
     port = free_port_pair()
     out = tmp_path / "run"
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(make_recipe(tmp_path, port)),
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(make_recipe(tmp_path, port, gpus_per_arm)),
                         "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -94,6 +99,8 @@ def test_concurrent_swap_ab_end_to_end(tmp_path):
     # Both ports served, and the swap moved each arm to the other one.
     assert (runs["off"]["port"], runs["on"]["port"]) == (port, port + 1)
     assert (runs["off.2"]["port"], runs["on.2"]["port"]) == (port + 1, port)
+    pair_a, pair_b = ([0, 1], [2, 3]) if gpus_per_arm else ([], [])
+    assert [runs[n]["gpus"] for n in ("off", "on", "off.2", "on.2")] == [pair_a, pair_b, pair_b, pair_a]
     spans = {}
     for name, a in runs.items():
         arm = out / "arms" / name
@@ -121,7 +128,9 @@ def test_concurrent_swap_ab_end_to_end(tmp_path):
     report = (out / "report.md").read_text()
     sec = report.split("## Placement: concurrent with swap\n", 1)[1].split("\n## ", 1)[0]
     assert "group 1: off on A, on on B; group 2 (swapped): off.2 on B, on.2 on A." in sec
-    assert f"A (local, no GPU binding, port {port}); B (local, no GPU binding, port {port + 1})" in sec
+    sets = ("A (local, GPU 0,1); B (local, GPU 2,3)" if gpus_per_arm else
+            f"A (local, no GPU binding, port {port}); B (local, no GPU binding, port {port + 1})")
+    assert sets in sec
     for label in ("kernel: on vs off, both groups pooled", "GPU set: B vs A, both arms pooled (A/A)"):
         assert f"| {label} | Decode time per token (ms) |" in sec
     assert "| 1 (off / on) | A | B |" in sec and "| 2 (off.2 / on.2) | B | A |" in sec

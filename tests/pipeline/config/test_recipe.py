@@ -118,6 +118,18 @@ def test_concurrent_arms_differ_in_placement_and_switch_only(write_recipe, tmp_p
     assert plan.env_diff == {"VATTN": ("0", "1")}
 
 
+# The 4-GPU TP2 pair and its CPU dry run on the emulator must place the arms the same way.
+@pytest.mark.parametrize("name", ["h200x4-sglang-tp2-concurrent.yaml", "quickstart-tp2-concurrent.yaml"])
+def test_tp2_pairs_on_four_gpus_swap_gpu_pairs_and_ports(name, tmp_path):
+    plan = build_plan(load_recipe(REPO / "recipes" / name), tmp_path / "run")
+    got = [(a.name, a.group, a.gpus, a.port, a.env["CUDA_VISIBLE_DEVICES"]) for a in plan.arm_runs]
+    assert got == [("off", 0, (0, 1), 30000, "0,1"), ("on", 0, (2, 3), 30001, "2,3"),
+                   ("off.2", 1, (2, 3), 30001, "2,3"), ("on.2", 1, (0, 1), 30000, "0,1")]
+    off, on = plan.arm_runs[0], plan.arm_runs[1]
+    gpus = {"0,1": "<GPUS>", "2,3": "<GPUS>"}
+    assert _resolved(off, gpus) == _resolved(on, gpus)
+
+
 def test_target_effect_is_a_percentage(write_recipe):
     assert load_recipe(write_recipe(target_effect=5)).target_effect == 5.0
     assert load_recipe(write_recipe()).target_effect is None
