@@ -97,17 +97,16 @@ def acceptance_md(c: "Comparison") -> list[str]:
     for name, f in frames.items():
         s = _summary(f)
         lines.append(f"| {name} | {s['n']} / {s['of']} | {_num(s['mean'])} | {_num(s['pooled'])} |")
-    comparisons = [(ra.name, rb.name) for ra, rb in zip(c.a_runs, c.b_runs)]
-    comparisons += [(runs[0].name, runs[1].name) for runs in (c.a_runs, c.b_runs) if len(runs) >= 2]
+    comparisons = [(ra.name, rb.name, "") for ra, rb in zip(c.a_runs, c.b_runs)]
+    comparisons += [(runs[0].name, runs[1].name, " (A/A)") for runs in (c.a_runs, c.b_runs) if len(runs) >= 2]
     lines += ["", "| matched requests | n | mean before | mean after | delta [95% CI] | identical | lower / higher "
               "| sign test p |", "|---|---|---|---|---|---|---|---|"]
-    for x, y in comparisons:
+    for x, y, kind in comparisons:
         r = matched_acceptance(frames[x], frames[y])
         if r is None:
             lines.append(f"| {x} vs {y} | 0 | - | - | - | - | - | - |")
             continue
         d = r["delta"]
-        kind = " (A/A)" if x.split(".")[0] == y.split(".")[0] else ""
         lines.append(f"| {x} vs {y}{kind} | {r['n']} | {_num(r['a'])} | {_num(r['b'])} | "
                      f"{_delta(d)} | {r['same']} | {r['lower']} / {r['higher']} | "
                      f"{r['sign_p']:.3g} |")
