@@ -479,16 +479,18 @@ def _reduce_kernel(
     for c in range(p_first, p_last, BLOCK_P):
         parts = c + tl.arange(0, BLOCK_P)
         ok = parts < p_last
+        # -- load a chunk's lse and O together: neither address nor mask depends on the other load, so the
+        # loop waits one memory latency per chunk, not two (a long sequence has hundreds of pieces) --
         lse = tl.load(lse_part_ptr + parts.to(tl.int64) * stride_lw + h * stride_lh + row,
                       mask=ok, other=float("-inf"))
+        o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
+        o = tl.load(o_part_ptr + o_off, mask=ok[:, None], other=0.0)
         m_new = tl.maximum(m_i, tl.max(lse, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)
         wgt = tl.math.exp2(lse - m_safe)
-        o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
-        # neutral partials (lse -inf) are skipped, so even unwritten rows cannot leak in
-        o = tl.load(o_part_ptr + o_off, mask=(ok & (wgt > 0))[:, None], other=0.0)
-        acc = acc * alpha + tl.sum(wgt[:, None] * o, axis=0)
+        # neutral partials (lse -inf) weigh 0 and are selected away, so even a non-finite O cannot leak in
+        acc = acc * alpha + tl.sum(tl.where((wgt > 0)[:, None], wgt[:, None] * o, 0.0), axis=0)
         l_i = l_i * alpha + tl.sum(wgt, axis=0)
         m_i = m_new
     res = tl.where(l_i > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
@@ -497,9 +499,11 @@ def _reduce_kernel(
 
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int,
-                  max_q_len: int, block_p: int = 16) -> None:
+                  max_q_len: int, block_p: int = 32) -> None:
     """Grid (B, max_q_len, Hq): one program per output row; absent tokens return at once.
-    A token whose sequence has no pieces (L = 0) gets O = 0."""
+    A token whose sequence has no pieces (L = 0) gets O = 0. block_p: partials merged per step of a
+    row's serial loop (32: a 256k sequence split 250 ways takes 8 steps; [32, 256] fp32 is 64
+    registers a thread at 4 warps)."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
         return
