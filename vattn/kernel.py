@@ -311,7 +311,7 @@ def _attn_main_kernel(
     # [1] fp32 each (read only when HAS_DESCALE)
     k_descale_ptr, v_descale_ptr, softmax_scale,
     # [W] int32 each: the plan
-    work_seq_ptr, work_start_ptr, work_end_ptr, work_part_ptr,
+    work_seq_ptr, work_start_ptr, work_end_ptr, work_part_ptr, work_order_ptr,
     # [W, Hkv, QROWS, D] fp32
     o_part_ptr, stride_ow, stride_oh, stride_or,
     # [W, Hkv, QROWS] fp32
@@ -327,11 +327,11 @@ def _attn_main_kernel(
     # is scaled per row so no value can overflow; the scale joins the folded softmax scale.
     tl.static_assert(QR_PAD >= QROWS)
     tl.static_assert(QR_PAD >= 16)  # tl.dot needs M >= 16
-    w = tl.program_id(0)
-    h = tl.program_id(1)
-    seq = tl.load(work_seq_ptr + w)
-    if seq < 0:  # idle item: fixed-size plans pad with these
+    h = tl.program_id(0)
+    w = tl.load(work_order_ptr + tl.program_id(1))  # the plan's launch order (balanced: split pieces first)
+    if w < 0:  # idle item: fixed-size plans pad with these
         return
+    seq = tl.load(work_seq_ptr + w)
     start = tl.load(work_start_ptr + w)
     end = tl.load(work_end_ptr + w)
     part = tl.load(work_part_ptr + w).to(tl.int64)
@@ -420,7 +420,7 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         block_tables, block_tables.stride(0),
         seq_lens, cu_seqlens_q, kd, vd, float(softmax_scale),
         plan_tensors["work_seq"], plan_tensors["work_start"], plan_tensors["work_end"],
-        plan_tensors["work_part"],
+        plan_tensors["work_part"], plan_tensors["work_order"],
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
     )
@@ -441,12 +441,14 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
 def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                 softmax_scale, plan_tensors, o_part, lse_part, *, gqa: int, max_q_len: int,
                 config: MainConfig) -> None:
-    """Grid (W, Hkv): one program per (work item, KV head); idle items return at once."""
+    """Grid (Hkv, W): one program per (KV head, work item); idle items return at once. The heads are the
+    fast axis, so programs launch item by item in the plan's work_order for every head at once: with more
+    items than slots (balanced packs short sequences) each head's split pieces start in the first wave."""
     num_items = plan_tensors["work_seq"].shape[0]
     args, kwargs = main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                     k_descale, v_descale, softmax_scale, plan_tensors, o_part,
                                     lse_part, gqa=gqa, max_q_len=max_q_len, config=config)
-    _attn_main_kernel[(num_items, k_cache.shape[2])](*args, **kwargs)
+    _attn_main_kernel[(k_cache.shape[2], num_items)](*args, **kwargs)
 
 
 @triton.jit

@@ -98,7 +98,8 @@ def test_interp_hand_plan_unaligned_pieces_and_idle_items():
     seq_part_start = [0, 2, 2, 5, 5]
     plan = {"work_seq": [s for s, _, _ in items], "work_start": [a for _, a, _ in items],
             "work_end": [e for _, _, e in items], "work_part": [w if s >= 0 else -1 for w, (s, _, _) in
-                                                                 enumerate(items)]}
+                                                                 enumerate(items)],
+            "work_order": [4, 0, 2, 1, 3, -1, -1]}  # any launch order of the real items
     plan = {f: torch.tensor(v, dtype=torch.int32) for f, v in plan.items()}
     o_part = torch.full((len(items), 2, 3 * gqa, 64), float("nan"))
     lse = torch.full((len(items), 2, 3 * gqa), float("nan"))
@@ -254,7 +255,8 @@ def test_interp_fp32_q_through_kernel_wrapper_matches_fp16():
 
     b = make_batch([90, 33], [2, 1], gqa=2, num_kv_heads=1)
     b32 = {**b, "q": b["q"].float(), "k_cache": b["k_cache"].float(), "v_cache": b["v_cache"].float()}
-    plan = {"work_seq": [0, 0, 1], "work_start": [0, 64, 0], "work_end": [64, 90, 33], "work_part": [0, 1, 2]}
+    plan = {"work_seq": [0, 0, 1], "work_start": [0, 64, 0], "work_end": [64, 90, 33], "work_part": [0, 1, 2],
+            "work_order": [0, 1, 2]}
     plan = {f: torch.tensor(v, dtype=torch.int32) for f, v in plan.items()}
     outs = []
     for bb in (b, b32):
