@@ -12,6 +12,7 @@ Launch wrappers take already-validated tensors (vattn.api checks them).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -424,18 +425,24 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
     )
+    emulate = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # the CPU interpreter only
+    return args, dict(_main_constexprs(gqa, max_q_len, config, q.dtype, k_cache.dtype, page, head_dim,
+                                       has_descale, emulate))  # a copy: callers may pop from it
+
+
+@functools.lru_cache(maxsize=64)
+def _main_constexprs(gqa, max_q_len, config, q_dtype, kv_dtype, page, head_dim, has_descale, emulate) -> dict:
+    """The main kernel's constexpr kwargs: fixed per model config, so built once, not on every eager call."""
     qrows = max_q_len * gqa
-    cdt = _compute_dtype(q.dtype, k_cache.dtype)
-    kwargs = dict(
+    cdt = _compute_dtype(q_dtype, kv_dtype)
+    return dict(
         G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
-        HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
+        HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q_dtype, "bfloat16") and cdt == tl.float16,
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
         KMAJOR=config.kmajor, HOIST_ROWS=config.hoist_rows and config.block_n % page == 0,
-        SPLIT_TAIL=config.split_tail, LAZY_RESCALE=config.lazy_rescale,
-        EMULATE_LOWP=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),  # the CPU interpreter only
+        SPLIT_TAIL=config.split_tail, LAZY_RESCALE=config.lazy_rescale, EMULATE_LOWP=emulate,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return args, kwargs
 
 
 def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,

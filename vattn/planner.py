@@ -43,6 +43,7 @@ may get up to SLOTS/Hkv pieces, so the reduce must loop over a sequence's rows (
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # The planner names, everywhere (API, cost model, switch, bench). Their order is the plan kernel's MODE id.
@@ -383,15 +384,30 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
                          f"{cu_seqlens_q.device}; expected contiguous int32 [{batch + 1}] on {seq_lens.device}")
     width = max_work_items(batch, num_kv_heads, slots)
     _check_out(out, batch, width, seq_lens.device)
+    launch_plan(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode)
+
+
+def launch_plan(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str) -> None:
+    """plan_gpu's launch without its checks, for a caller that has checked the same things (vattn.plan:
+    the lengths against its workspace, `out` the workspace's own views)."""
+    scalars, constexprs = _launch_params(seq_lens.shape[0], num_kv_heads, slots, mode)
+    _plan_kernel()[(1,)](
+        seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
+        out["seq_part_start"], out["num_items"], out["work_order"], *scalars, **constexprs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str) -> tuple[tuple, dict]:
+    """(batch, width, budget, nseg) and the constexpr kwargs of the plan kernel: a function of the shape
+    only, so built once per batch size, not on every call (the caller copies the dict into its call)."""
     nseg = max(1, min(SEG_MAX, _pow2floor(slots // (max(batch, 1) * num_kv_heads))))
     block_b = max(16, 1 << max(batch - 1, 0).bit_length())
     # A one-program launch on a tiny problem: one warp (reductions by warp shuffles, no shared-memory
     # barriers) while the batch fits it, and 2-D tiles ([NCAND, BLOCK_B], [BLOCK_W, BLOCK_B]) of at most
     # 2048 elements so they stay in registers.
     num_warps = 1 if block_b <= 32 else 2 if block_b <= 128 else 4
-    _plan_kernel()[(1,)](
-        seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
-        out["seq_part_start"], out["num_items"], out["work_order"], batch, width, slot_budget(num_kv_heads, slots),
-        nseg, MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(512, 2048 // block_b)),
+    scalars = (batch, max_work_items(batch, num_kv_heads, slots), slot_budget(num_kv_heads, slots), nseg)
+    return scalars, dict(
+        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(512, 2048 // block_b)),
         NCAND=max(4, min(32, 2048 // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES,
         OVERHEAD=PIECE_OVERHEAD_TILES, num_warps=num_warps)

@@ -89,6 +89,8 @@ class Workspace:
         self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
         self.slots = slots if slots is not None else self._measure_slots()
         self._alloc()
+        # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call
+        self.plans: dict = {}
 
     def _alloc(self) -> None:
         import torch
