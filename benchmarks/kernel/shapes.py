@@ -145,6 +145,13 @@ def long_among_short_shapes() -> list[Shape]:
     return out + [long_among_short(4, long_last=True)]
 
 
+def host_shapes() -> list[Shape]:
+    """Batches of tiny sequences, whose call time is host time (`bench --host-overhead`): 64 and 1 x 128
+    tokens, q4 and q1."""
+    return [uniform(64, 128, name="host-64x128"), uniform(64, 128, q_len=1, name="host-64x128-q1"),
+            uniform(1, 128, name="host-1x128")]
+
+
 def uniform_grid() -> list[Shape]:
     return [uniform(b, n) for b in (1, 4, 16, 64) for n in (1_000, 8_000, 32_000, 128_000, 256_000)]
 
@@ -158,7 +165,8 @@ def tiny_shapes() -> list[Shape]:
     ]
 
 
-SHAPE_SETS = {"main": main_shapes, "variants": variant_shapes, "grid": uniform_grid, "skew": long_among_short_shapes}
+SHAPE_SETS = {"main": main_shapes, "variants": variant_shapes, "grid": uniform_grid, "skew": long_among_short_shapes,
+              "host": host_shapes}
 
 # KERNEL.md's FlashInfer 0.7.2 numbers (us) on the same H200 and shapes: fp8 prefill for q_len 4,
 # decode with tensor cores for q_len 1; and its fastest configuration in time (bf16 cache) where known.
