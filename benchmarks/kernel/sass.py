@@ -22,8 +22,8 @@ from benchmarks.kernel.configs import label, parse_config
 
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
             "cu_q_ptr": "*i32", "k_descale_ptr": "*fp32", "v_descale_ptr": "*fp32", "work_seq_ptr": "*i32",
-            "work_start_ptr": "*i32", "work_end_ptr": "*i32", "work_part_ptr": "*i32", "work_order_ptr": "*i32", "o_part_ptr": "*fp32",
-            "lse_part_ptr": "*fp32"}
+            "work_start_ptr": "*i32", "work_end_ptr": "*i32", "work_part_ptr": "*i32", "work_order_ptr": "*i32",
+            "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32"}
 INTEGER_OPS = ("IMAD", "IADD", "LEA", "SHF", "LOP3", "ISETP", "SEL", "IMNMX")
 
 

@@ -3,9 +3,10 @@ import random
 
 import pytest
 
-from vattn.planner import (  # noqa: I001
-    _smallest_cap, KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
+from vattn.planner import (
+    KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
 )
+from vattn.planner import _smallest_cap  # the one-wave cap, which balanced's is held against
 
 
 def pieces_by_seq(plan, batch):
@@ -352,7 +353,7 @@ def test_plan_gpu_equals_python_under_interpreter():
 
 def test_plan_gpu_checks_its_arguments():
     torch = pytest.importorskip("torch")
-    from vattn.planner import plan_gpu
+    from vattn.planner import WORK_FIELDS, plan_gpu
 
     lens, cu = torch.tensor([5, 6], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"seq_lens: got torch.int64 \(2,\); expected contiguous int32 \[B\]"):
@@ -361,7 +362,7 @@ def test_plan_gpu_checks_its_arguments():
         plan_gpu(lens, cu[:2], num_kv_heads=1, slots=8, mode="fixed", out={})
     with pytest.raises(ValueError, match=r"out: got \[\]; expected a dict with keys work_seq, work_start"):
         plan_gpu(lens, cu, num_kv_heads=1, slots=8, mode="fixed", out={})
-    out = {f: torch.zeros(10, dtype=torch.int32) for f in ("work_seq", "work_start", "work_end", "work_part", "work_order")}
+    out = {f: torch.zeros(10, dtype=torch.int32) for f in WORK_FIELDS}
     out.update(seq_part_start=torch.zeros(3, dtype=torch.int32), num_items=torch.zeros(1, dtype=torch.int32))
     out["work_end"] = torch.zeros(7, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"out\['work_end'\]: got torch.int32 \(7,\) on cpu; expected contiguous "
