@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vattn.contract import KV_DTYPES
-from vattn.planner import DEFAULT_PLANNER, FIELDS, PLANNERS, max_work_items, plan_gpu, plan_python
+from vattn.planner import DEFAULT_PLANNER, FIELDS, PLANNERS, launch_plan, max_work_items, plan_python
 from vattn.workspace import Workspace, interpreting
 
 
@@ -33,7 +33,8 @@ def _bad(arg: str, value, supported: str):
 
 @dataclass(frozen=True)
 class Plan:
-    """A batch's work list, living in its workspace's buffers (valid until the next plan())."""
+    """A batch's work list, living in its workspace's buffers (valid until the next plan()). vattn.plan
+    returns the same object for the same workspace, batch size and mode: only the buffers' values change."""
 
     tensors: dict  # planner.FIELDS -> int32 tensors ([W] work_*, [B+1] seq_part_start, [1] num_items)
     batch: int
@@ -91,18 +92,25 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     _check_int_vector("cu_seqlens_q", cu_seqlens_q, batch + 1, ws.device)
     if debug:
         _check_lens_values(seq_lens, cu_seqlens_q, ws.max_q_len)
-    width = max_work_items(batch, num_kv_heads, ws.slots)
-    views = {f: buf[:width] for f, buf in ws.plan_buffers.items() if f.startswith("work_")}
-    views["seq_part_start"] = ws.plan_buffers["seq_part_start"][: batch + 1]
-    views["num_items"] = ws.plan_buffers["num_items"]
-    if ws.device.type == "cuda":
-        plan_gpu(seq_lens, cu_seqlens_q, num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode, out=views)
+    pl = ws.plans.get((batch, mode))
+    if pl is None:  # first call with this batch size: views of the workspace's buffers, kept
+        pl = ws.plans[batch, mode] = _new_plan(ws, batch, mode)
+    if ws.device.type == "cuda":  # the lengths and views are checked above: launch without plan_gpu's checks
+        launch_plan(seq_lens, cu_seqlens_q, pl.tensors, num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
     else:  # CPU (the interpreter): the host twin reads the lengths
         cu = cu_seqlens_q.tolist()
         lists = plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
                             num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
         for f in FIELDS:
-            views[f].copy_(torch.tensor(getattr(lists, f), dtype=torch.int32), non_blocking=False)
+            pl.tensors[f].copy_(torch.tensor(getattr(lists, f), dtype=torch.int32), non_blocking=False)
+    return pl
+
+
+def _new_plan(ws: Workspace, batch: int, mode: str) -> Plan:
+    width = max_work_items(batch, ws.num_kv_heads, ws.slots)
+    views = {f: buf[:width] for f, buf in ws.plan_buffers.items() if f.startswith("work_")}
+    views["seq_part_start"] = ws.plan_buffers["seq_part_start"][: batch + 1]
+    views["num_items"] = ws.plan_buffers["num_items"]
     return Plan(tensors=views, batch=batch, num_work_items=width, mode=mode, workspace=ws)
 
 

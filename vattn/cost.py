@@ -165,9 +165,9 @@ def kv_bytes(seq_lens, q_lens, num_kv_heads: int, head_dim: int, kv_dtype: str) 
 
 def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: float, boost: float,
                  sms: int | None = None) -> float:
-    """Processor-sharing makespan of programs given as runs (bytes each, count) in launch order per head.
+    """Processor-sharing makespan of programs given as runs (bytes each, count) in launch order.
 
-    The grid is (W, Hkv) with the item index fastest, so the launch order is `runs` once per head.
+    The grid is (Hkv, W) with the head fastest, so each program of a run launches with its `copies` heads.
     Every running program streams at the same rate, so completions follow a shared byte clock.
     sms None: programs share the device (min(boost x fair share, wave / running)); sms given: they share
     their SM: with `sms` or more running, the slowest shares one (fair share); a lone program runs `boost`
@@ -190,7 +190,7 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
             t += (w - done) / rate(active)
             done, active = w, active - c * copies
         return t
-    order = [w for _ in range(copies) for w, c in runs for _ in range(c)]  # launch order
+    order = [w for w, c in runs for _ in range(c * copies)]  # launch order
     running = order[:slots]  # byte clock at which each running program finishes
     heapq.heapify(running)
     t, clock, active = 0.0, 0.0, slots
@@ -242,7 +242,10 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
     token_bytes = head_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
     latency = v.piece_latency_us * wave / prof.slots  # a prologue costs its slot's fair share of time
     runs, reduce_bytes = [], 0
-    for (pieces, seg), L, q in zip(splits, seq_lens, q_lens):
+    batch = zip(splits, seq_lens, q_lens)
+    if planner == "balanced":  # its work_order: split sequences' pieces launch first
+        batch = sorted(batch, key=lambda x: x[0][0] == 1)
+    for (pieces, seg), L, q in batch:
         if not pieces:
             continue
         out_bytes = q * gqa * head_dim * 2  # one program's output rows

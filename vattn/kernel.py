@@ -12,6 +12,7 @@ Launch wrappers take already-validated tensors (vattn.api checks them).
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -311,7 +312,7 @@ def _attn_main_kernel(
     # [1] fp32 each (read only when HAS_DESCALE)
     k_descale_ptr, v_descale_ptr, softmax_scale,
     # [W] int32 each: the plan
-    work_seq_ptr, work_start_ptr, work_end_ptr, work_part_ptr,
+    work_seq_ptr, work_start_ptr, work_end_ptr, work_part_ptr, work_order_ptr,
     # [W, Hkv, QROWS, D] fp32
     o_part_ptr, stride_ow, stride_oh, stride_or,
     # [W, Hkv, QROWS] fp32
@@ -327,11 +328,11 @@ def _attn_main_kernel(
     # is scaled per row so no value can overflow; the scale joins the folded softmax scale.
     tl.static_assert(QR_PAD >= QROWS)
     tl.static_assert(QR_PAD >= 16)  # tl.dot needs M >= 16
-    w = tl.program_id(0)
-    h = tl.program_id(1)
-    seq = tl.load(work_seq_ptr + w)
-    if seq < 0:  # idle item: fixed-size plans pad with these
+    h = tl.program_id(0)
+    w = tl.load(work_order_ptr + tl.program_id(1))  # the plan's launch order (balanced: split pieces first)
+    if w < 0:  # idle item: fixed-size plans pad with these
         return
+    seq = tl.load(work_seq_ptr + w)
     start = tl.load(work_start_ptr + w)
     end = tl.load(work_end_ptr + w)
     part = tl.load(work_part_ptr + w).to(tl.int64)
@@ -420,33 +421,41 @@ def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         block_tables, block_tables.stride(0),
         seq_lens, cu_seqlens_q, kd, vd, float(softmax_scale),
         plan_tensors["work_seq"], plan_tensors["work_start"], plan_tensors["work_end"],
-        plan_tensors["work_part"],
+        plan_tensors["work_part"], plan_tensors["work_order"],
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
     )
+    emulate = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # the CPU interpreter only
+    return args, dict(_main_constexprs(gqa, max_q_len, config, q.dtype, k_cache.dtype, page, head_dim,
+                                       has_descale, emulate))  # a copy: callers may pop from it
+
+
+@functools.lru_cache(maxsize=64)
+def _main_constexprs(gqa, max_q_len, config, q_dtype, kv_dtype, page, head_dim, has_descale, emulate) -> dict:
+    """The main kernel's constexpr kwargs: fixed per model config, so built once, not on every eager call."""
     qrows = max_q_len * gqa
-    cdt = _compute_dtype(q.dtype, k_cache.dtype)
-    kwargs = dict(
+    cdt = _compute_dtype(q_dtype, kv_dtype)
+    return dict(
         G=gqa, QROWS=qrows, QR_PAD=_pad_rows(qrows), D=head_dim, PAGE=page, BLOCK_N=config.block_n,
-        HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q.dtype, "bfloat16") and cdt == tl.float16,
+        HAS_DESCALE=has_descale, CDT=cdt, SCALE_Q=_is(q_dtype, "bfloat16") and cdt == tl.float16,
         QK_FP8=int(config.qk_fp8), PREFETCH_PAGES=config.prefetch_pages,
         KMAJOR=config.kmajor, HOIST_ROWS=config.hoist_rows and config.block_n % page == 0,
-        SPLIT_TAIL=config.split_tail, LAZY_RESCALE=config.lazy_rescale,
-        EMULATE_LOWP=os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),  # the CPU interpreter only
+        SPLIT_TAIL=config.split_tail, LAZY_RESCALE=config.lazy_rescale, EMULATE_LOWP=emulate,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return args, kwargs
 
 
 def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                 softmax_scale, plan_tensors, o_part, lse_part, *, gqa: int, max_q_len: int,
                 config: MainConfig) -> None:
-    """Grid (W, Hkv): one program per (work item, KV head); idle items return at once."""
+    """Grid (Hkv, W): one program per (KV head, work item); idle items return at once. The heads are the
+    fast axis, so programs launch item by item in the plan's work_order for every head at once: with more
+    items than slots (balanced packs short sequences) each head's split pieces start in the first wave."""
     num_items = plan_tensors["work_seq"].shape[0]
     args, kwargs = main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                     k_descale, v_descale, softmax_scale, plan_tensors, o_part,
                                     lse_part, gqa=gqa, max_q_len=max_q_len, config=config)
-    _attn_main_kernel[(num_items, k_cache.shape[2])](*args, **kwargs)
+    _attn_main_kernel[(k_cache.shape[2], num_items)](*args, **kwargs)
 
 
 @triton.jit
@@ -479,16 +488,18 @@ def _reduce_kernel(
     for c in range(p_first, p_last, BLOCK_P):
         parts = c + tl.arange(0, BLOCK_P)
         ok = parts < p_last
+        # -- load a chunk's lse and O together: neither address nor mask depends on the other load, so the
+        # loop waits one memory latency per chunk, not two (a long sequence has hundreds of pieces) --
         lse = tl.load(lse_part_ptr + parts.to(tl.int64) * stride_lw + h * stride_lh + row,
                       mask=ok, other=float("-inf"))
+        o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
+        o = tl.load(o_part_ptr + o_off, mask=ok[:, None], other=0.0)
         m_new = tl.maximum(m_i, tl.max(lse, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)
         wgt = tl.math.exp2(lse - m_safe)
-        o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
-        # neutral partials (lse -inf) are skipped, so even unwritten rows cannot leak in
-        o = tl.load(o_part_ptr + o_off, mask=(ok & (wgt > 0))[:, None], other=0.0)
-        acc = acc * alpha + tl.sum(wgt[:, None] * o, axis=0)
+        # neutral partials (lse -inf) weigh 0 and are selected away, so even a non-finite O cannot leak in
+        acc = acc * alpha + tl.sum(tl.where((wgt > 0)[:, None], wgt[:, None] * o, 0.0), axis=0)
         l_i = l_i * alpha + tl.sum(wgt, axis=0)
         m_i = m_new
     res = tl.where(l_i > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
@@ -497,9 +508,11 @@ def _reduce_kernel(
 
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int,
-                  max_q_len: int, block_p: int = 16) -> None:
+                  max_q_len: int, block_p: int = 32) -> None:
     """Grid (B, max_q_len, Hq): one program per output row; absent tokens return at once.
-    A token whose sequence has no pieces (L = 0) gets O = 0."""
+    A token whose sequence has no pieces (L = 0) gets O = 0. block_p: partials merged per step of a
+    row's serial loop (32: a 256k sequence split 250 ways takes 8 steps; [32, 256] fp32 is 64
+    registers a thread at 4 warps)."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
         return

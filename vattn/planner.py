@@ -9,26 +9,41 @@ A plan is a fixed-size work list (see notes/vattn_interfaces.md), W = max_work_i
     seq_part_start[B+1]  pieces of sequence b are rows seq_part_start[b] .. seq_part_start[b+1]-1,
                          contiguous and in KV order
     num_items[1]         number of real items
+    work_order[W]        launch order: program w of the main grid runs item work_order[w]; -1 past
+                         num_items. fixed, length_aware: w itself. balanced: the pieces of split
+                         sequences (k >= 2) first, then the single pieces, each group in row order
 
 Every planner first reduces a sequence to (pieces k, segment tiles s): piece p covers KV positions
 p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE) (whole segments, the last one short). A sequence with L = 0 or
 q_len = 0 gets k = 0.
 
-balanced is the one-wave min-max plan: the smallest piece cap (>= MIN_PIECE_TILES) with
-sum ceil(tiles/cap) <= SLOTS/Hkv and no per-sequence cap. It equals length_aware whenever SEG_MAX does
-not bind, and beats it when one long request would need more than SEG_MAX pieces. Why not stream-K
+balanced is the min-max plan of one wave of slot time: the smallest piece cap c (>= MIN_PIECE_TILES,
+no per-sequence cap) whose pieces fit SLOTS/Hkv slots, each slot busy for one piece's time c + o
+(o = PIECE_OVERHEAD_TILES): a sequence of more than c/2 tiles holds one slot per piece (ceil(tiles/c));
+the sequences of at most c/2 tiles (one piece each) are packed end to end, tiles + o each, into slots
+of c + o. Packed, the short sequences of a batch take the slot time they use instead of a slot each:
+1 x 256k + 63 x 512 at 264 slots had the long request in 200 pieces of 20 tiles while 63 slots idled
+after 8 tiles (issue 18); packed it gets 223 pieces of 18, as a uniform batch of the same tokens does.
+Packing launches more programs than slots, so the main grid runs the split sequences' pieces first
+(work_order): the short ones fill the slots left over, and those that free up, behind them. Every
+one-wave plan fits this budget, so the cap is never above the one-wave cap (sum ceil(tiles/c) <=
+SLOTS/Hkv), and equals it when no sequence is at most half the cap. Without packed sequences balanced
+equals length_aware whenever SEG_MAX does not bind, and beats it when one long request would need
+more than SEG_MAX pieces. Why not stream-K
 chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
-pieces has a smaller largest piece than this one. An even split inside each sequence was tried and
+pieces has a smaller largest piece than the one-wave cap. An even split inside each sequence was tried and
 dropped: the cost model (processor sharing) ran it ~1% slower on the agentic batches, because
 pieces of unequal size across sequences leave a tail of few programs.
 
-Bounds (they define W): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces; length_aware and
-balanced give <= max(n_nonempty, SLOTS/Hkv). balanced has no per-sequence cap: one long sequence
+Bounds (they define W = max(B, SLOTS/Hkv) + B): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces;
+length_aware <= max(n_nonempty, SLOTS/Hkv); balanced <= max(n_nonempty, SLOTS/Hkv) + n_packed (a slot
+holds one split piece or several packed ones). balanced has no per-sequence cap: one long sequence
 may get up to SLOTS/Hkv pieces, so the reduce must loop over a sequence's rows (not assume <= 64).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 # The planner names, everywhere (API, cost model, switch, bench). Their order is the plan kernel's MODE id.
@@ -43,7 +58,8 @@ PIECE_OVERHEAD_TILES = 2
 # it a lone 16k request would become 250 one-tile pieces, each writing a 64 KB partial for 32 KB of KV.
 MIN_PIECE_TILES = PIECE_OVERHEAD_TILES
 
-FIELDS = ("work_seq", "work_start", "work_end", "work_part", "seq_part_start", "num_items")
+FIELDS = ("work_seq", "work_start", "work_end", "work_part", "seq_part_start", "num_items", "work_order")
+WORK_FIELDS = ("work_seq", "work_start", "work_end", "work_part", "work_order")  # the [W] ones
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,7 @@ class PlanLists:
     work_part: list[int]
     seq_part_start: list[int]
     num_items: list[int]
+    work_order: list[int]
 
     def pieces(self) -> list[tuple[int, int]]:
         """The real items as (seq, start, end), in work-list order."""
@@ -69,11 +86,12 @@ def slot_budget(num_kv_heads: int, slots: int) -> int:
 
 
 def max_work_items(batch: int, num_kv_heads: int, slots: int) -> int:
-    """W: the work-list length for a batch size, the same for every planner and every layer."""
+    """W: the work-list length for a batch size, the same for every planner and every layer
+    (balanced's bound: one wave of slots or one piece per sequence, plus a packed piece per sequence)."""
     _check_positive(num_kv_heads=num_kv_heads, slots=slots)
     if batch < 0:
         raise ValueError(f"batch: got {batch}; must be >= 0")
-    return max(1, batch, slot_budget(num_kv_heads, slots))
+    return max(1, batch, slot_budget(num_kv_heads, slots)) + batch
 
 
 def _check_positive(**kwargs: int) -> None:
@@ -134,14 +152,26 @@ def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int) -> list
     return [(_cdiv(t, seg), seg) if t else (0, 0) for t in tiles]
 
 
+def _slot_need(live: list[int], cap: int) -> int:
+    """Slots of time cap + o that a cap needs (module docstring): one per piece of a sequence over cap/2
+    tiles; the rest packed, tiles + o each. Non-increasing in cap, which the search relies on."""
+    o = PIECE_OVERHEAD_TILES
+    held = sum([-(-t // cap) for t in live if 2 * t > cap])
+    packed = sum([t + o for t in live if 2 * t <= cap])
+    return held - (-packed // (cap + o))
+
+
 def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
     live = [t for t in tiles if t]
     if not live:
         return [(0, 0)] * len(tiles)
     budget = max(slot_budget(num_kv_heads, slots), len(live))
-    # The smallest piece cap that fits one wave, with no per-sequence cap: the min-max piece of any
-    # one-wave plan whose pieces stay inside sequences (the makespan's lower bound for such plans).
-    cap = max(_smallest_cap(live, budget, None), MIN_PIECE_TILES)
+    # _smallest_cap's bracket: its upper end fits one wave, so it fits the packed budget too; the lower
+    # end drops by o, since a slot now holds c + o tiles of work (need(c) >= total / (c + o)).
+    total, longest, n = sum(live), max(live), len(live)
+    lo = max(1, _cdiv(total, budget) - PIECE_OVERHEAD_TILES)
+    hi = longest if budget <= n else min(longest, max(_cdiv(total, budget), _cdiv(total, budget - n)))
+    cap = max(_smallest(lo, max(hi, lo), lambda c: _slot_need(live, c) <= budget), MIN_PIECE_TILES)
     return [(_cdiv(t, cap), cap) if t else (0, 0) for t in tiles]
 
 
@@ -186,6 +216,9 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
         part_start.append(len(seq))
     n = len(seq)
     assert n <= width, f"planner {mode} made {n} pieces > W={width}"  # the bounds in the module docstring
+    order = list(range(n))
+    if mode == "balanced":  # split sequences' pieces first; the packed single pieces run behind them
+        order = [w for w in order if splits[seq[w]][0] > 1] + [w for w in order if splits[seq[w]][0] == 1]
     pad = width - n
     return PlanLists(
         work_seq=seq + [-1] * pad,
@@ -194,6 +227,7 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
         work_part=list(range(n)) + [-1] * pad,
         seq_part_start=part_start,
         num_items=[n],
+        work_order=order + [-1] * pad,
     )
 
 
@@ -207,9 +241,9 @@ _MODE_IDS = {mode: i for i, mode in enumerate(PLANNERS)}
 
 
 def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, work_part, seq_part_start,
-                      num_items, batch, width, budget, nseg,
+                      num_items, work_order, batch, width, budget, nseg,
                       MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, NCAND: tl.constexpr,
-                      TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr):
+                      TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr, OVERHEAD: tl.constexpr):
     # seq_lens: [B] int32; cu_seqlens_q: [B+1] int32; work_*: [W] int32; seq_part_start: [B+1]; num_items: [1]
     offs = tl.arange(0, BLOCK_B)
     in_b = offs < batch
@@ -220,6 +254,7 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     if MODE == 0:  # fixed: nseg segments per sequence (nseg depends on the shape only, computed on the host)
         seg = (tiles + nseg - 1) // nseg
     else:  # length_aware / balanced: the smallest cap that fits the budget (_smallest_cap's bracket)
+        # (balanced: _split_balanced's, whose lower end is OVERHEAD below)
         live = tl.sum((tiles > 0).to(tl.int32), 0)
         total = tl.sum(tiles, 0)
         longest = tl.max(tiles, 0)
@@ -231,6 +266,8 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         if MODE == 1:
             lo = tl.maximum(lo, (longest + SEG_CAP - 1) // SEG_CAP)
             hi = tl.maximum(hi, lo)
+        if MODE == 2:
+            lo = tl.maximum(lo - OVERHEAD, 1)
         # NCAND-ary search instead of bisection: each round tests NCAND caps at once (one [NCAND, BLOCK_B]
         # tile) and keeps the gap between the last infeasible and the first feasible one, so the span
         # shrinks from s to <= ceil(s / NCAND) - 1 per round: few serial rounds (usually 1-2, since the
@@ -240,7 +277,13 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         while lo < hi:
             step = (hi - lo + NCAND - 1) // NCAND
             caps = tl.minimum(lo + cand * step, hi)  # [NCAND], non-decreasing
-            need = tl.sum((tiles[None, :] + caps[:, None] - 1) // caps[:, None], 1)  # [NCAND] pieces per cap
+            held = (tiles[None, :] + caps[:, None] - 1) // caps[:, None]  # [NCAND, BLOCK_B] pieces per cap
+            if MODE == 2:  # _slot_need: sequences of <= cap/2 tiles packed, tiles + OVERHEAD each
+                small = (2 * tiles[None, :] <= caps[:, None]) & (tiles[None, :] > 0)
+                packed = tl.sum(tl.where(small, tiles[None, :] + OVERHEAD, 0), 1)
+                need = tl.sum(tl.where(small, 0, held), 1) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
+            else:
+                need = tl.sum(held, 1)
             fits = (need <= cap_budget) | (caps >= hi)  # monotone in the cap: a prefix fails, the rest fits
             new_lo = tl.max(tl.where(fits, lo - 1, caps), 0) + 1
             hi = tl.min(tl.where(fits, caps, hi), 0)
@@ -259,7 +302,11 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     tl.store(num_items, n_items)
     # -- work items: item w < n_items belongs to sequence #{b : ends[b] <= w} (ends is non-decreasing),
     # whose first row is the largest such end (0 if none); its length is gathered from memory. Two
-    # reductions of a [BLOCK_W, BLOCK_B] tile per block of items (the host keeps the tile small). --
+    # reductions of a [BLOCK_W, BLOCK_B] tile per block of items (the host keeps the tile small), three
+    # with balanced's launch order: split pieces before w's sequence, to place w among the split pieces
+    # (first the n_split of them) or, single, among the rest. --
+    split_pieces = tl.where(pieces > 1, pieces, 0)
+    n_split = tl.sum(split_pieces, 0)
     for w0 in range(0, width, BLOCK_W):
         w = w0 + tl.arange(0, BLOCK_W)
         before = ends[None, :] <= w[:, None]  # [BLOCK_W, BLOCK_B]; padded b have ends == n_items > w
@@ -278,6 +325,14 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         tl.store(work_start + w, tl.where(real, start, 0), mask=m)
         tl.store(work_end + w, tl.where(real, end, 0), mask=m)
         tl.store(work_part + w, tl.where(real, w, -1), mask=m)
+        if MODE == 2:  # a permutation of 0..n_items-1 (scattered), then -1 past it
+            split_before = tl.sum(tl.where(before, split_pieces[None, :], 0), 1)
+            own = ((length + TILE - 1) // TILE + hi - 1) // hi  # pieces of w's sequence
+            slot = tl.where(own > 1, split_before, n_split + first - split_before) + (w - first)
+            tl.store(work_order + slot, w, mask=real)
+            tl.store(work_order + w, -1, mask=m & (w >= n_items))
+        else:
+            tl.store(work_order + w, tl.where(real, w, -1), mask=m)
 
 
 _KERNELS: dict = {}
@@ -297,7 +352,7 @@ def _plan_kernel():
 def _check_out(out: dict, batch: int, width: int, device) -> None:
     import torch
 
-    want = {f: (width,) for f in FIELDS[:4]} | {"seq_part_start": (batch + 1,), "num_items": (1,)}
+    want = {f: (width,) for f in WORK_FIELDS} | {"seq_part_start": (batch + 1,), "num_items": (1,)}
     if not isinstance(out, dict) or set(out) != set(want):
         got = sorted(out) if isinstance(out, dict) else type(out).__name__
         raise ValueError(f"out: got {got}; expected a dict with keys {', '.join(FIELDS)}")
@@ -329,15 +384,30 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
                          f"{cu_seqlens_q.device}; expected contiguous int32 [{batch + 1}] on {seq_lens.device}")
     width = max_work_items(batch, num_kv_heads, slots)
     _check_out(out, batch, width, seq_lens.device)
+    launch_plan(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode)
+
+
+def launch_plan(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str) -> None:
+    """plan_gpu's launch without its checks, for a caller that has checked the same things (vattn.plan:
+    the lengths against its workspace, `out` the workspace's own views)."""
+    scalars, constexprs = _launch_params(seq_lens.shape[0], num_kv_heads, slots, mode)
+    _plan_kernel()[(1,)](
+        seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
+        out["seq_part_start"], out["num_items"], out["work_order"], *scalars, **constexprs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str) -> tuple[tuple, dict]:
+    """(batch, width, budget, nseg) and the constexpr kwargs of the plan kernel: a function of the shape
+    only, so built once per batch size, not on every call (the caller copies the dict into its call)."""
     nseg = max(1, min(SEG_MAX, _pow2floor(slots // (max(batch, 1) * num_kv_heads))))
     block_b = max(16, 1 << max(batch - 1, 0).bit_length())
     # A one-program launch on a tiny problem: one warp (reductions by warp shuffles, no shared-memory
     # barriers) while the batch fits it, and 2-D tiles ([NCAND, BLOCK_B], [BLOCK_W, BLOCK_B]) of at most
     # 2048 elements so they stay in registers.
     num_warps = 1 if block_b <= 32 else 2 if block_b <= 128 else 4
-    _plan_kernel()[(1,)](
-        seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
-        out["seq_part_start"], out["num_items"], batch, width, slot_budget(num_kv_heads, slots), nseg,
+    scalars = (batch, max_work_items(batch, num_kv_heads, slots), slot_budget(num_kv_heads, slots), nseg)
+    return scalars, dict(
         MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(512, 2048 // block_b)),
         NCAND=max(4, min(32, 2048 // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES,
-        num_warps=num_warps)
+        OVERHEAD=PIECE_OVERHEAD_TILES, num_warps=num_warps)

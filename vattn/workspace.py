@@ -89,13 +89,15 @@ class Workspace:
         self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
         self.slots = slots if slots is not None else self._measure_slots()
         self._alloc()
+        # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call
+        self.plans: dict = {}
 
     def _alloc(self) -> None:
         import torch
 
         width = max_work_items(self.max_batch, self.num_kv_heads, self.slots)
         i32 = dict(dtype=torch.int32, device=self.device)
-        self.plan_buffers = {f: torch.full((width,), -1, **i32) for f in ("work_seq", "work_part")}
+        self.plan_buffers = {f: torch.full((width,), -1, **i32) for f in ("work_seq", "work_part", "work_order")}
         self.plan_buffers.update({f: torch.zeros(width, **i32) for f in ("work_start", "work_end")})
         self.plan_buffers["seq_part_start"] = torch.zeros(self.max_batch + 1, **i32)
         self.plan_buffers["num_items"] = torch.zeros(1, **i32)
@@ -130,12 +132,12 @@ class Workspace:
         scale = torch.ones(1, dtype=torch.float32, device=dev)
         o = torch.zeros(1, hkv, max_q_len * self.gqa, d, dtype=torch.float32, device=dev)
         lse = torch.zeros(1, hkv, max_q_len * self.gqa, dtype=torch.float32, device=dev)
-        plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part")}
+        plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part", "work_order")}
         descale = scale if self.kv_dtype == _fp8() else None
         args, kwargs = K.main_launch_args(q, kv, kv, i32.view(1, 2), i32, i32, descale, descale, 1.0, plan,
                                           o, lse, gqa=self.gqa, max_q_len=max_q_len,
                                           config=self.config)
-        return K._attn_main_kernel.warmup(*args, grid=(1, hkv), **kwargs)
+        return K._attn_main_kernel.warmup(*args, grid=(hkv, 1), **kwargs)
 
     def describe(self) -> dict:
         return dict(head_dim=self.head_dim, num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads,

@@ -26,7 +26,7 @@ from benchmarks.kernel import harness, peers
 from benchmarks.kernel.configs import CONFIG_FIELDS, best_of_sweep, for_shape, label, parse_config, sweep_configs
 from benchmarks.kernel.harness import Batch, BatchCache
 from benchmarks.kernel.report import format_table, markdown_table
-from benchmarks.kernel.shapes import FLASHINFER_BEST_US, FLASHINFER_FP8_US, Shape, select, tiny_shapes
+from benchmarks.kernel.shapes import FLASHINFER_BEST_US, FLASHINFER_FP8_US, Shape, host_shapes, select, tiny_shapes
 from vattn.planner import PLANNERS
 
 PLANNER_ORDER = tuple(reversed(PLANNERS))  # the default (balanced) first, the MI355X reference's (fixed) last
@@ -205,7 +205,7 @@ def _sweep(a, batches: BatchCache, info: RunInfo) -> list[dict]:
 
 def _run(a) -> int:
     """The measurement on a CUDA device: sweep (if asked), then every shape with vattn and the peers."""
-    planners, shapes, names = _parse_planners(a.planners), select(a.shapes), _parse_peers(a.peers)
+    planners, shapes, names = _parse_planners(a.planners), select(a.shapes or "main,variants"), _parse_peers(a.peers)
     import torch
 
     if not torch.cuda.is_available():
@@ -239,6 +239,36 @@ def _run(a) -> int:
     print("\n" + format_table(records))
     note += "".join(f"\npeer {why}; skipped" for why in skipped.values())
     print(f"\n{note}\nwrote {len(records)} records to {a.out}")
+    return 0
+
+
+def _host_overhead(a) -> int:
+    """--host-overhead: host time (us) per eager vattn call on tiny batches, and its parts: how much is
+    vattn's Python (checks, packing) and how much Triton's three launches; a graph replay for scale."""
+    from vattn.workspace import interpreting
+
+    device = "cpu" if a.dry_run else "cuda"
+    if device == "cpu" and not interpreting():
+        raise SystemExit("--host-overhead --dry-run: set TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--host-overhead needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
+    shapes = select(a.shapes) if a.shapes else (tiny_shapes() if a.dry_run else host_shapes())
+    records = [harness.host_overhead(s, device, a.host_calls, mode) for s in shapes
+               for mode in _parse_planners(a.planners)]
+    cols = [f"{p}_host_us" for p in harness.HOST_PARTS] + ["device_us"]
+    print("host us per eager call; python = call - the three launch_* (vattn's checks and packing)")
+    print(f"{'shape':>16s} {'planner':>12s} " + " ".join(f"{c[:-3].removesuffix('_host'):>13s}" for c in cols)
+          + f" {'python':>8s}")
+    for r in records:
+        python_us = r["call_host_us"] - sum(r[f"launch_{k}_host_us"] for k in ("plan", "main", "reduce"))
+        print(f"{r['shape']:>16s} {r['planner']:>12s} " + " ".join(
+            f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python_us:8.1f}", flush=True)
+    with open(a.out, "w") as f:
+        json.dump(records, f, indent=1)
+    print(f"wrote {len(records)} records to {a.out}")
     return 0
 
 
@@ -302,8 +332,8 @@ def _print_peer_table(paths: str, runs: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default="main,variants",
-                    help="main | variants | grid | all | comma-separated shape names (default main,variants)")
+    ap.add_argument("--shapes", default=None, help="main | variants | grid | skew | host | all | comma-separated "
+                    "shape names (default main,variants; with --host-overhead: host)")
     ap.add_argument("--planners", default=",".join(PLANNER_ORDER),
                     help=f"comma-separated subset of {','.join(PLANNER_ORDER)}")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")
@@ -319,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="vattn-bench.json", help="JSON list of records (default vattn-bench.json)")
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1 on tiny shapes: "
                     "checks the bench's plumbing; its timings mean nothing")
+    ap.add_argument("--host-overhead", action="store_true", help="host time per eager call (plan + attention) and "
+                    "its parts (vattn's Python, Triton's launches, a graph replay) on tiny batches; no bandwidth")
+    ap.add_argument("--host-calls", type=int, default=400, help="with --host-overhead: calls timed per part")
     ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "
                     "rows (those marked default_config when any are) and exit")
     ap.add_argument("--peer-table", default=None, metavar="JSON", help="print issue 8's vattn-vs-peers markdown "
@@ -336,6 +369,8 @@ def main(argv=None) -> int:
         with open(a.markdown) as f:
             print(markdown_table(json.load(f)))
         return 0
+    if a.host_overhead:
+        return _host_overhead(a)
     if a.dry_run:
         return _dry_run(a)
     return _run(a)

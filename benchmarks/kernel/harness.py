@@ -4,7 +4,8 @@
   through its own randomly permuted page table, so a timed loop over the R replicas reads cold KV;
 - timed_graph: capture a function once in a CUDA graph, median device time over many replays;
 - check: relative Frobenius error against vattn.reference, judged by vattn.contract's tolerances;
-- shape_fields / stamp: the fields every record (vattn's or a peer's) starts and ends with.
+- shape_fields / stamp: the fields every record (vattn's or a peer's) starts and ends with;
+- host_overhead: host time per eager vattn call and its parts (vattn's Python, Triton's launches).
 
 The device is an argument everywhere ("cuda", or "cpu" for a dry run under TRITON_INTERPRET=1, where
 timings mean nothing and only the plumbing is checked). torch and triton load inside the functions.
@@ -223,6 +224,83 @@ def read_ceiling_tbps(gib: float = 4.0) -> float:
         t_triton = float("inf")
     t_torch = triton.testing.do_bench(lambda: x.sum(), warmup=50, rep=300, return_mode="median")
     return n * 4 / (min(t_triton, t_torch) * 1e-3) / 1e12
+
+
+# -- host overhead of an eager call ---------------------------------------------------------------------
+
+HOST_PARTS = ("call", "plan", "attention", "launch_plan", "launch_main", "launch_reduce", "graph_replay")
+
+
+def enqueue_us(fn, calls: int, device: str, chunk: int = 20) -> float:
+    """Median host time (us) of one fn() call, device work not awaited: fn runs `chunk` times between
+    synchronisations (a queue of a few dozen launches never fills), each chunk timed on the host."""
+    import torch
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    fn()
+    sync()
+    times = []
+    for _ in range(max(1, calls // chunk)):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(chunk):
+            fn()
+        times.append((time.perf_counter() - t0) / chunk * 1e6)
+    sync()
+    return statistics.median(times)
+
+
+def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: str = "balanced") -> dict:
+    """Host time (us) per eager call of vattn.plan + vattn.attention on `shape`, and its parts: plan and
+    attention alone, the bare Triton launches of the plan, main and reduce kernels (Triton's share; the
+    rest of plan/attention is vattn's Python: checks, argument packing), and the host time of one CUDA
+    graph replay of the whole call. device_us: the call's GPU time in a graph, for scale."""
+    import vattn
+    from vattn import kernel as K
+    from vattn.planner import launch_plan
+
+    b = Batch(shape, device)
+    ws = vattn.Workspace(head_dim=shape.head_dim, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
+                         kv_dtype=b.kv_dtype, q_dtype=b.q.dtype, page_size=shape.page_size,
+                         max_q_len=max(shape.q_lens), max_batch=shape.batch)
+    args = b.attention_args(0)
+
+    def plan():
+        return vattn.plan(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, page_size=shape.page_size,
+                          mode=mode, workspace=ws)
+
+    pl = plan()
+
+    def call():
+        vattn.attention(*args, plan=plan(), out=b.out)
+
+    parts = dict(
+        call=call, plan=plan, attention=lambda: vattn.attention(*args, plan=pl, out=b.out),
+        launch_plan=lambda: launch_plan(b.seq_lens, b.cu, pl.tensors, num_kv_heads=shape.num_kv_heads,
+                                        slots=ws.slots, mode=mode),
+        launch_main=lambda: K.launch_main(*args, pl.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa,
+                                          max_q_len=ws.max_q_len, config=ws.config),
+        launch_reduce=lambda: K.launch_reduce(ws.o_part, ws.lse_part, pl.tensors["seq_part_start"], b.cu, b.out,
+                                              gqa=ws.gqa, max_q_len=ws.max_q_len))
+    rec = dict(shape_fields(shape, "vattn", mode), calls=calls)
+    rec.update({f"{name}_host_us": enqueue_us(fn, calls, device) for name, fn in parts.items()})
+    if device == "cuda":
+        import torch
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            call()
+        rec["graph_replay_host_us"] = enqueue_us(g.replay, calls, device)
+        rec["device_us"] = _median_event_us(g.replay, 50)
+    return rec
 
 
 # -- accuracy and records ------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ from benchmarks.kernel.configs import label, parse_config
 
 POINTERS = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv", "v_ptr": "*fp8e4nv", "bt_ptr": "*i32", "seq_lens_ptr": "*i32",
             "cu_q_ptr": "*i32", "k_descale_ptr": "*fp32", "v_descale_ptr": "*fp32", "work_seq_ptr": "*i32",
-            "work_start_ptr": "*i32", "work_end_ptr": "*i32", "work_part_ptr": "*i32", "o_part_ptr": "*fp32",
-            "lse_part_ptr": "*fp32"}
+            "work_start_ptr": "*i32", "work_end_ptr": "*i32", "work_part_ptr": "*i32", "work_order_ptr": "*i32",
+            "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32"}
 INTEGER_OPS = ("IMAD", "IADD", "LEA", "SHF", "LOP3", "ISETP", "SEL", "IMNMX")
 
 
@@ -56,7 +56,7 @@ def ptx(page: int, config, *, head_dim: int = 256, qrows: int = 64) -> str:
     scale = torch.empty(1, dtype=torch.float32, **meta)
     o = torch.empty(1, 1, qrows, head_dim, dtype=torch.float32, **meta)
     lse = torch.empty(1, 1, qrows, dtype=torch.float32, **meta)
-    plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part")}
+    plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part", "work_order")}
     _, kwargs = K.main_launch_args(q, kv, kv, i32.view(4, 16), i32, i32, scale, scale, 1.0, plan, o, lse,
                                    gqa=gqa, max_q_len=qrows // gqa, config=config)
     options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages")}

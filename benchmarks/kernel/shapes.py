@@ -121,6 +121,37 @@ def variant_shapes() -> list[Shape]:
     ]
 
 
+LONG_AMONG_SHORT = (256_000, 63, 512)  # issue 18: one long request, its count of short ones, their length
+
+
+def long_among_short(q_len: int = 4, long_last: bool = False) -> Shape:
+    """One 256k request among 63 of 512 tokens (hd256 fp8 page 16 GQA16, Hkv 1): the batch where one slot
+    per short sequence starved the long one (issue 18); long_last puts it at the end of the batch."""
+    long, n, short = LONG_AMONG_SHORT
+    lens = (short,) * n + (long,) if long_last else (long,) + (short,) * n
+    name = "long-among-short" + ("-last" if long_last else "") + ("" if q_len == 4 else f"-q{q_len}")
+    return Shape(name, lens, (q_len,) * (n + 1), q_label=str(q_len))
+
+
+def long_among_short_shapes() -> list[Shape]:
+    """The long-among-short batches and their uniform twins (the same batch size and KV tokens), q4 and
+    q1: `--shapes skew` times a batch and its twin in one run, so the bandwidths compare directly."""
+    out = []
+    for q_len in (4, 1):
+        skewed = long_among_short(q_len)
+        twin = skewed.total_kv_tokens // skewed.batch  # 288,256 / 64 = 4504 exactly
+        suffix = "" if q_len == 4 else f"-q{q_len}"
+        out += [skewed, uniform(skewed.batch, twin, q_len, name=f"long-among-short-uniform{suffix}")]
+    return out + [long_among_short(4, long_last=True)]
+
+
+def host_shapes() -> list[Shape]:
+    """Batches of tiny sequences, whose call time is host time (`bench --host-overhead`): 64 and 1 x 128
+    tokens, q4 and q1."""
+    return [uniform(64, 128, name="host-64x128"), uniform(64, 128, q_len=1, name="host-64x128-q1"),
+            uniform(1, 128, name="host-1x128")]
+
+
 def uniform_grid() -> list[Shape]:
     return [uniform(b, n) for b in (1, 4, 16, 64) for n in (1_000, 8_000, 32_000, 128_000, 256_000)]
 
@@ -134,7 +165,8 @@ def tiny_shapes() -> list[Shape]:
     ]
 
 
-SHAPE_SETS = {"main": main_shapes, "variants": variant_shapes, "grid": uniform_grid}
+SHAPE_SETS = {"main": main_shapes, "variants": variant_shapes, "grid": uniform_grid, "skew": long_among_short_shapes,
+              "host": host_shapes}
 
 # KERNEL.md's FlashInfer 0.7.2 numbers (us) on the same H200 and shapes: fp8 prefill for q_len 4,
 # decode with tensor cores for q_len 1; and its fastest configuration in time (bf16 cache) where known.
@@ -145,7 +177,7 @@ FLASHINFER_BEST_US = {"16x35k": 161, "bs20-agentic-2.32M": 595}
 
 
 def select(names: str) -> list[Shape]:
-    """'main', 'variants', 'grid', 'all', or comma-separated shape names from any set."""
+    """'main', 'variants', 'grid', 'skew', 'all', or comma-separated shape names from any set."""
     every = {s.name: s for fn in SHAPE_SETS.values() for s in fn()}
     out: list[Shape] = []
     for item in names.split(","):
@@ -157,6 +189,6 @@ def select(names: str) -> list[Shape]:
         elif item in every:
             out.append(every[item])
         else:
-            raise ValueError(f"--shapes: got {item!r}; allowed: main, variants, grid, all, or one of "
+            raise ValueError(f"--shapes: got {item!r}; allowed: {', '.join(SHAPE_SETS)}, all, or one of "
                              f"{', '.join(sorted(every))}")
     return out

@@ -70,6 +70,17 @@ def test_workspace_rejects(dev, kw, match):
         ws_for(dev, **kw)
 
 
+def test_plan_is_made_once_per_batch_size_and_mode(dev):
+    # the eager path slices the workspace's buffers once per (batch, mode), not on every call (host time)
+    x, pl = planned(dev)
+    again = vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=pl.workspace)
+    assert again is pl
+    one = vattn.plan(x["seq_lens"][:1], x["cu_seqlens_q"][:2], num_kv_heads=2, page_size=16, mode="fixed",
+                     workspace=pl.workspace)
+    assert one is not pl and (one.batch, one.mode) == (1, "fixed")
+    assert one.tensors["work_seq"].data_ptr() == pl.tensors["work_seq"].data_ptr()  # the same buffers
+
+
 def test_plan_rejects(dev):
     ws = ws_for(dev)
     x = inputs(dev)

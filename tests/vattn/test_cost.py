@@ -274,7 +274,7 @@ def test_makespan_hand_worked():
     # two slots, three programs: the third waits for a slot (launch order), then runs alone
     assert _makespan_us([(10, 3)], 1, 2, 2.0, 1.0) == pytest.approx(20)
     assert _makespan_us([(10, 3)], 1, 2, 2.0, 2.0) == pytest.approx(15)
-    # copies are the KV heads: 2 heads x 2 runs on 3 slots -> launch order a0 b0 a1 | b1
+    # copies are the KV heads, the fast axis: 2 heads x 2 runs on 3 slots -> launch order a0 a1 b0 | b1
     assert _makespan_us([(6, 1), (12, 1)], 2, 3, 3.0, 1.0) == pytest.approx(18)
 
 

@@ -107,10 +107,14 @@ def test_emulation_only_under_the_interpreter():
     i32 = torch.empty(8, dtype=torch.int32, **meta)
     one = torch.empty(1, **meta)
     o_part, lse_part = torch.empty(1, 1, 32, 64, **meta), torch.empty(1, 1, 32, **meta)
-    plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part")}
+    plan = {f: i32 for f in ("work_seq", "work_start", "work_end", "work_part", "work_order")}
     _, kwargs = K.main_launch_args(q, kv, kv, i32.view(2, 4), i32, i32, one, one, 1.0, plan, o_part, lse_part,
                                    gqa=8, max_q_len=4, config=K.MainConfig())
     assert kwargs["EMULATE_LOWP"] is INTERP
+    kwargs.pop("num_warps")  # as benchmarks.kernel.sass does: the next call's constexprs (cached) are whole
+    _, again = K.main_launch_args(q, kv, kv, i32.view(2, 4), i32, i32, one, one, 1.0, plan, o_part, lse_part,
+                                  gqa=8, max_q_len=4, config=K.MainConfig())
+    assert "num_warps" in again
 
 
 @triton.jit

@@ -98,7 +98,8 @@ def test_interp_hand_plan_unaligned_pieces_and_idle_items():
     seq_part_start = [0, 2, 2, 5, 5]
     plan = {"work_seq": [s for s, _, _ in items], "work_start": [a for _, a, _ in items],
             "work_end": [e for _, _, e in items], "work_part": [w if s >= 0 else -1 for w, (s, _, _) in
-                                                                 enumerate(items)]}
+                                                                 enumerate(items)],
+            "work_order": [4, 0, 2, 1, 3, -1, -1]}  # any launch order of the real items
     plan = {f: torch.tensor(v, dtype=torch.int32) for f, v in plan.items()}
     o_part = torch.full((len(items), 2, 3 * gqa, 64), float("nan"))
     lse = torch.full((len(items), 2, 3 * gqa), float("nan"))
@@ -113,6 +114,27 @@ def test_interp_hand_plan_unaligned_pieces_and_idle_items():
     assert rel_err(out, reference(b)) < 2e-3
     # piece [10, 20) of sequence 2 (L 37, q_len 3): every token sees it fully -> finite lse
     assert torch.isfinite(lse[3, :, : 3 * gqa]).all()
+
+
+@interp_only
+def test_interp_reduce_merges_hundreds_of_pieces():
+    """A long sequence split 70 ways (3 chunks of the reduce loop) next to a one-piece one; neutral partials
+    (lse -inf) carry NaN O, which the reduce must select away, not multiply by 0."""
+    from vattn import kernel as K
+
+    g = torch.Generator().manual_seed(3)
+    pieces, rows, d, gqa = [70, 1], 2 * 2, 64, 2  # q_len 2 x GQA 2
+    o = torch.randn(sum(pieces), 1, rows, d, generator=g)
+    lse = torch.randn(sum(pieces), 1, rows, generator=g) * 4
+    lse[5:60:7] = float("-inf")
+    o[5:60:7] = float("nan")
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+    out = torch.empty(4, gqa, d)
+    K.launch_reduce(o, lse, torch.tensor([0, 70, 71], dtype=torch.int32), cu, out, gqa=gqa, max_q_len=2)
+    for b, (first, last) in enumerate([(0, 70), (70, 71)]):
+        w = torch.softmax(lse[first:last, 0] * math.log(2), dim=0)  # [P, rows]: lse is in the log2 domain
+        want = (w[:, :, None] * o[first:last, 0].nan_to_num()).sum(0)  # [rows, D], row = token * G + head
+        assert torch.allclose(out[2 * b:2 * b + 2].reshape(rows, d), want, atol=1e-5), b
 
 
 @interp_only
@@ -233,7 +255,8 @@ def test_interp_fp32_q_through_kernel_wrapper_matches_fp16():
 
     b = make_batch([90, 33], [2, 1], gqa=2, num_kv_heads=1)
     b32 = {**b, "q": b["q"].float(), "k_cache": b["k_cache"].float(), "v_cache": b["v_cache"].float()}
-    plan = {"work_seq": [0, 0, 1], "work_start": [0, 64, 0], "work_end": [64, 90, 33], "work_part": [0, 1, 2]}
+    plan = {"work_seq": [0, 0, 1], "work_start": [0, 64, 0], "work_end": [64, 90, 33], "work_part": [0, 1, 2],
+            "work_order": [0, 1, 2]}
     plan = {f: torch.tensor(v, dtype=torch.int32) for f, v in plan.items()}
     outs = []
     for bb in (b, b32):

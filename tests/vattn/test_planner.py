@@ -4,8 +4,9 @@ import random
 import pytest
 
 from vattn.planner import (
-    KV_TILE, MIN_PIECE_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
+    KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
 )
+from vattn.planner import _smallest_cap  # the one-wave cap, which balanced's is held against
 
 
 def pieces_by_seq(plan, batch):
@@ -24,9 +25,10 @@ def test_fixed_hand_worked():
     assert p.pieces() == [(0, 0, 256), (0, 256, 512), (0, 512, 768), (0, 768, 1000), (1, 0, 64), (1, 64, 100)]
     assert p.seq_part_start == [0, 4, 6, 6, 6]
     assert p.num_items == [6]
-    assert len(p.work_seq) == 16
-    assert p.work_seq[6:] == [-1] * 10 and p.work_part == list(range(6)) + [-1] * 10
-    assert p.work_start[6:] == [0] * 10 and p.work_end[6:] == [0] * 10
+    assert len(p.work_seq) == 20  # W = max(B, SLOTS/Hkv) + B
+    assert p.work_seq[6:] == [-1] * 14 and p.work_part == list(range(6)) + [-1] * 14
+    assert p.work_start[6:] == [0] * 14 and p.work_end[6:] == [0] * 14
+    assert p.work_order == list(range(6)) + [-1] * 14  # fixed launches in row order
 
 
 def test_fixed_nseg_caps():
@@ -44,7 +46,7 @@ def test_length_aware_hand_worked():
     assert p.pieces() == [
         (0, 0, 256), (0, 256, 512), (0, 512, 768), (0, 768, 1000), (1, 0, 100), (2, 0, 256), (2, 256, 300)]
     assert p.seq_part_start == [0, 4, 5, 7]
-    assert len(p.work_seq) == max_work_items(3, 2, 16) == 8
+    assert len(p.work_seq) == max_work_items(3, 2, 16) == 11
 
 
 def test_length_aware_seg_max():
@@ -56,10 +58,12 @@ def test_length_aware_seg_max():
 
 
 def test_balanced_hand_worked():
-    # Same batch as length_aware, where SEG_MAX does not bind: the same cap (4 tiles), the same plan.
+    # Same batch as length_aware, where SEG_MAX does not bind: the same cap (4 tiles), the same pieces. The
+    # 2-tile sequence (at most half the cap) is packed, 2 + 2 tiles of work in a slot of 4 + 2: 7 slots.
     p = plan_python([1000, 100, 300], [4, 4, 4], num_kv_heads=2, slots=16, mode="balanced")
     la = plan_python([1000, 100, 300], [4, 4, 4], num_kv_heads=2, slots=16, mode="length_aware")
-    assert p == la
+    assert p.pieces() == la.pieces() and p.seq_part_start == la.seq_part_start
+    assert p.work_order == [0, 1, 2, 3, 5, 6, 4] + [-1] * 4  # split sequences first, the single piece last
     # 130 tiles on a budget of 100: cap 2 tiles -> 65 pieces (length_aware stops at SEG_MAX = 64 -> 44 pieces)
     p = plan_python([130 * 64], [1], num_kv_heads=1, slots=100, mode="balanced")
     assert p.num_items == [65] and all(e - a == 128 for _, a, e in p.pieces())
@@ -67,14 +71,35 @@ def test_balanced_hand_worked():
 
 def test_balanced_skewed_fills_the_wave():
     # One 248k request and 15 five-token ones, 264 slots: length_aware is stuck at SEG_MAX pieces for the long
-    # one (61-tile pieces); balanced uses the whole wave (<= 16-tile pieces).
+    # one (61-tile pieces); balanced gives it the whole wave but the one slot that the 15 packed requests
+    # share (15 x (1 + 2) tiles of work): 259 pieces of 15 tiles, 274 programs, the long one's first.
     lens, qs = [248_000] + [5] * 15, [4] * 16
     la = plan_python(lens, qs, num_kv_heads=1, slots=264, mode="length_aware")
     bal = plan_python(lens, qs, num_kv_heads=1, slots=264, mode="balanced")
     assert la.seq_part_start[1] == SEG_MAX and la.num_items == [SEG_MAX + 15]
     assert max(e - a for _, a, e in la.pieces()) == 61 * KV_TILE
-    assert bal.num_items[0] <= 264 and bal.seq_part_start[1] == bal.num_items[0] - 15
-    assert max(e - a for _, a, e in bal.pieces()) == 16 * KV_TILE
+    assert bal.seq_part_start[1] == 259 and bal.num_items == [274]
+    assert max(e - a for _, a, e in bal.pieces()) == 15 * KV_TILE
+    assert bal.work_order[:274] == list(range(274))
+
+
+@pytest.mark.parametrize("long_at", [0, 31, 63])
+def test_balanced_packs_short_sequences(long_at):
+    # Issue 18: 1 x 256k among 63 x 512, q4, 264 slots. One slot per sequence gave the long one 201 slots
+    # (200 pieces of 20 tiles) while 63 slots idled after 8 tiles. Packed (63 x (8 + 2) tiles of work =
+    # 32 slots of 18 + 2): 223 pieces of 18 tiles, the cap of the uniform batch of the same tokens, and
+    # the main grid runs them first wherever the long one sits in the batch.
+    lens = [512] * 63
+    lens.insert(long_at, 256_000)
+    p = plan_python(lens, [4] * 64, num_kv_heads=1, slots=264, mode="balanced")
+    by_seq = pieces_by_seq(p, 64)
+    assert len(by_seq[long_at]) == 223 and {e - a for a, e in by_seq[long_at][:-1]} == {18 * KV_TILE}
+    assert all(len(by_seq[b]) == 1 for b in by_seq if b != long_at)
+    first = p.seq_part_start[long_at]
+    assert p.work_order[:223] == list(range(first, first + 223))
+    assert sorted(p.work_order[223:286]) == [w for w in range(286) if not first <= w < first + 223]
+    uniform = plan_python([sum(lens) // 64] * 64, [4] * 64, num_kv_heads=1, slots=264, mode="balanced")
+    assert max(e - a for _, a, e in uniform.pieces()) == 18 * KV_TILE and uniform.num_items == [256]
 
 
 def test_empty_batch_and_all_empty():
@@ -128,10 +153,11 @@ def check_structure(p, lens, qs, hkv, slots):
     batch = len(lens)
     width = max_work_items(batch, hkv, slots)
     n = p.num_items[0]
-    assert all(len(getattr(p, f)) == width for f in ("work_seq", "work_start", "work_end", "work_part"))
+    assert all(len(getattr(p, f)) == width for f in ("work_seq", "work_start", "work_end", "work_part", "work_order"))
     assert len(p.seq_part_start) == batch + 1 and p.seq_part_start[0] == 0 and p.seq_part_start[-1] == n
     assert p.work_seq[n:] == [-1] * (width - n) and p.work_part[n:] == [-1] * (width - n)
     assert p.work_part[:n] == list(range(n))
+    assert sorted(p.work_order[:n]) == list(range(n)) and p.work_order[n:] == [-1] * (width - n)
     by_seq = pieces_by_seq(p, batch)
     for b in range(batch):
         rows = range(p.seq_part_start[b], p.seq_part_start[b + 1])
@@ -188,7 +214,15 @@ def test_length_aware_is_the_smallest_feasible_segment():
             assert sum(counts) > budget or max(counts) > SEG_MAX
 
 
-def test_balanced_is_the_min_max_one_wave_plan():
+def slot_need(tiles, cap):
+    """Slots of time cap + o a cap needs, written out: a sequence over cap/2 tiles holds one per piece,
+    the others share slots, each taking its tiles plus the per-piece overhead."""
+    held = sum(-(-t // cap) for t in tiles if 2 * t > cap)
+    packed = sum(t + PIECE_OVERHEAD_TILES for t in tiles if 2 * t <= cap)
+    return held + -(-packed // (cap + PIECE_OVERHEAD_TILES))
+
+
+def test_balanced_is_the_min_max_packed_wave_plan():
     for lens, qs, hkv, slots in CASES:
         p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced")
         by_seq = pieces_by_seq(p, len(lens))
@@ -196,13 +230,22 @@ def test_balanced_is_the_min_max_one_wave_plan():
         if not live:
             continue
         budget = max(slot_budget(hkv, slots), len(live))
-        assert p.num_items[0] <= budget  # one wave
+        tiles = [-(-lens[b] // KV_TILE) for b in live]
         cap = max(tiles_of(a, e) for b in live for a, e in by_seq[b])
         for b in live:  # whole cap-sized segments, the last one short
             assert all(tiles_of(a, e) == cap for a, e in by_seq[b][:-1])
-        if cap > MIN_PIECE_TILES:  # any smaller cap would not fit the wave
-            need = sum(-(-(-(-lens[b] // KV_TILE)) // (cap - 1)) for b in live)
-            assert need > budget
+        assert slot_need(tiles, cap) <= budget
+        if cap > MIN_PIECE_TILES:  # any smaller cap would not fit the wave's slot time
+            assert slot_need(tiles, cap - 1) > budget
+        # the one-wave cap (sum ceil(tiles / c) <= budget): never below balanced's, the same pieces when
+        # no sequence is packed
+        one_wave = max(_smallest_cap(tiles, budget, None), MIN_PIECE_TILES)
+        assert cap <= one_wave
+        if all(2 * t > cap for t in tiles):
+            assert [len(by_seq[b]) for b in live] == [-(-t // one_wave) for t in tiles]
+        # launch order: the split sequences' pieces, then the single ones, each in row order
+        split = [w for w in range(p.num_items[0]) if len(by_seq[p.work_seq[w]]) > 1]
+        assert p.work_order[:p.num_items[0]] == split + [w for w in range(p.num_items[0]) if w not in split]
 
 
 def test_planner_makespans_ordered():
@@ -217,10 +260,17 @@ def test_planner_makespans_ordered():
 
 
 def test_width_depends_only_on_shape():
-    assert max_work_items(16, 1, 264) == 264
-    assert max_work_items(16, 8, 264) == 33
-    assert max_work_items(64, 8, 264) == 64
+    assert max_work_items(16, 1, 264) == 264 + 16
+    assert max_work_items(16, 8, 264) == 33 + 16
+    assert max_work_items(64, 8, 264) == 64 + 64
     assert max_work_items(0, 1, 1) == 1
+
+
+def test_fixed_and_length_aware_launch_in_row_order():
+    for lens, qs, hkv, slots in CASES[:50]:
+        for mode in ("fixed", "length_aware"):
+            p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode)
+            assert p.work_order[:p.num_items[0]] == list(range(p.num_items[0]))
 
 
 # -- the Triton twin: same plans, one launch, no host sync ------------------------------------------
@@ -230,10 +280,10 @@ def run_gpu(lens, qs, hkv, slots, mode, device="cpu"):
 
     import torch
 
-    from vattn.planner import FIELDS, plan_gpu
+    from vattn.planner import WORK_FIELDS, plan_gpu
 
     width = max_work_items(len(lens), hkv, slots)
-    out = {f: torch.full((width,), 77, dtype=torch.int32, device=device) for f in FIELDS[:4]}
+    out = {f: torch.full((width,), 77, dtype=torch.int32, device=device) for f in WORK_FIELDS}
     out["seq_part_start"] = torch.full((len(lens) + 1,), 77, dtype=torch.int32, device=device)
     out["num_items"] = torch.full((1,), 77, dtype=torch.int32, device=device)
     cu = torch.tensor([0] + list(itertools.accumulate(qs)), dtype=torch.int32, device=device)
@@ -255,6 +305,9 @@ GPU_EDGE_CASES = [
 _rng = random.Random(11)
 GPU_SEARCH_CASES = [
     ([262_144] + [3] * 31, [4] * 32, 1, 264),  # one 256k request + many tiny ones
+    ([512] * 40 + [256_000] + [512] * 23, [4] * 64, 1, 264),  # issue 18's long among short: packed, reordered
+    ([256_000] + [16] * 63, [1] * 64, 2, 264), ([16] * 63 + [256_000], [4] * 64, 1, 132),
+    ([100_000, 300, 90_000, 0, 700, 5] * 6, [4, 1, 2, 3, 0, 4] * 6, 1, 264),  # two groups interleaved
     ([35_000] * 16, [4] * 16, 1, 264),  # all lengths equal
     ([5000], [1], 1, 264), ([262_144], [4], 1, 264), ([1], [1], 1, 1),  # B = 1
     ([0, 0, 0], [1, 2, 0], 1, 264), ([9, 9], [0, 0], 2, 264),  # all empty
@@ -300,7 +353,7 @@ def test_plan_gpu_equals_python_under_interpreter():
 
 def test_plan_gpu_checks_its_arguments():
     torch = pytest.importorskip("torch")
-    from vattn.planner import plan_gpu
+    from vattn.planner import WORK_FIELDS, plan_gpu
 
     lens, cu = torch.tensor([5, 6], dtype=torch.int32), torch.tensor([0, 1, 2], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"seq_lens: got torch.int64 \(2,\); expected contiguous int32 \[B\]"):
@@ -309,11 +362,11 @@ def test_plan_gpu_checks_its_arguments():
         plan_gpu(lens, cu[:2], num_kv_heads=1, slots=8, mode="fixed", out={})
     with pytest.raises(ValueError, match=r"out: got \[\]; expected a dict with keys work_seq, work_start"):
         plan_gpu(lens, cu, num_kv_heads=1, slots=8, mode="fixed", out={})
-    out = {f: torch.zeros(8, dtype=torch.int32) for f in ("work_seq", "work_start", "work_end", "work_part")}
+    out = {f: torch.zeros(10, dtype=torch.int32) for f in WORK_FIELDS}
     out.update(seq_part_start=torch.zeros(3, dtype=torch.int32), num_items=torch.zeros(1, dtype=torch.int32))
     out["work_end"] = torch.zeros(7, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"out\['work_end'\]: got torch.int32 \(7,\) on cpu; expected contiguous "
-                                         r"int32 \(8,\) on cpu \(W = max_work_items\(B=2, ...\) = 8\)"):
+                                         r"int32 \(10,\) on cpu \(W = max_work_items\(B=2, ...\) = 10\)"):
         plan_gpu(lens, cu, num_kv_heads=1, slots=8, mode="fixed", out=out)
     with pytest.raises(ValueError, match=r"mode: got 'lean'"):
         plan_gpu(lens, cu, num_kv_heads=1, slots=8, mode="lean", out=out)
@@ -350,11 +403,11 @@ def test_plan_gpu_replays_in_a_cuda_graph(mode):
 
     import torch
 
-    from vattn.planner import FIELDS, plan_gpu
+    from vattn.planner import WORK_FIELDS, plan_gpu
 
     batch, hkv, slots = 20, 1, 264
     width = max_work_items(batch, hkv, slots)
-    out = {f: torch.zeros(width, dtype=torch.int32, device="cuda") for f in FIELDS[:4]}
+    out = {f: torch.zeros(width, dtype=torch.int32, device="cuda") for f in WORK_FIELDS}
     out["seq_part_start"] = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
     out["num_items"] = torch.zeros(1, dtype=torch.int32, device="cuda")
     lens = torch.full((batch,), 1000, dtype=torch.int32, device="cuda")

@@ -44,3 +44,25 @@ def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_
         (s, p) for s in ("tiny-fp8", "tiny-fp16-page1") for p in ("balanced", "length_aware", "fixed")}
     assert all(r["rel_err"] < 5e-3 and r["nan"] is False and r["device"] == "cpu-interpreter" for r in vattn_rows)
     assert [r["shape"] for r in records if r["impl"] == "sdpa"] == ["tiny-fp8", "tiny-fp16-page1"]
+
+
+@pytest.mark.slow
+def test_host_overhead_dry_run_times_every_part(tmp_path):
+    """--host-overhead's plumbing on a CPU under Triton's interpreter (its times mean nothing there)."""
+    out = tmp_path / "host.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.bench", "--host-overhead", "--dry-run",
+                           "--planners", "balanced", "--host-calls", "2", "--out", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = json.loads(out.read_text())
+    assert [r["shape"] for r in records] == ["tiny-fp8", "tiny-fp16-page1"]
+    for part in ("call", "plan", "attention", "launch_plan", "launch_main", "launch_reduce"):
+        assert all(r[f"{part}_host_us"] > 0 for r in records), part
+    assert "python" in proc.stdout
+
+
+def test_host_overhead_needs_a_gpu_or_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit, match=r"--host-overhead --dry-run: set TRITON_INTERPRET=1"):
+        bench.main(["--host-overhead", "--dry-run"])
