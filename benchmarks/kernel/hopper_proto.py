@@ -1,0 +1,124 @@
+"""The Hopper main kernel (vattn/hopper/main_sm90.cu) against the Triton main kernel on the same batches,
+one H200 invocation: correctness against vattn.reference through vattn's reduce, and main-kernel time.
+
+    python -m benchmarks.kernel.hopper_proto --shapes 16x35k,16x70k --out proto.json
+
+The Hopper kernel runs one CTA per SM (160 KB of shared memory), so its plan is balanced for 132 slots per
+KV head; the Triton kernel keeps its own plan (2 programs per SM). Both are timed like the bench: CUDA-graph
+replays over L2-cold replicas of the KV pool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from benchmarks.kernel import harness
+from benchmarks.kernel.shapes import select
+
+
+def _plan_tensors(shape, slots: int, device: str):
+    import torch
+
+    from vattn.planner import plan_python
+
+    lists = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=slots,
+                        mode="balanced")
+    return {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device=device)
+            for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
+
+
+def run_shape(shape, batches, replays: int, descriptors, variants: dict) -> dict:
+    import torch
+
+    import vattn
+    from benchmarks.kernel.bench import _time_planner, _workspace
+    from vattn import kernel as K
+    from vattn.hopper.build import MainSm90
+
+    b = batches.get(shape)
+    gqa = shape.num_q_heads // shape.num_kv_heads
+    qlen = max(shape.q_lens)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = _plan_tensors(shape, sm, "cuda")
+    width = plan["work_seq"].shape[0]
+    o_part = torch.empty(width, shape.num_kv_heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
+    lse_part = torch.empty(width, shape.num_kv_heads, 64, dtype=torch.float32, device="cuda")
+    ref = b.reference()
+    rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width)
+
+    def reduce():
+        K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen)
+
+    per = lambda fn: harness.timed_graph(fn, replays) / b.replicas
+    for name, defines in variants.items():
+        kern = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
+
+        def hopper(r, v_lbo, v_sbo):
+            kern.launch(*b.attention_args(r), plan, o_part, lse_part, v_lbo=v_lbo, v_sbo=v_sbo)
+
+        for lbo, sbo in descriptors:  # which reading of the MN-major V descriptor is right shows here
+            o_part.fill_(float("nan"))
+            hopper(0, lbo, sbo)
+            reduce()
+            torch.cuda.synchronize()
+            rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
+        lbo, sbo = descriptors[0]
+        rec[f"hopper_main_us_{name}"] = per(lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
+    rec["hopper_main_us"] = min(rec[f"hopper_main_us_{n}"] for n in variants)
+    rec["hopper_reduce_us"] = per(lambda: [reduce() for _ in range(b.replicas)])
+    ws = _workspace(shape, b, None)
+    times, _ = _time_planner(shape, "balanced", b, ws, replays)
+    rec.update({f"triton_{k}": v for k, v in times.items()})
+    rec["hopper_main_tbps"] = shape.kv_bytes / rec["hopper_main_us"] / 1e6
+    rec["triton_main_tbps"] = shape.kv_bytes / rec["triton_main_us"] / 1e6
+    rec["device"] = torch.cuda.get_device_name(0)
+    rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return rec
+
+
+def _variants(text: str) -> dict:
+    out = {}
+    for item in filter(None, text.split(";")):
+        name, _, defs = item.partition(":")
+        out[name] = dict(d.split("=") for d in filter(None, defs.split(",")))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="16x35k")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--descriptors", default="8192:1024,1024:8192",
+                    help="V descriptor (LBO:SBO bytes) readings to check; the first is timed")
+    ap.add_argument("--variants", default="base", help="kernel builds to check and time: ';'-separated "
+                    "NAME[:DEFINE=VALUE,...] (extra -D constants of main_sm90.cu)")
+    ap.add_argument("--out", default="hopper-proto.json")
+    a = ap.parse_args(argv)
+    descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
+    batches = harness.BatchCache("cuda")
+    records = []
+    for shape in select(a.shapes):
+        try:
+            rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants))
+        except Exception as e:  # keep the other shapes' rows
+            rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    with open(a.out, "w") as f:
+        json.dump(records, f, indent=1)
+    print(f"{'shape':20s} {'hopper main':>12s} {'TB/s':>6s} {'triton main':>12s} {'TB/s':>6s} {'ratio':>6s}  rel_err")
+    for r in records:
+        if "error" in r:
+            print(f"{r['shape']:20s} error: {r['error'][:200]}")
+            continue
+        errs = " ".join(f"{k[8:]}={v:.1e}" for k, v in r.items() if k.startswith("rel_err"))
+        stages = " ".join(f"{k[15:]}={v:.1f}" for k, v in r.items() if k.startswith("hopper_main_us_"))
+        print(f"{r['shape']:20s} {r['hopper_main_us']:12.1f} {r['hopper_main_tbps']:6.2f} {r['triton_main_us']:12.1f} "
+              f"{r['triton_main_tbps']:6.2f} {r['triton_main_us'] / r['hopper_main_us']:6.2f}  {stages} {errs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

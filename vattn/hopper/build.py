@@ -1,0 +1,142 @@
+"""Build vattn's Hopper main kernel (main_sm90.cu) at first use and launch it through the CUDA driver API.
+
+nvcc compiles the source to a cubin for sm_90a (wgmma needs the `a` target); the cubin is cached under
+~/.cache/vattn by a hash of the source and the compile-time shape, and loaded with cuModuleLoadData. The
+launch is a ctypes call of cuLaunchKernel on torch's current stream, so it is captured by CUDA graphs like
+any other kernel, and needs no PyTorch C++ extension (whose build takes a minute)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("main_sm90.cu")
+CACHE = Path(os.environ.get("VATTN_CACHE", Path.home() / ".cache" / "vattn"))
+THREADS = 256
+QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu
+
+
+def _wgmma_wrappers() -> str:
+    """The two wgmma shapes the kernel issues, as inline-PTX functions (their operand lists are long)."""
+    d32 = ", ".join(f"%{i}" for i in range(32))
+    out32 = ", ".join(f'"+f"(d[{i}])' for i in range(32))
+    d128 = ", ".join(f"%{i}" for i in range(128))
+    out128 = ", ".join(f'"+f"(d[{i}])' for i in range(128))
+    return f"""
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %34, 0;\\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {{{d32}}}, %32, %33, p, 1, 1, 0, 0;\\n}}\\n"
+               : {out32}
+               : "l"(da), "l"(db), "r"(scale_d));
+}}
+__device__ __forceinline__ void wgmma_rs_n256(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {{{d128}}}, {{%128, %129, %130, %131}}, %132, p, 1, 1, 1;\\n}}\\n"
+               : {out128}
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}}
+"""
+
+
+def source(**defines: int) -> str:
+    head = "".join(f"#define {k} {v}\n" for k, v in sorted(defines.items()))
+    return head + SOURCE.read_text().replace("// @WGMMA_WRAPPERS@", _wgmma_wrappers(), 1)
+
+
+def nvcc() -> str:
+    for path in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if path and Path(path).exists():
+            return path
+    raise RuntimeError("vattn's Hopper kernel needs nvcc (CUDA 12.3+): not on PATH or in /usr/local/cuda/bin")
+
+
+def compile_cubin(defines: dict, *, verbose: bool = False) -> Path:
+    """The cached cubin for these compile-time constants, compiled now if absent."""
+    src = source(**defines)
+    key = hashlib.sha256(src.encode()).hexdigest()[:16]
+    out = CACHE / f"vattn_main_sm90_{key}.cubin"
+    if out.exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = Path(tmp) / "main_sm90.cu"
+        cu.write_text(src)
+        cmd = [nvcc(), "-cubin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v",
+               "-o", str(Path(tmp) / "k.cubin"), str(cu)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+        if verbose:
+            print(res.stderr.strip())
+        shutil.move(str(Path(tmp) / "k.cubin"), out)
+    return out
+
+
+class _Driver:
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def check(self, rc: int, what: str) -> None:
+        if rc != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(name))
+            raise RuntimeError(f"{what}: CUDA driver error {rc} ({name.value.decode() if name.value else '?'})")
+
+
+@functools.lru_cache(maxsize=None)
+def _driver() -> _Driver:
+    return _Driver()
+
+
+class MainSm90:
+    """The loaded kernel for one compile-time shape."""
+
+    def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None):
+        import torch
+
+        if head_dim != 256 or gqa * 4 < QROWS or QROWS % gqa:
+            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa}: the prototype covers head_dim 256 "
+                             f"with max_q_len x gqa == {QROWS}")
+        torch.cuda.current_stream()  # the primary context current on this thread
+        torch.zeros(1, device="cuda")
+        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | dict(extra_defines or {})
+        self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2  # Q, K and V stages
+        drv = _driver()
+        image = compile_cubin(self.defines).read_bytes()
+        self._image = ctypes.create_string_buffer(image, len(image))
+        self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
+        drv.check(drv.lib.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
+        drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, b"vattn_main_sm90"),
+                  "cuModuleGetFunction")
+        drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
+
+    def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+               softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024) -> None:
+        import torch
+
+        P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+        ptr = lambda t: P(t.data_ptr() if t is not None else 0)
+        vals = [
+            ptr(q), I64(q.stride(0)), I64(q.stride(1)),
+            ptr(k_cache), I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
+            ptr(v_cache), I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2)),
+            ptr(block_tables), I64(block_tables.stride(0)), ptr(seq_lens), ptr(cu_seqlens_q),
+            ptr(k_descale), ptr(v_descale), F32(softmax_scale),
+            ptr(plan_tensors["work_seq"]), ptr(plan_tensors["work_start"]), ptr(plan_tensors["work_end"]),
+            ptr(plan_tensors["work_part"]), ptr(plan_tensors["work_order"]),
+            ptr(o_part), I64(o_part.stride(0)), I64(o_part.stride(1)), I64(o_part.stride(2)),
+            ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), I32(v_lbo), I32(v_sbo),
+        ]
+        args = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in vals])
+        stream = P(torch.cuda.current_stream().cuda_stream)
+        grid_y = plan_tensors["work_seq"].shape[0]
+        drv = _driver()
+        drv.check(drv.lib.cuLaunchKernel(self.fn, k_cache.shape[2], grid_y, 1, THREADS, 1, 1, self.smem, stream,
+                                         args, None), "cuLaunchKernel")
