@@ -252,7 +252,9 @@ class Bound:
     Bounds by); the launch reads their data pointers, whose alignment is part of the launch key."""
 
     def __init__(self, kernel: Kernel, args: tuple, kwargs: dict, live: tuple):
-        self.kernel, self.args, self.kwargs, self.live = kernel, args, kwargs, live
+        # the live tensors are not kept: a binding outlives its first call's tensors (a KV cache among them)
+        self.kernel, self.kwargs, self.live = kernel, kwargs, live
+        self.args = tuple(None if i in live else a for i, a in enumerate(args))
         self.launch = self._slow_launch
         full = kernel.full_args(args, kwargs) if kernel.fast else None
         if full is None or not live:

@@ -229,3 +229,18 @@ def test_plan_checks_once_per_signature(dev, monkeypatch):  # noqa: F811
         vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=4, page_size=16, workspace=ws)
     with pytest.raises(ValueError, match=r"cu_seqlens_q.shape: got \(2,\)"):
         vattn.plan(x["seq_lens"], x["cu_seqlens_q"][:2], num_kv_heads=2, page_size=16, workspace=ws)
+
+
+def test_a_binding_keeps_no_live_tensor(fake):
+    import gc
+    import weakref
+
+    kern, st = fake
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0,))
+    b.launch(1, 1, 1, x)
+    ref = weakref.ref(x)
+    del x
+    st["slow"].clear()  # the stand-in normal path's record of the first launch
+    gc.collect()
+    assert ref() is None and b.args[3] is y  # the frozen one is held: its pointer is baked in
