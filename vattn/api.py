@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from vattn.contract import KV_DTYPES
-from vattn.planner import DEFAULT_PLANNER, FIELDS, PLANNERS, launch_plan, max_work_items, plan_python
+from vattn.planner import DEFAULT_PLANNER, FIELDS, PLANNERS, max_work_items, plan_python
 from vattn.workspace import Workspace, interpreting
 
 
@@ -41,6 +41,19 @@ class Plan:
     num_work_items: int  # W for this batch size
     mode: str
     workspace: Workspace
+    # attention()'s checked call signatures (_attention_signature) -> the call's launches, and the last
+    # one used (a tuple compare is cheaper than hashing it: most calls repeat the previous signature)
+    calls: dict = field(default_factory=dict, compare=False, repr=False)
+    last: list = field(default_factory=lambda: [None, None], compare=False, repr=False)
+
+
+SIGNATURES_KEPT = 64  # checked call signatures kept per workspace / plan; past it the cache restarts
+
+
+def _keep(cache: dict, sig, run) -> None:
+    if len(cache) >= SIGNATURES_KEPT:
+        cache.clear()
+    cache[sig] = run
 
 
 def _check_int_vector(name: str, t, length: int | None, device) -> None:
@@ -72,9 +85,17 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     num_kv_heads, page_size: must match the workspace. mode: "balanced" | "length_aware" | "fixed".
     On CUDA this is one launch of vattn.planner.plan_gpu, no host sync (graph-safe); on a CPU
     (Triton's interpreter) the pure-Python twin plans from the host values.
-    """
-    import torch
 
+    The checks run once per call signature (the lengths' shapes, strides, dtypes, devices and the
+    settings); a call whose signature was checked before launches at once.
+    """
+    if not debug:
+        try:
+            run = workspace.plan_calls.get(_plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode))
+        except Exception:  # not tensors, not a workspace, unhashable settings: the checks below say which
+            run = None
+        if run is not None:
+            return run(seq_lens, cu_seqlens_q)
     ws = workspace
     if not isinstance(ws, Workspace):
         _bad("workspace", type(ws).__name__, "a vattn.Workspace")
@@ -95,15 +116,44 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     pl = ws.plans.get((batch, mode))
     if pl is None:  # first call with this batch size: views of the workspace's buffers, kept
         pl = ws.plans[batch, mode] = _new_plan(ws, batch, mode)
-    if ws.device.type == "cuda":  # the lengths and views are checked above: launch without plan_gpu's checks
-        launch_plan(seq_lens, cu_seqlens_q, pl.tensors, num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
-    else:  # CPU (the interpreter): the host twin reads the lengths
+    run = _plan_run(ws, pl, seq_lens, cu_seqlens_q, num_kv_heads, mode)
+    _keep(ws.plan_calls, _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode), run)
+    return run(seq_lens, cu_seqlens_q)
+
+
+def _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode) -> tuple:
+    """Everything plan()'s checks look at but the workspace (whose cache this keys)."""
+    return (seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, cu_seqlens_q.shape,
+            cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device, num_kv_heads, page_size, mode)
+
+
+def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, num_kv_heads: int, mode: str):
+    """plan()'s work for lengths of this signature (checked): run(seq_lens, cu_seqlens_q) -> pl."""
+    import torch
+
+    if ws.device.type == "cuda":  # the lengths and views are checked: launch without plan_gpu's checks
+        from vattn import launcher
+        from vattn.planner import PLAN_LIVE, _plan_kernel, plan_launch_args
+
+        args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, pl.tensors, num_kv_heads=num_kv_heads,
+                                        slots=ws.slots, mode=mode)
+        launch = launcher.kernel(_plan_kernel()).bind(args, kwargs, PLAN_LIVE).launch
+
+        def run(seq_lens, cu_seqlens_q):
+            launch(1, 1, 1, seq_lens, cu_seqlens_q)
+            return pl
+        run.launch = lambda seq_lens, cu_seqlens_q: launch(1, 1, 1, seq_lens, cu_seqlens_q)
+        return run
+
+    def run_on_host(seq_lens, cu_seqlens_q):  # CPU (the interpreter): the host twin reads the lengths
         cu = cu_seqlens_q.tolist()
         lists = plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
                             num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
         for f in FIELDS:
             pl.tensors[f].copy_(torch.tensor(getattr(lists, f), dtype=torch.int32), non_blocking=False)
-    return pl
+        return pl
+    run_on_host.launch = run_on_host
+    return run_on_host
 
 
 def _new_plan(ws: Workspace, batch: int, mode: str) -> Plan:
@@ -179,11 +229,32 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     new tokens). cu_seqlens_q: [B+1] int32. k_descale, v_descale: [1] fp32 device tensors
     (required with fp8 KV, else None). softmax_scale: default 1/sqrt(D). plan: from vattn.plan
     for these seq_lens/cu_seqlens_q. out: optional [T, Hq, D] in q's dtype.
+
+    The checks run once per call signature (every tensor's shape, strides, dtype and device, the
+    softmax scale, the plan); with the Triton backend alone, a call whose signature was checked
+    before goes straight to its launches.
     """
     import torch
 
+    if not debug and len(_BACKENDS) == 1:
+        try:
+            sig = _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
+                                       v_descale, softmax_scale, out)
+            last = plan.last
+            if sig == last[0]:
+                run = last[1]
+            else:
+                run = plan.calls.get(sig)
+                if run is not None:
+                    last[0], last[1] = sig, run
+        except Exception:  # not tensors, not a plan, unhashable: the checks below say which
+            run = None
+        if run is not None:
+            return run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
     ws = _check_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
                           v_descale, softmax_scale, plan, out)
+    sig = _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                               softmax_scale, out)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[2])
     if debug:
@@ -197,8 +268,10 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
             float(softmax_scale), plan, out)
     if backend is TRITON:
-        TRITON.run(*args)
-        return out
+        run = _triton_run(*args)
+        _keep(plan.calls, sig, run)
+        plan.last[0], plan.last[1] = sig, run
+        return run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
     try:
         backend.run(*args)
     except Exception as exc:  # a fast path that cannot build or launch must not take serving down
@@ -206,6 +279,77 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
         warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
         TRITON.run(*args)
     return out
+
+
+def _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                         softmax_scale, out) -> tuple:
+    """Everything _check_attention looks at but the plan (whose cache this keys). A [1] descale's
+    stride is never read; out=None stands for torch.empty_like(q), a function of q's signature."""
+    return (q.shape, q.stride(), q.dtype, q.device,
+            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
+            block_tables.shape, block_tables.stride(), block_tables.dtype, block_tables.device,
+            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device,
+            cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
+            None if k_descale is None else (k_descale.shape, k_descale.dtype, k_descale.device),
+            None if v_descale is None else (v_descale.shape, v_descale.dtype, v_descale.device),
+            softmax_scale,
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+
+
+def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                plan: Plan, out):
+    """The Triton backend's launches for calls of this (checked) signature, bound once:
+    run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out) -> out."""
+    import torch
+
+    from vattn import kernel as K
+    from vattn import launcher
+
+    ws = plan.workspace
+    args, kwargs = K.main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
+                                      v_descale, softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa,
+                                      max_q_len=ws.max_q_len, config=ws.config)
+    main = launcher.kernel(K._attn_main_kernel).bind(args, kwargs, K.MAIN_LIVE).launch
+    heads, width = k_cache.shape[2], plan.tensors["work_seq"].shape[0]
+    red = K.reduce_launch_args(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
+                               gqa=ws.gqa, max_q_len=ws.max_q_len)
+    reduce = None
+    if red is not None:
+        (r0, r1, r2), args, kwargs = red
+        reduce = launcher.kernel(K._reduce_kernel).bind(args, kwargs, K.REDUCE_LIVE).launch
+    empty_like = torch.empty_like
+
+    def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
+        if out is None:
+            out = empty_like(q)
+        if k_descale is None:  # the kernel's placeholder pointers (main_launch_args), never read
+            k_descale = v_descale = seq_lens
+        main(heads, width, 1, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
+        if reduce is not None:
+            reduce(r0, r1, r2, cu_seqlens_q, out)
+        return out
+
+    # the two launches alone, for the host-time split of benchmarks/kernel (launch_parts)
+    run.launch_main = lambda *live: main(heads, width, 1, *live)
+    run.launch_reduce = (lambda cu_seqlens_q, out: reduce(r0, r1, r2, cu_seqlens_q, out)) if reduce else (
+        lambda cu_seqlens_q, out: None)
+    return run
+
+
+def launch_parts(plan: Plan, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale=None,
+                 v_descale=None, softmax_scale=None, *, out) -> dict:
+    """The three launches of a vattn.plan + vattn.attention call with these arguments, as zero-argument
+    callables (launch_plan, launch_main, launch_reduce), exactly as the call makes them: bound launches of
+    vattn.launcher. Both calls must have run once with these arguments (that checks and binds them)."""
+    ws = plan.workspace
+    prun = ws.plan_calls[_plan_signature(seq_lens, cu_seqlens_q, ws.num_kv_heads, ws.page_size, plan.mode)]
+    run = plan.calls[_attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
+                                          v_descale, softmax_scale, out)]
+    kd, vd = (k_descale, v_descale) if k_descale is not None else (seq_lens, seq_lens)
+    return dict(launch_plan=lambda: prun.launch(seq_lens, cu_seqlens_q),
+                launch_main=lambda: run.launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, kd, vd),
+                launch_reduce=lambda: run.launch_reduce(cu_seqlens_q, out))
 
 
 def _check_pages(block_tables, seq_lens, num_pages: int, page_size: int) -> None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from vattn import launcher
+
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 FP8_MAX = 448.0  # largest finite e4m3fn value
 
@@ -405,6 +407,11 @@ def _compute_dtype(q_dtype, kv_dtype):
     return tl.bfloat16 if _is(kv_dtype, "bfloat16") else tl.float16
 
 
+# positions in main_launch_args' args of the tensors that change between calls (vattn.api's bindings):
+# q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q and the two descales (seq_lens without them)
+MAIN_LIVE = (0, 3, 7, 11, 13, 14, 15, 16)
+
+
 def main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                      softmax_scale, plan_tensors, o_part, lse_part, *, gqa: int, max_q_len: int,
                      config: MainConfig):
@@ -455,7 +462,7 @@ def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
     args, kwargs = main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                                     k_descale, v_descale, softmax_scale, plan_tensors, o_part,
                                     lse_part, gqa=gqa, max_q_len=max_q_len, config=config)
-    _attn_main_kernel[(k_cache.shape[2], num_items)](*args, **kwargs)
+    launcher.kernel(_attn_main_kernel).launch((k_cache.shape[2], num_items, 1), args, kwargs)
 
 
 @triton.jit
@@ -513,13 +520,25 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     A token whose sequence has no pieces (L = 0) gets O = 0. block_p: partials merged per step of a
     row's serial loop (32: a 256k sequence split 250 ways takes 8 steps; [32, 256] fp32 is 64
     registers a thread at 4 warps)."""
+    launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
+                                block_p=block_p)
+    if launch is not None:
+        launcher.kernel(_reduce_kernel).launch(*launch)
+
+
+# positions in reduce_launch_args' args of the tensors that change between calls (vattn.api's bindings)
+REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
+
+
+def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
+                       block_p: int = 32):
+    """(grid, args, kwargs) of the reduce kernel, or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
-        return
-    _reduce_kernel[(batch, max_q_len, out.shape[1])](
+        return None
+    return (batch, max_q_len, out.shape[1]), (
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1),
-        G=gqa, D=out.shape[2], BLOCK_P=block_p, num_warps=4 if out.shape[2] >= 128 else 2,
-    )
+    ), dict(G=gqa, D=out.shape[2], BLOCK_P=block_p, num_warps=4 if out.shape[2] >= 128 else 2)

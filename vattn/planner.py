@@ -390,10 +390,20 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
 def launch_plan(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str) -> None:
     """plan_gpu's launch without its checks, for a caller that has checked the same things (vattn.plan:
     the lengths against its workspace, `out` the workspace's own views)."""
+    from vattn import launcher
+
+    args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode)
+    launcher.kernel(_plan_kernel()).launch((1, 1, 1), args, kwargs)
+
+
+PLAN_LIVE = (0, 1)  # positions in plan_launch_args' args of seq_lens, cu_seqlens_q (vattn.api's bindings)
+
+
+def plan_launch_args(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str):
+    """(args, kwargs) of the plan kernel: the lengths, `out`'s views, the shape's scalars; constexprs."""
     scalars, constexprs = _launch_params(seq_lens.shape[0], num_kv_heads, slots, mode)
-    _plan_kernel()[(1,)](
-        seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
-        out["seq_part_start"], out["num_items"], out["work_order"], *scalars, **constexprs)
+    return (seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
+            out["seq_part_start"], out["num_items"], out["work_order"], *scalars), dict(constexprs)
 
 
 @functools.lru_cache(maxsize=1024)

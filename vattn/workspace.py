@@ -91,6 +91,8 @@ class Workspace:
         self._alloc()
         # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call
         self.plans: dict = {}
+        # vattn.plan's checked call signatures (see vattn.api._plan_signature) -> the call's launch
+        self.plan_calls: dict = {}
 
     def _alloc(self) -> None:
         import torch

@@ -244,7 +244,8 @@ def _run(a) -> int:
 
 def _host_overhead(a) -> int:
     """--host-overhead: host time (us) per eager vattn call on tiny batches, and its parts: how much is
-    vattn's Python (checks, packing) and how much Triton's three launches; a graph replay for scale."""
+    vattn's Python (the call-signature lookup) and how much the three launches as the call makes them
+    (vattn.launcher's bound launches into Triton's compiled launcher); a graph replay for scale."""
     from vattn.workspace import interpreting
 
     device = "cpu" if a.dry_run else "cuda"
@@ -259,7 +260,7 @@ def _host_overhead(a) -> int:
     records = [harness.host_overhead(s, device, a.host_calls, mode) for s in shapes
                for mode in _parse_planners(a.planners)]
     cols = [f"{p}_host_us" for p in harness.HOST_PARTS] + ["device_us"]
-    print("host us per eager call; python = call - the three launch_* (vattn's checks and packing)")
+    print("host us per eager call; launch_*: vattn.launcher's bound launches; python = call - the three launch_*")
     print(f"{'shape':>16s} {'planner':>12s} " + " ".join(f"{c[:-3].removesuffix('_host'):>13s}" for c in cols)
           + f" {'python':>8s}")
     for r in records:
@@ -350,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1 on tiny shapes: "
                     "checks the bench's plumbing; its timings mean nothing")
     ap.add_argument("--host-overhead", action="store_true", help="host time per eager call (plan + attention) and "
-                    "its parts (vattn's Python, Triton's launches, a graph replay) on tiny batches; no bandwidth")
+                    "its parts (vattn's Python; the plan, main and reduce launches through vattn.launcher; a graph "
+                    "replay) on tiny batches; no bandwidth")
     ap.add_argument("--host-calls", type=int, default=400, help="with --host-overhead: calls timed per part")
     ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "
                     "rows (those marked default_config when any are) and exit")

@@ -255,12 +255,13 @@ def enqueue_us(fn, calls: int, device: str, chunk: int = 20) -> float:
 
 def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: str = "balanced") -> dict:
     """Host time (us) per eager call of vattn.plan + vattn.attention on `shape`, and its parts: plan and
-    attention alone, the bare Triton launches of the plan, main and reduce kernels (Triton's share; the
-    rest of plan/attention is vattn's Python: checks, argument packing), and the host time of one CUDA
-    graph replay of the whole call. device_us: the call's GPU time in a graph, for scale."""
+    attention alone, the plan, main and reduce launches as the call makes them (vattn.launcher's bound
+    launches: the live tensors' data pointers, the cache key, the compiled kernel's launcher; the rest of
+    plan/attention is vattn's Python: the call-signature lookup, or on a new signature the checks), and
+    the host time of one CUDA graph replay of the whole call. device_us: the call's GPU time in a graph,
+    for scale."""
     import vattn
-    from vattn import kernel as K
-    from vattn.planner import launch_plan
+    from vattn.api import launch_parts
 
     b = Batch(shape, device)
     ws = vattn.Workspace(head_dim=shape.head_dim, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
@@ -277,14 +278,9 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     def call():
         vattn.attention(*args, plan=plan(), out=b.out)
 
-    parts = dict(
-        call=call, plan=plan, attention=lambda: vattn.attention(*args, plan=pl, out=b.out),
-        launch_plan=lambda: launch_plan(b.seq_lens, b.cu, pl.tensors, num_kv_heads=shape.num_kv_heads,
-                                        slots=ws.slots, mode=mode),
-        launch_main=lambda: K.launch_main(*args, pl.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa,
-                                          max_q_len=ws.max_q_len, config=ws.config),
-        launch_reduce=lambda: K.launch_reduce(ws.o_part, ws.lse_part, pl.tensors["seq_part_start"], b.cu, b.out,
-                                              gqa=ws.gqa, max_q_len=ws.max_q_len))
+    call()  # checks and binds this call's signature, which launch_parts reads
+    parts = dict(call=call, plan=plan, attention=lambda: vattn.attention(*args, plan=pl, out=b.out),
+                 **launch_parts(pl, *args, out=b.out))
     rec = dict(shape_fields(shape, "vattn", mode), calls=calls)
     rec.update({f"{name}_host_us": enqueue_us(fn, calls, device) for name, fn in parts.items()})
     if device == "cuda":

@@ -1,0 +1,246 @@
+"""vattn.launcher (cached compiled launches) and vattn.api's per-signature checks, on a CPU.
+
+The launch key must change whenever Triton would pick another binary (dtype, 16-byte alignment of a
+pointer, an int's value and so its ==1 / %16 / width specialisation, a constexpr or launch option,
+the device) and stay equal otherwise. The fast path runs here against a stand-in compiled kernel
+(no GPU): what it hands the launcher, and when it must take the normal path instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vattn
+from vattn import launcher
+
+from test_api import dev, planned  # noqa: F401  (dev: the fixture, CPU under the interpreter or the GPU)
+
+
+def _t(dtype=torch.float16, offset=0):
+    return torch.zeros(64, dtype=dtype)[offset:]
+
+
+def test_spec_key_changes_with_what_triton_specialises_on():
+    a = _t()
+    base = launcher.spec_key(0, (a, 32, 5, 0.5), dict(D=64, num_warps=4))
+    assert base == launcher.spec_key(0, (_t(), 32, 5, 0.5), dict(D=64, num_warps=4))  # other tensor, same kind
+    assert base == launcher.spec_key(0, (a, 32, 5, 0.25), dict(D=64, num_warps=4))  # floats: never specialised
+    assert base == launcher.spec_key(0, (a, 32, 5, 0.5), dict(num_warps=4, D=64))  # kwarg order
+    for changed in [
+        (1, (_t(torch.bfloat16), 32, 5, 0.5), dict(D=64, num_warps=4)),  # dtype
+        (1, (_t(offset=4), 32, 5, 0.5), dict(D=64, num_warps=4)),  # 8-byte offset: not 16-byte aligned
+        (1, (a, 33, 5, 0.5), dict(D=64, num_warps=4)),  # no longer divisible by 16
+        (1, (a, 32, 1, 0.5), dict(D=64, num_warps=4)),  # == 1 (a constexpr to Triton)
+        (1, (a, 32, 2**31 + 5, 0.5), dict(D=64, num_warps=4)),  # i64
+        (1, (a, 32, True, 0.5), dict(D=64, num_warps=4)),  # bool, equal to 1 in Python
+        (1, (a, 32, 5, 1), dict(D=64, num_warps=4)),  # int where a float was
+        (1, (a, 32, 5, 0.5), dict(D=128, num_warps=4)),  # constexpr
+        (1, (a, 32, 5, 0.5), dict(D=64, num_warps=8)),  # launch option
+        (1, (a, 32, 5, None), dict(D=64, num_warps=4)),  # None
+    ]:
+        key = launcher.spec_key(0, *changed[1:])
+        assert key is not None and key != base, changed
+    assert launcher.spec_key(1, (a, 32, 5, 0.5), dict(D=64, num_warps=4)) != base  # device
+    assert launcher.spec_key(0, (a, [1]), {}) is None  # a kind it does not know: the normal path
+    assert launcher.spec_key(0, (a,), dict(X=[1])) is None  # unhashable constexpr
+
+
+class _Compiled:
+    """A CompiledKernel stand-in: its launcher records what it is handed."""
+
+    function = 7
+    packed_metadata = (4, 1, 0)
+
+    def __init__(self, calls, fail=False):
+        self.calls, self.fail = calls, fail
+
+    def _init_handles(self):
+        pass
+
+    def run(self, *args):
+        if self.fail:
+            raise RuntimeError("launch failed")
+        self.calls.append(args)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A CUDA-capable environment stand-in (device and stream are plain ints) and a JIT kernel whose
+    normal path is recorded instead of compiled."""
+    import triton
+    from triton import knobs
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+    @triton.jit
+    def k(x_ptr, n, scale, y_ptr, BLOCK: "tl.constexpr"):  # noqa: F821
+        pass
+
+    state = dict(device=0, slow=[], fast=[], fail=False)
+
+    class Env(launcher._Env):
+        def __init__(self):
+            self.ok, self.JITFunction, self.rt, self.chain = True, triton.runtime.jit.JITFunction, knobs.runtime, \
+                knobs.HookChain
+            self.device = lambda: state["device"]
+            self.stream = lambda dev: 100 + dev
+            self.version = "3.9.0"
+
+    monkeypatch.setattr(launcher, "_ENV", Env())
+    kern = launcher.Kernel(k)
+    assert kern.fast
+
+    def slow(self, grid, args, kwargs):
+        state["slow"].append((grid, tuple(args), dict(kwargs)))
+        return _Compiled(state["fast"], fail=state["fail"])
+
+    monkeypatch.setattr(launcher.Kernel, "slow", slow)
+    return kern, state
+
+
+def test_launch_reuses_the_binary_only_for_the_same_key(fake):
+    kern, st = fake
+    x, y = _t(torch.float32), _t(torch.float32)
+    kern.launch((2,), (x, 32, 0.5, y), dict(BLOCK=64, num_warps=4))
+    assert len(st["slow"]) == 1 and not st["fast"]
+    kern.launch((2,), (x, 32, 0.25, y), dict(BLOCK=64, num_warps=4))
+    assert len(st["slow"]) == 1
+    # every parameter in order, the constexpr at its place: what JITFunction.run hands the launcher
+    assert st["fast"][-1] == (2, 1, 1, 100, 7, (4, 1, 0), None, None, None, x, 32, 0.25, y, 64)
+    kern.launch((2,), (x, 48, 0.5, y), dict(BLOCK=64, num_warps=4))  # another int value: the normal path
+    kern.launch((2,), (x[1:], 32, 0.5, y), dict(BLOCK=64, num_warps=4))  # misaligned pointer
+    kern.launch((2,), (x.half(), 32, 0.5, y), dict(BLOCK=64, num_warps=4))  # dtype
+    kern.launch((2,), (x, 32, 0.5, y), dict(BLOCK=128, num_warps=4))  # constexpr
+    st["device"] = 1
+    kern.launch((2,), (x, 32, 0.5, y), dict(BLOCK=64, num_warps=4))  # device
+    assert len(st["slow"]) == 6 and len(st["fast"]) == 1
+
+
+def test_bound_launch_reads_live_pointers_and_keys_their_alignment(fake):
+    kern, st = fake
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0,))
+    b.launch(3, 1, 1, x)
+    b.launch(3, 1, 1, x)
+    assert len(st["slow"]) == 1 and len(st["fast"]) == 1
+    assert st["fast"][0] == (3, 1, 1, 100, 7, (4, 1, 0), None, None, None, x.data_ptr(), 32, 0.5, y.data_ptr(), 64)
+    b.launch(3, 1, 1, x[1:])  # misaligned live pointer: another specialisation, through the normal path
+    assert len(st["slow"]) == 2 and st["slow"][-1][1][0].data_ptr() == x[1:].data_ptr()
+    b.launch(3, 1, 1, x[2:])  # misaligned again: now cached under its own key
+    assert len(st["slow"]) == 2 and st["fast"][-1][9] == x[2:].data_ptr()
+    # a binding with the same frozen kinds shares the binaries; another dtype does not
+    assert kern.bind((x, 32, 0.7, _t(torch.float32)), dict(BLOCK=64), live=(0,)).entries is b.entries
+    assert kern.bind((x.half(), 32, 0.5, y), dict(BLOCK=64), live=(0,)).key != b.key
+    assert kern.bind((x, 32, 0.5, y.half()), dict(BLOCK=64), live=(0,)).key != b.key
+    assert kern.bind((x, 16, 0.5, y), dict(BLOCK=64), live=(0,)).key != b.key
+    assert kern.bind((x, 32, 0.5, y), dict(BLOCK=32), live=(0,)).key != b.key
+
+
+def test_fast_path_steps_aside(fake, monkeypatch):
+    from triton import knobs
+
+    kern, st = fake
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0, 3))
+    b.launch(1, 1, 1, x, y)
+    b.launch(1, 1, 1, x, y)
+    assert (len(st["slow"]), len(st["fast"])) == (1, 1)
+    hook = lambda meta: None  # noqa: E731  a profiler's: it needs the normal path's launch metadata
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        b.launch(1, 1, 1, x, y)
+        kern.launch((1,), (x, 32, 0.5, y), dict(BLOCK=64))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert (len(st["slow"]), len(st["fast"])) == (3, 1)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    b.launch(1, 1, 1, x, y)
+    assert (len(st["slow"]), len(st["fast"])) == (4, 1)
+    monkeypatch.setattr(knobs.runtime, "debug", False)
+    st["fail"] = True  # a launcher that raises: that call goes through the normal path
+    b2 = kern.bind((x, 64, 0.5, y), dict(BLOCK=64), live=(0, 3))
+    b2.launch(1, 1, 1, x, y)
+    b2.launch(1, 1, 1, x, y)
+    assert (len(st["slow"]), len(st["fast"])) == (6, 1)
+
+
+def test_interpreter_and_cpu_take_the_normal_path(monkeypatch):
+    calls = []
+
+    class Fn:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((grid, a, kw))
+
+    kern = launcher.Kernel(Fn())  # not a JITFunction (the interpreter's), or no CUDA: never fast
+    assert not kern.fast
+    kern.launch((1, 1, 1), (1, 2), dict(B=3))
+    kern.bind((torch.zeros(2), 2), dict(B=3), live=(0,)).launch(4, 1, 1, torch.ones(2))
+    assert [c[0] for c in calls] == [(1, 1, 1), (4, 1, 1)] and calls[1][1][0].tolist() == [1.0, 1.0]
+
+
+def test_attention_checks_once_per_signature(dev, monkeypatch):  # noqa: F811
+    from vattn import api
+
+    launches, checks = [], []
+    monkeypatch.setattr(launcher.Kernel, "slow", lambda self, grid, args, kwargs: launches.append(grid))
+    real_check = api._check_attention
+    monkeypatch.setattr(api, "_check_attention", lambda *a: checks.append(1) or real_check(*a))
+    x, pl = planned(dev)
+    vattn.attention(**x, plan=pl)
+    vattn.attention(**x, plan=pl)
+    assert len(checks) == 1 and len(pl.calls) == 1 and len(launches) == 4  # main + reduce, twice
+    x2 = dict(x, block_tables=torch.zeros(2, 7, dtype=torch.int32, device=dev))  # another stride: checked
+    vattn.attention(**x2, plan=pl)
+    assert len(checks) == 2 and len(pl.calls) == 2
+    # after a checked call, a changed tensor is still refused with its field, value and what is allowed
+    for change, match in [
+        (dict(q=x["q"].float()), r"q.dtype: got torch.float32"),
+        (dict(q=x["q"].transpose(1, 2).contiguous().transpose(1, 2)), r"q.stride: got \(1024, 1, 8\)"),
+        (dict(block_tables=x["block_tables"].long()), r"block_tables: got torch.int64"),
+        (dict(seq_lens=x["seq_lens"][:1]), r"seq_lens.shape: got \(1,\)"),
+        (dict(k_descale=None), r"k_descale: got None"),
+        (dict(v_descale=torch.ones(2, device=dev)), r"v_descale: got torch.float32 numel=2"),
+        (dict(softmax_scale=-1.0), r"softmax_scale: got -1.0"),
+        (dict(k_cache=x["k_cache"].to(torch.bfloat16)), r"k_cache.dtype: got torch.bfloat16"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            vattn.attention(**dict(x, **change), plan=pl)
+    if dev == "cpu":
+        with pytest.raises(ValueError, match=r"seq_lens.device: got meta"):
+            vattn.attention(**dict(x, seq_lens=x["seq_lens"].to("meta")), plan=pl)
+
+
+def test_plan_checks_once_per_signature(dev, monkeypatch):  # noqa: F811
+    from vattn import api
+
+    x, pl = planned(dev)
+    ws = pl.workspace
+    assert len(ws.plan_calls) == 1
+    calls = []
+    real = api._check_int_vector
+    monkeypatch.setattr(api, "_check_int_vector", lambda *a: calls.append(a[0]) or real(*a))
+    monkeypatch.setattr(launcher.Kernel, "slow", lambda self, grid, args, kwargs: None)
+    again = vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws)
+    assert again is pl and not calls
+    with pytest.raises(ValueError, match=r"seq_lens.dtype: got torch.int64"):
+        vattn.plan(x["seq_lens"].long(), x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws)
+    with pytest.raises(ValueError, match=r"num_kv_heads: got 4"):
+        vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=4, page_size=16, workspace=ws)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q.shape: got \(2,\)"):
+        vattn.plan(x["seq_lens"], x["cu_seqlens_q"][:2], num_kv_heads=2, page_size=16, workspace=ws)
+
+
+def test_a_binding_keeps_no_live_tensor(fake):
+    import gc
+    import weakref
+
+    kern, st = fake
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0,))
+    b.launch(1, 1, 1, x)
+    ref = weakref.ref(x)
+    del x
+    st["slow"].clear()  # the stand-in normal path's record of the first launch
+    gc.collect()
+    assert ref() is None and b.args[3] is y  # the frozen one is held: its pointer is baked in
