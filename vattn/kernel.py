@@ -475,23 +475,25 @@ def _reduce_kernel(
     seq_part_start_ptr, cu_q_ptr,
     # [T, Hq, D]
     out_ptr, stride_ot, stride_oh_out,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    b = tl.program_id(0)
+    ND: tl.constexpr = D // BLOCK_D
+    hq = tl.program_id(0) // ND
+    d = (tl.program_id(0) % ND) * BLOCK_D + tl.arange(0, BLOCK_D)
     j = tl.program_id(1)
-    hq = tl.program_id(2)
+    b = tl.program_id(2)
+    # the four index loads are independent: one memory latency before the partials' loads, not two
     q0 = tl.load(cu_q_ptr + b)
     n_q = tl.load(cu_q_ptr + b + 1) - q0
+    p_first = tl.load(seq_part_start_ptr + b)
+    p_last = tl.load(seq_part_start_ptr + b + 1)
     if j >= n_q:
         return
     h = hq // G
     row = j * G + hq % G
-    p_first = tl.load(seq_part_start_ptr + b)
-    p_last = tl.load(seq_part_start_ptr + b + 1)
-    d = tl.arange(0, D)
     m_i = tl.full([], float("-inf"), tl.float32)
     l_i = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([D], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
     for c in range(p_first, p_last, BLOCK_P):
         parts = c + tl.arange(0, BLOCK_P)
         ok = parts < p_last
@@ -515,13 +517,19 @@ def _reduce_kernel(
 
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int,
-                  max_q_len: int, block_p: int = 32) -> None:
-    """Grid (B, max_q_len, Hq): one program per output row; absent tokens return at once.
-    A token whose sequence has no pieces (L = 0) gets O = 0. block_p: partials merged per step of a
-    row's serial loop (32: a 256k sequence split 250 ways takes 8 steps; [32, 256] fp32 is 64
-    registers a thread at 4 warps)."""
+                  max_q_len: int, block_p: int = 16, block_d: int = 64) -> None:
+    """Grid (Hq x D / BLOCK_D, max_q_len, B): one program per (output row, D chunk of block_d); absent
+    tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0.
+
+    The reduce is bound by memory latency, not bytes: a program waits one round trip for its indices and
+    one per chunk of block_p partials, and the GPU overlaps as many programs as fit. One warp on a
+    [16, 64] fp32 chunk (32 values a thread, ~62 registers) fits 32 programs an SM (the block limit),
+    against 5 for the [32, 256] chunk on 4 warps (96 registers): a sequence of few partials pays one
+    chunk of 16 rows on a quarter of D, and a long one (hundreds of partials) is reduced by D / block_d
+    programs a row. The batch is the slowest grid axis, so a long first sequence's programs start first
+    instead of being spread over the launch."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
-                                block_p=block_p)
+                                block_p=block_p, block_d=block_d)
     if launch is not None:
         launcher.kernel(_reduce_kernel).launch(*launch)
 
@@ -531,14 +539,16 @@ REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
 
 
 def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
-                       block_p: int = 32):
+                       block_p: int = 16, block_d: int = 64):
     """(grid, args, kwargs) of the reduce kernel, or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
         return None
-    return (batch, max_q_len, out.shape[1]), (
+    head_dim = out.shape[2]
+    block_d = min(block_d, head_dim)
+    return (out.shape[1] * (head_dim // block_d), max_q_len, batch), (
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1),
-    ), dict(G=gqa, D=out.shape[2], BLOCK_P=block_p, num_warps=4 if out.shape[2] >= 128 else 2)
+    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=1)

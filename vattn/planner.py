@@ -245,6 +245,9 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
                       MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, NCAND: tl.constexpr,
                       TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr, OVERHEAD: tl.constexpr):
     # seq_lens: [B] int32; cu_seqlens_q: [B+1] int32; work_*: [W] int32; seq_part_start: [B+1]; num_items: [1]
+    # One program, latency-bound: its time is the instruction count of its serial path. The 2-D tiles put
+    # the batch on axis 0 and reduce over it, which Triton's default layout keeps inside each thread (the
+    # other axis runs across lanes): a reduction is one add or max a value, not a warp reduction a row.
     offs = tl.arange(0, BLOCK_B)
     in_b = offs < batch
     seq_len = tl.load(seq_lens + offs, mask=in_b, other=0)
@@ -268,22 +271,24 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
             hi = tl.maximum(hi, lo)
         if MODE == 2:
             lo = tl.maximum(lo - OVERHEAD, 1)
-        # NCAND-ary search instead of bisection: each round tests NCAND caps at once (one [NCAND, BLOCK_B]
+        # NCAND-ary search instead of bisection: each round tests NCAND caps at once (one [BLOCK_B, NCAND]
         # tile) and keeps the gap between the last infeasible and the first feasible one, so the span
-        # shrinks from s to <= ceil(s / NCAND) - 1 per round: few serial rounds (usually 1-2, since the
-        # bracket is tight), each a handful of warp reductions. hi counts as feasible (as bisection never
+        # shrinks from s to <= ceil(s / NCAND) - 1 per round: few serial rounds (usually 1, since the
+        # bracket is tight), each a division per tile element. hi counts as feasible (as bisection never
         # tests it), which makes the answer the bisection's one exactly.
         cand = tl.arange(0, NCAND)
+        t2 = tiles[:, None].to(tl.uint32)
         while lo < hi:
             step = (hi - lo + NCAND - 1) // NCAND
             caps = tl.minimum(lo + cand * step, hi)  # [NCAND], non-decreasing
-            held = (tiles[None, :] + caps[:, None] - 1) // caps[:, None]  # [NCAND, BLOCK_B] pieces per cap
+            c2 = caps[None, :].to(tl.uint32)
+            held = ((t2 + c2 - 1) // c2).to(tl.int32)  # [BLOCK_B, NCAND] pieces per cap (unsigned: cheaper)
             if MODE == 2:  # _slot_need: sequences of <= cap/2 tiles packed, tiles + OVERHEAD each
-                small = (2 * tiles[None, :] <= caps[:, None]) & (tiles[None, :] > 0)
-                packed = tl.sum(tl.where(small, tiles[None, :] + OVERHEAD, 0), 1)
-                need = tl.sum(tl.where(small, 0, held), 1) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
+                small = (2 * t2 <= c2) & (t2 > 0)
+                packed = tl.sum(tl.where(small, tiles[:, None] + OVERHEAD, 0), 0)
+                need = tl.sum(tl.where(small, 0, held), 0) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
             else:
-                need = tl.sum(held, 1)
+                need = tl.sum(held, 0)
             fits = (need <= cap_budget) | (caps >= hi)  # monotone in the cap: a prefix fails, the rest fits
             new_lo = tl.max(tl.where(fits, lo - 1, caps), 0) + 1
             hi = tl.min(tl.where(fits, caps, hi), 0)
@@ -300,18 +305,22 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     tl.store(seq_part_start + offs, starts, mask=offs == 0)
     tl.store(seq_part_start + offs + 1, ends, mask=in_b)
     tl.store(num_items, n_items)
-    # -- work items: item w < n_items belongs to sequence #{b : ends[b] <= w} (ends is non-decreasing),
-    # whose first row is the largest such end (0 if none); its length is gathered from memory. Two
-    # reductions of a [BLOCK_W, BLOCK_B] tile per block of items (the host keeps the tile small), three
-    # with balanced's launch order: split pieces before w's sequence, to place w among the split pieces
-    # (first the n_split of them) or, single, among the rest. --
-    split_pieces = tl.where(pieces > 1, pieces, 0)
-    n_split = tl.sum(split_pieces, 0)
-    for w0 in range(0, width, BLOCK_W):
+    # -- work items: item w < n_items belongs to sequence #{b : ends[b] <= w} (ends is non-decreasing), whose
+    # first row is the largest such end (0 if none). Those b are a prefix, so both come from one max over
+    # the batch of key[b] = ends[b] << 16 | (b + 1) where ends[b] <= w (the host keeps W < 2^15). key is
+    # built from the scan's output alone, so the tile takes one converted vector and the per-sequence
+    # arithmetic above is not recomputed in the tile's layout. The item's length is gathered from memory.
+    # balanced's launch order places a split sequence's item among the split items by their running count
+    # in row order, a single one among the rest after the n_split split ones. Blocks past n_items only
+    # pad. --
+    key = ((ends << 16) | (offs + 1))[:, None]  # padded b: ends == n_items > w
+    n_split = tl.sum(tl.where(pieces > 1, pieces, 0), 0)
+    split_seen = n_items * 0  # split items before the current block
+    for w0 in range(0, n_items, BLOCK_W):
         w = w0 + tl.arange(0, BLOCK_W)
-        before = ends[None, :] <= w[:, None]  # [BLOCK_W, BLOCK_B]; padded b have ends == n_items > w
-        seq = tl.sum(before.to(tl.int32), 1)
-        first = tl.max(tl.where(before, ends[None, :], 0), 1)
+        found = tl.max(tl.where(key <= ((w << 16) | 0xFFFF)[None, :], key, 0), 0)  # the last such b's key
+        seq = found & 0xFFFF  # the count of such b
+        first = found >> 16
         real = w < n_items
         length = tl.load(seq_lens + seq, mask=real, other=0)
         if MODE == 0:  # a real item's sequence has q_len > 0, so its tiles are cdiv(L, TILE)
@@ -326,13 +335,22 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         tl.store(work_end + w, tl.where(real, end, 0), mask=m)
         tl.store(work_part + w, tl.where(real, w, -1), mask=m)
         if MODE == 2:  # a permutation of 0..n_items-1 (scattered), then -1 past it
-            split_before = tl.sum(tl.where(before, split_pieces[None, :], 0), 1)
-            own = ((length + TILE - 1) // TILE + hi - 1) // hi  # pieces of w's sequence
-            slot = tl.where(own > 1, split_before, n_split + first - split_before) + (w - first)
+            split = (real & (length > seg_tokens)).to(tl.int32)  # more than one piece: tiles > hi
+            split_before = split_seen + tl.cumsum(split, 0) - split
+            split_seen += tl.sum(split, 0)
+            slot = tl.where(split > 0, split_before, n_split + w - split_before)
             tl.store(work_order + slot, w, mask=real)
             tl.store(work_order + w, -1, mask=m & (w >= n_items))
         else:
             tl.store(work_order + w, tl.where(real, w, -1), mask=m)
+    for w0 in range((n_items + BLOCK_W - 1) // BLOCK_W * BLOCK_W, width, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        m = w < width
+        tl.store(work_seq + w, -1, mask=m)
+        tl.store(work_start + w, 0, mask=m)
+        tl.store(work_end + w, 0, mask=m)
+        tl.store(work_part + w, -1, mask=m)
+        tl.store(work_order + w, -1, mask=m)
 
 
 _KERNELS: dict = {}
@@ -411,13 +429,20 @@ def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str) -> tupl
     """(batch, width, budget, nseg) and the constexpr kwargs of the plan kernel: a function of the shape
     only, so built once per batch size, not on every call (the caller copies the dict into its call)."""
     nseg = max(1, min(SEG_MAX, _pow2floor(slots // (max(batch, 1) * num_kv_heads))))
-    block_b = max(16, 1 << max(batch - 1, 0).bit_length())
-    # A one-program launch on a tiny problem: one warp (reductions by warp shuffles, no shared-memory
-    # barriers) while the batch fits it, and 2-D tiles ([NCAND, BLOCK_B], [BLOCK_W, BLOCK_B]) of at most
-    # 2048 elements so they stay in registers.
-    num_warps = 1 if block_b <= 32 else 2 if block_b <= 128 else 4
-    scalars = (batch, max_work_items(batch, num_kv_heads, slots), slot_budget(num_kv_heads, slots), nseg)
+    width = max_work_items(batch, num_kv_heads, slots)
+    if width >= 1 << 15:  # the item loop packs a count and a row index into one int32 sum
+        raise ValueError(f"batch: got {batch}; the plan kernel needs max_work_items < 32768, got {width}")
+    block_b = 1 << max(batch - 1, 0).bit_length()
+    # A one-program launch on a tiny problem, bound by the latency of its serial instructions. Each thread
+    # holds a whole column of the [BLOCK_B, *] tiles (at most 64 rows: warps split the batch axis past 64),
+    # so reductions over the batch are adds in registers; one warp (no barriers) while the batch fits it.
+    # BLOCK_W: items a step, sized to ~2048 tile values (fewer steps over the ~SLOTS items); NCAND: caps a
+    # search round, ~8 tile values a thread (the bracket spans a few caps, so one round is the rule).
+    num_warps = 1 if block_b <= 32 else 2 if block_b <= 64 else 4 if block_b <= 256 else 8
+    warps_on_b = min(num_warps, max(1, block_b // 64))
+    block_w = max(32 * (num_warps // warps_on_b), min(256, 2048 // block_b))
+    scalars = (batch, width, slot_budget(num_kv_heads, slots), nseg)
     return scalars, dict(
-        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=max(16, min(512, 2048 // block_b)),
-        NCAND=max(4, min(32, 2048 // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES,
+        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=block_w,
+        NCAND=max(8, min(32, 256 * num_warps // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES,
         OVERHEAD=PIECE_OVERHEAD_TILES, num_warps=num_warps)
