@@ -1,4 +1,4 @@
-"""The kernel switch: the environment variables that turn vattn on or off and pick its split planner.
+"""The kernel switch: the environment variables that turn vattn on or off and pick its planner and kernel.
 
 This is the whole set; an A/B recipe's arms may differ in these variables and in nothing else.
 
@@ -8,6 +8,9 @@ This is the whole set; an A/B recipe's arms may differ in these variables and in
                  it in both arms (pipeline/config/arms.py), so a run never depends on this default.
     VATTN_PLAN   vattn's split planner, one of vattn.planner.PLANNERS; unset or empty means balanced.
                  Read only while VATTN is on (the baseline has its own fixed split).
+    VATTN_HOPPER 1 (or true/on/yes): vattn's Hopper kernel (vattn/hopper) serves the calls it covers on an
+                 sm_90 GPU; unset, empty or 0: the Triton kernel. Read when vattn is imported, and only
+                 while VATTN is on.
 
 Every reader of the switch (the sglang gate, the emulator, the recipe validation) parses it here, so
 one value means one thing everywhere. Pure Python: no torch, no triton, nothing outside vattn.
@@ -21,7 +24,8 @@ from vattn.planner import PLANNERS
 
 VATTN = "VATTN"
 VATTN_PLAN = "VATTN_PLAN"
-SWITCH_VARS = (VATTN, VATTN_PLAN)
+VATTN_HOPPER = "VATTN_HOPPER"
+SWITCH_VARS = (VATTN, VATTN_PLAN, VATTN_HOPPER)
 DEFAULT_PLAN = "balanced"
 ON_VALUES = ("1", "true", "on", "yes")
 OFF_VALUES = ("0", "false", "off", "no")
@@ -49,6 +53,17 @@ def parse_plan(value: str | None) -> str:
     return plan
 
 
+def parse_hopper(value: str | None) -> bool:
+    """The meaning of one VATTN_HOPPER value: True = the Hopper kernel where it applies. None or empty = off."""
+    flag = (value or "").strip().lower()
+    if flag in OFF_VALUES or flag == "":
+        return False
+    if flag in ON_VALUES:
+        return True
+    raise ValueError(f"VATTN_HOPPER: got {value!r}; allowed: 0 or 1 (also false/true, off/on, no/yes); "
+                     f"unset means 0")
+
+
 def enabled(env: Mapping[str, str] | None = None) -> bool:
     """Whether vattn serves, read from `env` (default: this process's environment)."""
     env = os.environ if env is None else env
@@ -59,6 +74,12 @@ def plan_mode(env: Mapping[str, str] | None = None) -> str:
     """vattn's split planner, read from `env` (default: this process's environment)."""
     env = os.environ if env is None else env
     return parse_plan(env.get(VATTN_PLAN))
+
+
+def hopper(env: Mapping[str, str] | None = None) -> bool:
+    """Whether vattn's Hopper kernel is asked for, read from `env` (default: this process's environment)."""
+    env = os.environ if env is None else env
+    return parse_hopper(env.get(VATTN_HOPPER))
 
 
 def switch_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -40,17 +40,19 @@ def check_switch_vars(names: list[str]) -> list[str]:
     return names
 
 
-def _effect(env: Mapping[str, str]) -> tuple[bool, str | None]:
-    """What an arm's switch asks for: (vattn on, its planner); the planner is read only when on."""
+def _effect(env: Mapping[str, str]) -> tuple[bool, str | None, bool | None]:
+    """What an arm's switch asks for: (vattn on, its planner, its Hopper kernel); the last two are read
+    only when on."""
     on = switch.enabled(env)
-    return on, switch.plan_mode(env) if on else None
+    return on, switch.plan_mode(env) if on else None, switch.hopper(env) if on else None
 
 
 def _check_switch_values(arm_name: str, env: Mapping[str, str]) -> None:
     if switch.VATTN not in env:
         raise ValueError(f"arms.{arm_name}.env: VATTN is not set (found {dict(env)}); set it in both arms, "
                          f"{SWITCH_HINT}. An unset VATTN means on, so the arm would not say which kernel it runs")
-    for var, parse in ((switch.VATTN, switch.parse_vattn), (switch.VATTN_PLAN, switch.parse_plan)):
+    for var, parse in ((switch.VATTN, switch.parse_vattn), (switch.VATTN_PLAN, switch.parse_plan),
+                       (switch.VATTN_HOPPER, switch.parse_hopper)):
         if var in env:
             try:
                 parse(env[var])

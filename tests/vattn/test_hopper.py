@@ -86,3 +86,70 @@ def test_matches_reference(case):
     assert not torch.isnan(out).any()
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < 5e-3, f"{case}: rel_err {rel:.2e}"
+
+
+# -- the backend (vattn.hopper.backend) -------------------------------------------------------------
+
+def test_backend_is_registered_only_when_opted_in():
+    import os
+    import subprocess
+    import sys
+
+    code = "import vattn; print(','.join(b.name for b in vattn.api._BACKENDS))"
+    env = {k: v for k, v in os.environ.items() if k != "VATTN_HOPPER"}
+    names = [subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True,
+                            check=True).stdout.strip() for extra in ({}, {"VATTN_HOPPER": "1"}, {"VATTN_HOPPER": "0"})]
+    assert names == ["triton", "hopper_sm90,triton", "triton"]
+
+
+def test_backend_declines_a_cpu_workspace():
+    torch = pytest.importorskip("torch")
+    import vattn
+    from vattn.hopper import backend
+
+    ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
+                         q_dtype=torch.bfloat16, page_size=16, max_q_len=4, max_batch=2, device="cpu")
+    k = torch.zeros(4, 16, 1, 256, dtype=torch.float8_e4m3fn)
+    assert not backend.supports(ws, torch.zeros(4, 16, 256, dtype=torch.bfloat16), k)
+
+
+
+@pytest.mark.gpu
+def test_attention_runs_on_the_hopper_backend_when_registered():
+    torch = _hopper_gpu()
+    import vattn
+    from vattn import api
+    from vattn.hopper import backend
+
+    used = []
+
+    def counted(*args):
+        used.append(1)
+        backend.run(*args)
+
+    api.register_backend(api.Backend(backend.BACKEND.name, backend.supports, counted))
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        seq_lens, q_lens = [5000, 77, 1], [4, 3, 1]
+        pages = [-(-n // 16) for n in seq_lens]
+        k = torch.randn(sum(pages) + 1, 16, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        v = torch.randn(sum(pages) + 1, 16, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        tables = torch.zeros(3, max(pages), dtype=torch.int32, device="cuda")
+        first = 0
+        for b, n in enumerate(pages):
+            tables[b, :n] = torch.arange(first, first + n, dtype=torch.int32, device="cuda")
+            first += n
+        batch = dict(q=torch.randn(sum(q_lens), 16, 256, device="cuda", generator=gen).to(torch.bfloat16),
+                     k_cache=k, v_cache=v, block_tables=tables,
+                     seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
+                     cu_seqlens_q=torch.tensor([0, 4, 7, 8], dtype=torch.int32, device="cuda"),
+                     k_descale=torch.tensor([0.9], device="cuda"), v_descale=torch.tensor([1.1], device="cuda"))
+        ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
+                             q_dtype=torch.bfloat16, page_size=16, max_q_len=4, max_batch=3)
+        pl = vattn.plan(batch["seq_lens"], batch["cu_seqlens_q"], num_kv_heads=1, page_size=16, workspace=ws)
+        out = vattn.attention(**batch, plan=pl)
+        ref = vattn.reference(**batch, softmax_scale=256 ** -0.5)
+        assert used and backend.BACKEND.name not in api._FAILED
+        assert float((out.float() - ref).norm() / ref.norm()) < 5e-3
+    finally:
+        api._BACKENDS.remove(next(x for x in api._BACKENDS if x.name == backend.BACKEND.name))

@@ -301,6 +301,33 @@ def test_interp_failing_backend_falls_back_with_one_warning():
         api._FAILED.discard("fake-fast")
 
 
+@interp_only
+def test_interp_hopper_build_failure_falls_back_with_one_warning(monkeypatch):
+    """vattn.hopper.backend's own run, up to its build, which fails here (no sm_90a): one warning, Triton's answer."""
+    from vattn import api
+    from vattn.hopper import backend, build
+
+    def no_toolchain(**kwargs):
+        raise RuntimeError("nvcc failed: no sm_90a toolchain")
+
+    monkeypatch.setattr(build, "MainSm90", no_toolchain)
+    backend._kernel.cache_clear()
+    api.register_backend(api.Backend(backend.BACKEND.name, lambda ws, q, k: True, backend.run))
+    try:
+        b = make_batch([40, 9], [2, 1], gqa=2, num_kv_heads=1)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out1, _ = run_api(b, "balanced", max_q_len=2, slots=2)
+            out2, _ = run_api(b, "balanced", max_q_len=2, slots=2)
+        failed = [w for w in seen if backend.BACKEND.name in str(w.message)]
+        assert len(failed) == 1 and "nvcc failed" in str(failed[0].message)
+        assert rel_err(out1, reference(b)) < 2e-3 and torch.equal(out1, out2)
+    finally:
+        api._BACKENDS.remove(next(x for x in api._BACKENDS if x.name == backend.BACKEND.name))
+        api._FAILED.discard(backend.BACKEND.name)
+        backend._kernel.cache_clear()
+
+
 # -- GPU ---------------------------------------------------------------------------------------
 
 gpu = pytest.mark.gpu

@@ -37,3 +37,15 @@ def test_reads_the_process_env_by_default(monkeypatch):
     monkeypatch.setenv("VATTN_PLAN", "fixed")
     assert switch.enabled() is True and switch.plan_mode() == "fixed"
     assert switch.switch_env() == {"VATTN_PLAN": "fixed"}
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("1", True), (" Yes ", True),
+                                       ("off", False)])
+def test_hopper_values(value, on):
+    assert switch.parse_hopper(value) is on
+    assert switch.hopper({} if value is None else {"VATTN_HOPPER": value}) is on
+
+
+def test_hopper_junk_is_refused_with_the_allowed_values():
+    with pytest.raises(ValueError, match=r"VATTN_HOPPER: got 'sm90'; allowed: 0 or 1 .*unset means 0"):
+        switch.hopper({"VATTN_HOPPER": "sm90"})
