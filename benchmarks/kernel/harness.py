@@ -130,6 +130,21 @@ class BatchCache:
 
 # -- timing --------------------------------------------------------------------------------------------
 
+def capture(fn):
+    """A CUDA graph of fn, after one warm-up call (compiles, first touch) on a side stream outside capture."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
 def timed_graph(fn, replays: int, device: str = "cuda") -> float:
     """Capture fn once, replay it; median device time of one replay in us (on a CPU: one eager call's wall
     time, for dry runs)."""
@@ -139,14 +154,7 @@ def timed_graph(fn, replays: int, device: str = "cuda") -> float:
         t0 = time.perf_counter()
         fn()
         return (time.perf_counter() - t0) * 1e6
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # warm-up (compiles, first-touch) outside capture
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    g = capture(fn)
     g.replay()
     torch.cuda.synchronize()
     return _median_event_us(g.replay, replays)
@@ -284,16 +292,7 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     rec = dict(shape_fields(shape, "vattn", mode), calls=calls)
     rec.update({f"{name}_host_us": enqueue_us(fn, calls, device) for name, fn in parts.items()})
     if device == "cuda":
-        import torch
-
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            call()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            call()
+        g = capture(call)
         rec["graph_replay_host_us"] = enqueue_us(g.replay, calls, device)
         rec["device_us"] = _median_event_us(g.replay, 50)
     return rec
