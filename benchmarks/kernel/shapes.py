@@ -147,9 +147,10 @@ def long_among_short_shapes() -> list[Shape]:
 
 def host_shapes() -> list[Shape]:
     """Batches of tiny sequences, whose call time is host time (`bench --host-overhead`): 64 and 1 x 128
-    tokens, q4 and q1."""
+    tokens, q4 and q1, and 64 x 24 tokens (issue 18's "every sequence under 32 tokens": its graph replay's
+    device time is the record's device_us)."""
     return [uniform(64, 128, name="host-64x128"), uniform(64, 128, q_len=1, name="host-64x128-q1"),
-            uniform(1, 128, name="host-1x128")]
+            uniform(1, 128, name="host-1x128"), uniform(64, 24, name="host-64x24")]
 
 
 def uniform_grid() -> list[Shape]:
