@@ -15,7 +15,8 @@ QROWS, BLOCK_N = 64, 64  # the kernel's packed rows and its tile in tokens (whol
 
 
 def enabled() -> bool:
-    return switch.enabled() and switch.hopper()
+    """VATTN_HOPPER alone: whether vattn serves at all (VATTN) is the engine's gate to decide and report."""
+    return switch.hopper()
 
 
 @functools.lru_cache(maxsize=None)
