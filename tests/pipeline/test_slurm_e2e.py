@@ -147,7 +147,13 @@ def test_slurm_sweep_2x2_interrupted_then_resumed(slurm_cluster, tmp_path):
               600, proc)
     first_manifest = (first / "manifest.json").read_text()
     proc.send_signal(signal.SIGINT)  # Ctrl-C
-    assert proc.wait(120) == 130
+    try:
+        rc = proc.wait(120)
+    except subprocess.TimeoutExpired:  # say where it hangs: the sweep's own lines and what is still queued
+        proc.kill()
+        raise AssertionError(f"Ctrl-C: the sweep did not exit within 120 s; its output:\n{proc.stdout.read()[-4000:]}"
+                             f"\nsqueue: {_jobs(slurm_cluster)}") from None
+    assert rc == 130
     assert not _jobs(slurm_cluster), "Ctrl-C cancelled the running job"
     assert json.loads(first_manifest)["finished"] and not (out / "runs/c8-tp2").exists()
 
