@@ -140,8 +140,11 @@ def test_slurm_sweep_2x2_interrupted_then_resumed(slurm_cluster, tmp_path):
                    "tp": {"tp2": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp2"}}},
                           "tp4": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp4"}}}}}}))
     out = tmp_path / "sweep"
+    # SIGINT at its default in the child, as in a terminal: a test run started in the background (`cmd &`
+    # in a script) hands its children SIGINT ignored, and the Ctrl-C below would then do nothing
     proc = subprocess.Popen(_pipeline("sweep", str(sweep), "--out", str(out)), cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first, second = out / "runs/c4-tp2", out / "runs/c4-tp4"
     _wait_for(lambda: _manifest(second)["stages"].get("off", {}).get("load", {}).get("status") == "running",
               600, proc)
