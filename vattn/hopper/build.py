@@ -75,8 +75,14 @@ def compile_cubin(defines: dict, *, verbose: bool = False) -> Path:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
         if verbose:
             print(res.stderr.strip())
+        ptxas_report(out).write_text(res.stderr)
         shutil.move(str(Path(tmp) / "k.cubin"), out)
     return out
+
+
+def ptxas_report(cubin: Path) -> Path:
+    """Where compile_cubin keeps ptxas's -v report of a cubin: registers, spills, wgmma serialisation warnings."""
+    return cubin.with_suffix(".ptxas.txt")
 
 
 class _Driver:
