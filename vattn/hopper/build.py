@@ -23,7 +23,7 @@ QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu
 
 
 def _wgmma_wrappers() -> str:
-    """The two wgmma shapes the kernel issues, as inline-PTX functions (their operand lists are long)."""
+    """The three wgmma shapes the kernels issue, as inline-PTX functions (their operand lists are long)."""
     d32 = ", ".join(f"%{i}" for i in range(32))
     out32 = ", ".join(f'"+f"(d[{i}])' for i in range(32))
     d128 = ", ".join(f"%{i}" for i in range(128))
@@ -32,6 +32,12 @@ def _wgmma_wrappers() -> str:
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {{
   asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %34, 0;\\n"
                "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {{{d32}}}, %32, %33, p, 1, 1, 0, 0;\\n}}\\n"
+               : {out32}
+               : "l"(da), "l"(db), "r"(scale_d));
+}}
+__device__ __forceinline__ void wgmma_ss_n64_e4m3(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %34, 0;\\n"
+               "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {{{d32}}}, %32, %33, p, 1, 1;\\n}}\\n"
                : {out32}
                : "l"(da), "l"(db), "r"(scale_d));
 }}
@@ -101,8 +107,44 @@ def _driver() -> _Driver:
     return _Driver()
 
 
+def _k8(defines: dict) -> bool:
+    """K8=1 selects vattn_main_sm90_k8 (K read as e4m3 by the tensor cores, pages by TMA)."""
+    return str(defines.get("K8", 0)) not in ("0", "")
+
+
+class TensorMaps:
+    """TMA descriptors (CUtensorMap, 128 bytes) of the K and V caches for vattn_main_sm90_k8, encoded with
+    cuTensorMapEncodeTiled: a 4-D map [num_pages, PAGE, Hkv, D] of bytes, one box = one page of one KV head;
+    K in 128-byte column boxes with the 128-byte swizzle (the fp8 wgmma's layout), V in whole unswizzled rows."""
+
+    def __init__(self, k_cache, v_cache):
+        self.key = self.key_of(k_cache, v_cache)
+        self._buf = ctypes.create_string_buffer(2 * 128 + 64)
+        base = (ctypes.addressof(self._buf) + 63) & ~63  # CUtensorMap is 64-byte aligned
+        self.k, self.v = base, base + 128
+        self._encode(self.k, k_cache, box_inner=128, swizzle=3)  # CU_TENSOR_MAP_SWIZZLE_128B
+        self._encode(self.v, v_cache, box_inner=k_cache.shape[3], swizzle=0)  # CU_TENSOR_MAP_SWIZZLE_NONE
+
+    @staticmethod
+    def key_of(k_cache, v_cache) -> tuple:
+        return tuple((t.data_ptr(), tuple(t.shape), t.stride()) for t in (k_cache, v_cache))
+
+    @staticmethod
+    def _encode(addr: int, t, *, box_inner: int, swizzle: int) -> None:
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        pages, page, heads, dim = t.shape
+        dims = (u64 * 4)(dim, heads, page, pages)  # innermost first; e4m3: one byte per element
+        strides = (u64 * 3)(t.stride(2), t.stride(1), t.stride(0))
+        box = (u32 * 4)(box_inner, 1, page, 1)
+        ones = (u32 * 4)(1, 1, 1, 1)
+        drv = _driver()
+        # CU_TENSOR_MAP_DATA_TYPE_UINT8, rank 4, no interleave, L2 promotion 256B, no out-of-bounds fill
+        drv.check(drv.lib.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), 0, 4, ctypes.c_void_p(t.data_ptr()), dims,
+                                                 strides, box, ones, 0, swizzle, 3, 0), "cuTensorMapEncodeTiled")
+
+
 class MainSm90:
-    """The loaded kernel for one compile-time shape."""
+    """The loaded kernel for one compile-time shape (K8=1 in extra_defines: vattn_main_sm90_k8)."""
 
     def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None):
         import torch
@@ -113,14 +155,20 @@ class MainSm90:
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | dict(extra_defines or {})
-        self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2  # Q, K and V stages
+        self.k8 = _k8(self.defines)
+        if self.k8:  # Q hi and lo, 4 e4m3 K + V slots, 2 fp16 V stages, 8 mbarriers, 64 row scales
+            self.smem = 1024 + 2 * QROWS * head_dim + 4 * 2 * BLOCK_N * head_dim + STAGES * BLOCK_N * head_dim * 2 \
+                + 8 * 8 + QROWS * 4
+        else:  # Q, K and V stages (fp16)
+            self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
+        self._maps = None
         drv = _driver()
         image = compile_cubin(self.defines).read_bytes()
         self._image = ctypes.create_string_buffer(image, len(image))
         self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
         drv.check(drv.lib.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
-        drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, b"vattn_main_sm90"),
-                  "cuModuleGetFunction")
+        name = b"vattn_main_sm90_k8" if self.k8 else b"vattn_main_sm90"
+        drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, name), "cuModuleGetFunction")
         drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
 
     def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -129,10 +177,11 @@ class MainSm90:
 
         P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
         ptr = lambda t: P(t.data_ptr() if t is not None else 0)
-        vals = [
-            ptr(q), I64(q.stride(0)), I64(q.stride(1)),
+        caches = [] if self.k8 else [
             ptr(k_cache), I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
-            ptr(v_cache), I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2)),
+            ptr(v_cache), I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2))]
+        vals = [
+            ptr(q), I64(q.stride(0)), I64(q.stride(1)), *caches,
             ptr(block_tables), I64(block_tables.stride(0)), ptr(seq_lens), ptr(cu_seqlens_q),
             ptr(k_descale), ptr(v_descale), F32(softmax_scale),
             ptr(plan_tensors["work_seq"]), ptr(plan_tensors["work_start"]), ptr(plan_tensors["work_end"]),
@@ -140,7 +189,12 @@ class MainSm90:
             ptr(o_part), I64(o_part.stride(0)), I64(o_part.stride(1)), I64(o_part.stride(2)),
             ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), I32(v_lbo), I32(v_sbo),
         ]
-        args = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in vals])
+        params = [ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in vals]
+        if self.k8:  # the two CUtensorMap parameters, passed by value: the slot holds their address
+            if self._maps is None or self._maps.key != TensorMaps.key_of(k_cache, v_cache):
+                self._maps = TensorMaps(k_cache, v_cache)
+            params += [ctypes.c_void_p(self._maps.k), ctypes.c_void_p(self._maps.v)]
+        args = (ctypes.c_void_p * len(params))(*params)
         stream = P(torch.cuda.current_stream().cuda_stream)
         grid_y = plan_tensors["work_seq"].shape[0]
         drv = _driver()

@@ -13,6 +13,7 @@
 // Compile-time shape (-D): HEAD_DIM 256, GQA (query heads per KV head), QROWS = max_q_len x GQA = 64 (one
 // wgmma M), PAGE (tokens per page), BLOCK_N 64 (tokens per tile), STAGES.
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -187,14 +188,14 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
 // per-thread sums advance, and alpha is the factor O must be rescaled by before P.V.
 __device__ __forceinline__ void softmax_tile(float (&sc)[32], float& m0, float& m1, float& l0, float& l1, float& alpha0,
                                              float& alpha1, int ts, int end, int unmasked_end, int limit0, int limit1,
-                                             int n_q, float qk_scale, int cq) {
+                                             int n_q, float qk_scale0, float qk_scale1, int cq) {
   const bool masked = (ts + BLOCK_N > unmasked_end) || (n_q * GQA < QROWS);
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      float a = sc[4 * j + e] * qk_scale, b = sc[4 * j + 2 + e] * qk_scale;
+      float a = sc[4 * j + e] * qk_scale0, b = sc[4 * j + 2 + e] * qk_scale1;
       if (masked) {
         int pos = ts + 8 * j + cq + e;
         if (!(pos < end && pos < limit0)) a = -INFINITY;
@@ -259,6 +260,29 @@ __device__ __forceinline__ void issue_pv(float (&o)[128], const uint32_t (&pa)[1
     wgmma_rs_n256(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3],
                   desc(sv_addr + kk * 16 * 128, v_lbo, v_sbo));
   wg_commit();
+}
+
+// The partial of this CTA: the quad's row sums, O normalised and times v_descale, lse in log2 units; a row that
+// saw no key writes (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
+__device__ __forceinline__ void store_partial(const float (&o)[128], float m0, float m1, float l0, float l1,
+                                              const float* __restrict__ v_descale, float* __restrict__ ob, int64_t sor,
+                                              float* __restrict__ lb, int r0, int cq, int lane) {
+  l0 += __shfl_xor_sync(0xffffffff, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffff, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffff, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffff, l1, 2);
+  const float vd = v_descale ? *v_descale : 1.f;
+  const float s0 = l0 > 0.f ? vd / l0 : 0.f, s1 = l1 > 0.f ? vd / l1 : 0.f;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    int c = 8 * j + cq;
+    *reinterpret_cast<float2*>(ob + r0 * sor + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
+    *reinterpret_cast<float2*>(ob + (r0 + 8) * sor + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
+  }
+  if (lane % 4 == 0) {
+    lb[r0] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
+    lb[r0 + 8] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
+  }
 }
 
 #ifndef OVERLAP
@@ -377,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     wg_commit();
     wg_wait0();
     if (STAGES < n_tiles) bar_arrive(BAR_EMPTY_K, BAR_COUNT);
-    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start, end, unmasked_end, limit0, limit1, n_q, qk_scale, cq);
+    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start, end, unmasked_end, limit0, limit1, n_q, qk_scale, qk_scale, cq);
     pack_p(sc, pa);
   }
   for (int i = 1; i < n_tiles; ++i) {
@@ -392,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     wg_wait1();  // S(i) is complete (P(i - 1).V runs on): K(i) is free
     if (i + STAGES < n_tiles) bar_arrive(BAR_EMPTY_K + s, BAR_COUNT);
     softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start + i * BLOCK_N, end, unmasked_end, limit0, limit1, n_q,
-                 qk_scale, cq);
+                 qk_scale, qk_scale, cq);
     wg_wait0();  // P(i - 1).V is complete: V(i - 1) and the A fragments are free
     if (i - 1 + STAGES < n_tiles) bar_arrive(BAR_EMPTY_V + sp, BAR_COUNT);
     pack_p(sc, pa);
@@ -420,7 +444,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     const int ts = start + i * BLOCK_N;
 
     float alpha0, alpha1;
-    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, ts, end, unmasked_end, limit0, limit1, n_q, qk_scale, cq);
+    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, ts, end, unmasked_end, limit0, limit1, n_q, qk_scale, qk_scale, cq);
     uint32_t pa[16];
     pack_p(sc, pa);
     rescale_o(o, alpha0, alpha1);
@@ -442,23 +466,281 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   }
 #endif
 
-  // epilogue: the quad's row sums, normalise, v_descale, neutral rows as (O 0, lse -inf)
-  l0 += __shfl_xor_sync(0xffffffff, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffff, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffff, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffff, l1, 2);
-  const float vd = v_descale ? *v_descale : 1.f;
-  const float s0 = l0 > 0.f ? vd / l0 : 0.f, s1 = l1 > 0.f ? vd / l1 : 0.f;
-  float* ob = o_part + part * sow + h * soh;
+  store_partial(o, m0, m1, l0, l1, v_descale, o_part + part * sow + h * soh, sor, lse_part + part * slw + h * slh,
+                r0, cq, lane);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+
+// ======================= vattn_main_sm90_k8: K read by the tensor cores as stored (e4m3) =======================
+// The same plan, partials and consumer schedule as OVERLAP=1, with three changes aimed at the producer bound
+// (version log in benchmarks/NOTES.md):
+//   * K is never widened. S = Q.K^T runs as fp8 wgmma (m64n64k32, e4m3 x e4m3) on K as the copy engine wrote
+//     it, with Q split into two e4m3 parts: per row, y = q / s with s = amax / 28, hi = e4m3(y), lo =
+//     e4m3(16 (y - hi)), and the A operands 16 hi (exact: |16 hi| <= 448) and lo, accumulated in one chain:
+//     S = (16 hi + lo).K^T = 16 (q / s).K^T, so the row's logit scale takes s / 16. Q is then kept to ~2^-8,
+//     as the Triton path's split-Q (qk_fp8=2).
+//   * Pages arrive by TMA (cp.async.bulk.tensor, 4-D maps over the caches [num_pages, PAGE, Hkv, D]): K into
+//     the 128-byte-swizzled layout the fp8 wgmma reads, V into plain rows. One thread (warp 4, lane 0) issues
+//     them, RAW_SLOTS tiles ahead, completing on mbarriers; no register holds a tile in flight.
+//   * The other three producer warps widen V to fp16 (the P.V wgmma takes a 16-bit MN-major B) into STAGES
+//     stages, as in vattn_main_sm90.
+// Shared memory: Q hi and lo (32 KB), RAW_SLOTS x (K 16 KB + V 16 KB) e4m3 slots, STAGES x 32 KB fp16 V.
+#define K8_RAW_SLOTS 4
+#define K8_TILE (BLOCK_N * HEAD_DIM)      // one e4m3 K or V tile
+#define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
+#define K8_VH (BLOCK_N * HEAD_DIM * 2)    // one fp16 V stage
+#define K8_WIDEN 96                       // widening threads (warps 5-7)
+#define K8_BAR_COUNT (128 + K8_WIDEN)     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
+#define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + STAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 + QROWS * 4)
+static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
+static_assert(PAGE % 8 == 0, "a page is whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary)");
+
+// Byte offset of e4m3 element (row, col) of a [rows][HEAD_DIM] tile stored as regions of [rows][128 bytes],
+// 16-byte chunks XOR-swizzled by row % 8: what TMA's 128-byte swizzle writes and wgmma's 128B layout reads.
+__device__ __forceinline__ uint32_t swz8(int rows, int row, int col) {
+  int region = col / 128, c = col % 128;
+  return region * rows * 128 + row * 128 + ((((c >> 4) ^ (row & 7))) << 4) + (c & 15);
+}
+
+// S = (16 hi + lo).K^T: 8 k-steps of 32 head dims per part, both operands K-major in 128-byte regions.
+__device__ __forceinline__ void issue_qk8(float (&sc)[32], uint32_t qhi_addr, uint32_t qlo_addr, uint32_t sk_addr) {
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    int c = 8 * j + cq;
-    *reinterpret_cast<float2*>(ob + r0 * sor + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
-    *reinterpret_cast<float2*>(ob + (r0 + 8) * sor + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
+  for (int part = 0; part < 2; ++part) {
+#pragma unroll
+    for (int kk = 0; kk < HEAD_DIM / 32; ++kk) {
+      uint32_t qoff = (kk / 4) * (QROWS * 128) + (kk % 4) * 32;
+      uint32_t koff = (kk / 4) * (BLOCK_N * 128) + (kk % 4) * 32;
+      wgmma_ss_n64_e4m3(sc, desc((part ? qlo_addr : qhi_addr) + qoff, 16, 1024), desc(sk_addr + koff, 16, 1024),
+                        part > 0 || kk > 0);
+    }
   }
-  if (lane % 4 == 0) {
-    float* lb = lse_part + part * slw + h * slh;
-    lb[r0] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
-    lb[r0 + 8] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
+}
+
+__device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, int c0, int c1, int c2, int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+      ::"r"(smem_u32(dst)), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)) : "memory");
+}
+
+// Two e4m3 -> two floats.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t x) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)x, __NV_E4M3);
+  return __half22float2(*reinterpret_cast<__half2*>(&h));
+}
+__device__ __forceinline__ uint16_t float2_to_e4m3x2(float a, float b) {
+  return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
+    const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
+    const int* __restrict__ bt, int64_t stride_bt, const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
+    const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
+    const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
+    const int* __restrict__ work_part, const int* __restrict__ work_order,
+    float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
+    float* __restrict__ lse_part, int64_t slw, int64_t slh, int v_lbo, int v_sbo,
+    const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  char* sq_hi = smem;
+  char* sq_lo = sq_hi + K8_Q;
+  char* raw = sq_lo + K8_Q;                                  // slot r: K at r * 2 * K8_TILE, V right after it
+  char* sv = raw + K8_RAW_SLOTS * 2 * K8_TILE;               // STAGES fp16 V tiles
+  uint64_t* raw_full = reinterpret_cast<uint64_t*>(sv + STAGES * K8_VH);
+  uint64_t* raw_empty = raw_full + K8_RAW_SLOTS;
+  float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
+
+  const int h = blockIdx.x;
+  const int w = work_order[blockIdx.y];
+  if (w < 0) return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
+  const int seq = work_seq[w];
+  const int start = work_start[w];
+  const int end = work_end[w];
+  const int64_t part = work_part[w];
+  const int kv_len = seq_lens[seq];
+  const int q0 = cu_q[seq];
+  const int n_q = cu_q[seq + 1] - q0;
+  const int n_tiles = (end - start + BLOCK_N - 1) / BLOCK_N;
+  const int tid = threadIdx.x;
+  const int* bt_row = bt + (int64_t)seq * stride_bt;
+
+  if (tid == 0) {
+    for (int r = 0; r < K8_RAW_SLOTS; ++r) {
+      mbar_init(&raw_full[r], 1);                 // the copying thread's expect_tx; the copies complete the bytes
+      mbar_init(&raw_empty[r], K8_BAR_COUNT);     // every consumer thread (K read) and widening thread (V widened)
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  __syncthreads();
+
+  if (tid >= 128) {
+    const int ptid = tid - 128;
+    if (ptid < 32) {
+      // ---------------- copy warp: one thread issues every tile's TMA copies ----------------
+      if (ptid != 0) return;
+      int pg[TILE_PAGES];
+      load_pages(pg, bt_row, start, end);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
+        if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
+        const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
+        mbar_expect_tx(&raw_full[r], pages * PAGE * HEAD_DIM * 2);
+        char* rk = raw + r * 2 * K8_TILE;
+#pragma unroll
+        for (int p = 0; p < TILE_PAGES; ++p) {
+          if (p < pages) {
+#pragma unroll
+            for (int g = 0; g < HEAD_DIM / 128; ++g)
+              tma_load_4d(rk + g * (BLOCK_N * 128) + p * PAGE * 128, &tmap_k, g * 128, h, 0, pg[p], &raw_full[r]);
+            tma_load_4d(rk + K8_TILE + p * PAGE * HEAD_DIM, &tmap_v, 0, h, 0, pg[p], &raw_full[r]);
+          }
+        }
+        if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);  // used next round: its latency hides
+      }
+      return;
+    }
+    // ---------------- widening warps: V e4m3 rows -> fp16 stages ----------------
+    const int wtid = ptid - 32;
+    for (int i = 0; i < n_tiles; ++i) {
+      const int r = i % K8_RAW_SLOTS, s = i % STAGES;
+      const int rows_valid = min(BLOCK_N, end - (start + i * BLOCK_N));
+      mbar_wait(&raw_full[r], (i / K8_RAW_SLOTS) & 1);
+      if (i >= STAGES) bar_sync(BAR_EMPTY_V + s, K8_BAR_COUNT);  // P(i - 2).V is done with stage s
+      const char* src = raw + r * 2 * K8_TILE + K8_TILE;
+      char* dst = sv + s * K8_VH;
+      for (int vec = wtid; vec < BLOCK_N * HEAD_DIM / 16; vec += K8_WIDEN) {
+        const int row = vec / (HEAD_DIM / 16), col = (vec % (HEAD_DIM / 16)) * 16;
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;  // rows past the piece: zeros (never an e4m3 NaN pattern)
+        if (row < rows_valid) widen16(*reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col), lo, hi);
+        *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col)) = lo;
+        *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + 8)) = hi;
+      }
+      mbar_arrive(&raw_empty[r]);
+      fence_async_smem();  // generic-proxy stores, read next by wgmma (async proxy)
+      bar_arrive(BAR_FULL_V + s, K8_BAR_COUNT);
+    }
+    return;
+  }
+
+  // ---------------- consumer warpgroup ----------------
+  const int warp = tid / 32, lane = tid % 32;
+  // Q split into e4m3 parts: warp w takes rows 16w .. 16w + 15, a lane 8 head dims of a row
+  for (int rr = 0; rr < 16; ++rr) {
+    const int r = warp * 16 + rr, tok = r / GQA, c = lane * 8;
+    float x[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = 0.f;
+    if (tok < n_q) {
+      uint4 raw_q = *reinterpret_cast<const uint4*>(q + (int64_t)(q0 + tok) * stride_qt +
+                                                     (int64_t)(h * GQA + r % GQA) * stride_qh + c);
+      const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw_q);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = __bfloat1622float2(b[j]);
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(x[j]));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, off));
+    const float qs = amax > 0.f ? amax / 28.f : 1.f, inv = 1.f / qs;
+    uint32_t hw[2], lw[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float y0 = x[2 * j] * inv, y1 = x[2 * j + 1] * inv;
+      const float2 hf = e4m3x2_to_float2(float2_to_e4m3x2(y0, y1));
+      const uint16_t hi16 = float2_to_e4m3x2(16.f * hf.x, 16.f * hf.y);
+      const uint16_t lo = float2_to_e4m3x2(16.f * (y0 - hf.x), 16.f * (y1 - hf.y));
+      if (j % 2 == 0) {
+        hw[j / 2] = hi16;
+        lw[j / 2] = lo;
+      } else {
+        hw[j / 2] |= (uint32_t)hi16 << 16;
+        lw[j / 2] |= (uint32_t)lo << 16;
+      }
+    }
+    *reinterpret_cast<uint2*>(sq_hi + swz8(QROWS, r, c)) = make_uint2(hw[0], hw[1]);
+    *reinterpret_cast<uint2*>(sq_lo + swz8(QROWS, r, c)) = make_uint2(lw[0], lw[1]);
+    if (lane == 0) row_scale[r] = qs / 16.f;
+  }
+  fence_async_smem();
+  bar_sync(BAR_CONSUMER, 128);
+
+  float qk_scale = softmax_scale * 1.4426950408889634f;  // logits in log2 units
+  if (k_descale) qk_scale *= *k_descale;
+  const int r0 = warp * 16 + lane / 4;
+  const float qk_scale0 = qk_scale * row_scale[r0], qk_scale1 = qk_scale * row_scale[r0 + 8];
+  const int tok0 = r0 / GQA, tok1 = (r0 + 8) / GQA;
+  const int limit0 = tok0 < n_q ? kv_len - n_q + tok0 + 1 : 0;
+  const int limit1 = tok1 < n_q ? kv_len - n_q + tok1 + 1 : 0;
+  const int unmasked_end = min(end, kv_len - n_q + 1);  // tiles wholly before this need no mask
+  const int cq = 2 * (lane % 4);
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const uint32_t qhi_addr = smem_u32(sq_hi), qlo_addr = smem_u32(sq_lo);
+
+  // the OVERLAP=1 schedule of vattn_main_sm90 (see there), K(i) read from raw slot i % K8_RAW_SLOTS
+  float sc[32];
+  uint32_t pa[16];
+  float alpha0 = 1.f, alpha1 = 1.f;
+  if (n_tiles > 0) {
+    mbar_wait(&raw_full[0], 0);
+    wg_fence();
+    issue_qk8(sc, qhi_addr, qlo_addr, smem_u32(raw));
+    wg_commit();
+    wg_wait0();
+    mbar_arrive(&raw_empty[0]);
+    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start, end, unmasked_end, limit0, limit1, n_q, qk_scale0,
+                 qk_scale1, cq);
+    pack_p(sc, pa);
+  }
+  for (int i = 1; i < n_tiles; ++i) {
+    const int r = i % K8_RAW_SLOTS, sp = (i - 1) % STAGES;
+    mbar_wait(&raw_full[r], (i / K8_RAW_SLOTS) & 1);
+    wg_fence();
+    issue_qk8(sc, qhi_addr, qlo_addr, smem_u32(raw + r * 2 * K8_TILE));
+    wg_commit();
+    rescale_o(o, alpha0, alpha1);
+    bar_sync(BAR_FULL_V + sp, K8_BAR_COUNT);
+    issue_pv(o, pa, smem_u32(sv + sp * K8_VH), v_lbo, v_sbo);
+    wg_wait1();  // S(i) is complete (P(i - 1).V runs on): K(i)'s slot half is read
+    mbar_arrive(&raw_empty[r]);
+    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start + i * BLOCK_N, end, unmasked_end, limit0, limit1, n_q,
+                 qk_scale0, qk_scale1, cq);
+    wg_wait0();  // P(i - 1).V is complete: its fp16 V stage and the A fragments are free
+    if (i - 1 + STAGES < n_tiles) bar_arrive(BAR_EMPTY_V + sp, K8_BAR_COUNT);
+    pack_p(sc, pa);
+  }
+  if (n_tiles > 0) {
+    const int sl = (n_tiles - 1) % STAGES;
+    rescale_o(o, alpha0, alpha1);
+    bar_sync(BAR_FULL_V + sl, K8_BAR_COUNT);
+    issue_pv(o, pa, smem_u32(sv + sl * K8_VH), v_lbo, v_sbo);
+    wg_wait0();
+  }
+  store_partial(o, m0, m1, l0, l1, v_descale, o_part + part * sow + h * soh, sor, lse_part + part * slw + h * slh,
+                r0, cq, lane);
 }
