@@ -1,14 +1,15 @@
-// vattn's main kernel on Hopper (sm_90a): one CTA per (KV head, work item) of vattn's plan, writing the same
+// vattn's main kernels on Hopper (sm_90a): one CTA per (KV head, work item) of vattn's plan, writing the same
 // partials (O normalised x v_descale, lse in log2 units) as the Triton main kernel, so vattn's reduce merges
-// them unchanged.
+// them unchanged. Two kernels share the consumer's steps; the -D switches below pick a schedule.
 //
-// Warp roles (the Triton path runs everything in every warp and is issue-bound at 255 registers):
+// vattn_main_sm90 (warp roles; the Triton path runs everything in every warp and is issue-bound at 255 registers):
 //   warps 0-3  consumer warpgroup: S = Q.K^T and O += P.V on wgmma (fp16 operands, fp32 accumulators), the
 //              online softmax in registers between the two.
 //   warps 4-7  producer warpgroup: gathers each KV tile through the page table with 16-byte loads, widens
 //              e4m3 to fp16 (one cvt per two values) and stores it in the 128-byte-swizzled layout wgmma reads.
-// The tiles go through a ring of STAGES shared-memory stages; named barriers FULL(s) / EMPTY(s) hand each
-// stage from producer to consumer and back.
+// The tiles go through a ring of STAGES shared-memory stages; named barriers hand each stage's K and V from
+// producer to consumer and back. OVERLAP=1: the consumer's FlashAttention-3 schedule (see there).
+// vattn_main_sm90_k8 (further below): K stays e4m3 for the tensor cores, pages arrive by TMA.
 //
 // Compile-time shape (-D): HEAD_DIM 256, GQA (query heads per KV head), QROWS = max_q_len x GQA = 64 (one
 // wgmma M), PAGE (tokens per page), BLOCK_N 64 (tokens per tile), STAGES.
