@@ -34,6 +34,25 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeyp
     assert "C7513" not in report and "serialized" not in report, report
 
 
+def test_tma_map_layout_is_one_page_of_one_head_innermost_first():
+    torch = pytest.importorskip("torch")
+    # [num_pages, PAGE, Hkv, D] e4m3, and the same cache seen through a layer-interleaved buffer (page stride 2x)
+    cache = torch.zeros(10, 16, 2, 256, dtype=torch.float8_e4m3fn)
+    dims, strides, box = build.TensorMaps.layout(cache, 128)
+    assert dims == (256, 2, 16, 10) and strides == (256, 512, 8192) and box == (128, 1, 16, 1)
+    interleaved = torch.zeros(10, 2, 16, 2, 256, dtype=torch.float8_e4m3fn)[:, 0]
+    assert build.TensorMaps.layout(interleaved, 256)[1] == (256, 512, 16384)
+
+
+def test_tma_map_layout_refuses_what_tma_cannot_address():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="one-byte elements"):
+        build.TensorMaps.layout(torch.zeros(4, 16, 1, 256, dtype=torch.bfloat16), 128)
+    odd = torch.zeros(4, 16, 1, 264, dtype=torch.float8_e4m3fn)[..., :200]  # strides of 264 bytes
+    with pytest.raises(ValueError, match="multiples of 16"):
+        build.TensorMaps.layout(odd, 128)
+
+
 def _hopper_gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):

@@ -20,6 +20,7 @@ SOURCE = Path(__file__).with_name("main_sm90.cu")
 CACHE = Path(os.environ.get("VATTN_CACHE", Path.home() / ".cache" / "vattn"))
 THREADS = 256
 QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu
+MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (vattn_main_sm90_k8): one per (K, V) cache pair
 
 
 def _wgmma_wrappers() -> str:
@@ -118,7 +119,6 @@ class TensorMaps:
     K in 128-byte column boxes with the 128-byte swizzle (the fp8 wgmma's layout), V in whole unswizzled rows."""
 
     def __init__(self, k_cache, v_cache):
-        self.key = self.key_of(k_cache, v_cache)
         self._buf = ctypes.create_string_buffer(2 * 128 + 64)
         base = (ctypes.addressof(self._buf) + 63) & ~63  # CUtensorMap is 64-byte aligned
         self.k, self.v = base, base + 128
@@ -130,12 +130,25 @@ class TensorMaps:
         return tuple((t.data_ptr(), tuple(t.shape), t.stride()) for t in (k_cache, v_cache))
 
     @staticmethod
-    def _encode(addr: int, t, *, box_inner: int, swizzle: int) -> None:
-        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    def layout(t, box_inner: int) -> tuple:
+        """(dims, byte strides, box) of the 4-D map of cache t [num_pages, PAGE, Hkv, D] (one byte per element),
+        innermost first; ValueError, naming the cache's strides, where TMA cannot address it."""
         pages, page, heads, dim = t.shape
-        dims = (u64 * 4)(dim, heads, page, pages)  # innermost first; e4m3: one byte per element
-        strides = (u64 * 3)(t.stride(2), t.stride(1), t.stride(0))
-        box = (u32 * 4)(box_inner, 1, page, 1)
+        if t.element_size() != 1 or t.stride(3) != 1:
+            raise ValueError(f"TMA map: cache dtype {t.dtype} strides {t.stride()}: needs one-byte elements (e4m3) "
+                             "with unit stride in head_dim")
+        strides = (t.stride(2), t.stride(1), t.stride(0))
+        if any(st % 16 for st in strides) or t.data_ptr() % 16:
+            raise ValueError(f"TMA map: cache strides {t.stride()} (bytes) and its address must be multiples of 16")
+        if page > 256 or box_inner > 256:
+            raise ValueError(f"TMA map: page_size {page}: a box holds at most 256 rows")
+        return (dim, heads, page, pages), strides, (box_inner, 1, page, 1)
+
+    @classmethod
+    def _encode(cls, addr: int, t, *, box_inner: int, swizzle: int) -> None:
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        dims, strides, box = cls.layout(t, box_inner)
+        dims, strides, box = (u64 * 4)(*dims), (u64 * 3)(*strides), (u32 * 4)(*box)
         ones = (u32 * 4)(1, 1, 1, 1)
         drv = _driver()
         # CU_TENSOR_MAP_DATA_TYPE_UINT8, rank 4, no interleave, L2 promotion 256B, no out-of-bounds fill
@@ -161,7 +174,7 @@ class MainSm90:
                 + 8 * 8 + QROWS * 4
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
-        self._maps = None
+        self._maps: dict = {}  # TensorMaps.key_of(k_cache, v_cache) -> TensorMaps
         drv = _driver()
         image = compile_cubin(self.defines).read_bytes()
         self._image = ctypes.create_string_buffer(image, len(image))
@@ -191,9 +204,13 @@ class MainSm90:
         ]
         params = [ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in vals]
         if self.k8:  # the two CUtensorMap parameters, passed by value: the slot holds their address
-            if self._maps is None or self._maps.key != TensorMaps.key_of(k_cache, v_cache):
-                self._maps = TensorMaps(k_cache, v_cache)
-            params += [ctypes.c_void_p(self._maps.k), ctypes.c_void_p(self._maps.v)]
+            key = TensorMaps.key_of(k_cache, v_cache)
+            maps = self._maps.get(key)
+            if maps is None:  # one pair per layer's caches in a server; kept, as the caches are
+                if len(self._maps) >= MAPS_KEPT:
+                    self._maps.clear()
+                maps = self._maps[key] = TensorMaps(k_cache, v_cache)
+            params += [ctypes.c_void_p(maps.k), ctypes.c_void_p(maps.v)]
         args = (ctypes.c_void_p * len(params))(*params)
         stream = P(torch.cuda.current_stream().cuda_stream)
         grid_y = plan_tensors["work_seq"].shape[0]
