@@ -101,6 +101,11 @@ class ArmPaths:
         return self.root / "aiperf"
 
     @property
+    def aiperf_scratch(self) -> Path:
+        """aiperf's memory-mapped dataset while it runs (removed after the load stage)."""
+        return self.root / "aiperf-scratch"
+
+    @property
     def profile_export(self) -> Path:
         return self.aiperf_dir / "profile_export.jsonl"
 

@@ -112,12 +112,19 @@ def log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _child_env(tokenizer: str) -> dict[str, str]:
+MMAP_BASE_ENV = "AIPERF_DATASET_MMAP_BASE_PATH"
+
+
+def _child_env(tokenizer: str, scratch: Path) -> dict[str, str]:
     env = dict(os.environ)
     if Path(tokenizer).is_dir():
         # aiperf treats a local tokenizer path as a hub repo id when HF_HUB_OFFLINE is set.
         env.pop("HF_HUB_OFFLINE", None)
         env.pop("TRANSFORMERS_OFFLINE", None)
+    # aiperf writes its memory-mapped dataset to aiperf_mmap_<id>/ under the system temp directory and
+    # leaves it there (a sweep left hundreds in /tmp); the arm's own scratch directory is removed after
+    # the run. A base path the user set is theirs to keep.
+    env.setdefault(MMAP_BASE_ENV, str(scratch))
     return env
 
 
@@ -156,12 +163,40 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
                          artifact_dir=arm.aiperf_dir)
     cmd = list(prefix) + cmd
     say = progress or (lambda _msg: None)
+    env = _child_env(tokenizer, arm.aiperf_scratch)
+    if env[MMAP_BASE_ENV] == str(arm.aiperf_scratch):
+        arm.aiperf_scratch.mkdir(exist_ok=True)
     t0 = time.monotonic()
+    try:
+        proc, timed_out = _run_aiperf(cmd, env, spec, arm, say, progress_every_s, t0)
+    finally:
+        shutil.rmtree(arm.aiperf_scratch, ignore_errors=True)
+    duration = time.monotonic() - t0
+    if not timed_out:
+        try:  # a service the exited leader left behind would hold ports and CPU
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    ok, failed = count_records(arm.profile_export)
+    result = LoadResult(command=cmd, returncode=None if timed_out else proc.returncode,
+                        timed_out=timed_out, records=ok, errors=failed,
+                        duration_s=round(duration, 3), aiperf_dir=str(arm.aiperf_dir),
+                        profile_export=str(arm.profile_export), log=str(arm.aiperf_log))
+    _check(spec, result, arm)
+    say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors"
+        + (f" (killed at timeout_s={spec.timeout_s:g})" if timed_out else ""))
+    return result
+
+
+def _run_aiperf(cmd: list[str], env: dict[str, str], spec: LoadSpec, arm: ArmPaths, say: Callable[[str], None],
+                progress_every_s: float, t0: float) -> tuple[subprocess.Popen, bool]:
+    """aiperf in its own process group, its output in the arm's log, a progress line every progress_every_s;
+    killed at spec.timeout_s. Returns (the process, whether it was killed at the timeout)."""
     with open(arm.aiperf_log, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_child_env(tokenizer), start_new_session=True)
+                                env=env, start_new_session=True)
         timed_out, next_say = False, t0 + progress_every_s
         try:
             while proc.poll() is None:
@@ -178,21 +213,7 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
         except BaseException:
             _kill_group(proc, grace_s=2.0)
             raise
-    duration = time.monotonic() - t0
-    if not timed_out:
-        try:  # a service the exited leader left behind would hold ports and CPU
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    ok, failed = count_records(arm.profile_export)
-    result = LoadResult(command=cmd, returncode=None if timed_out else proc.returncode,
-                        timed_out=timed_out, records=ok, errors=failed,
-                        duration_s=round(duration, 3), aiperf_dir=str(arm.aiperf_dir),
-                        profile_export=str(arm.profile_export), log=str(arm.aiperf_log))
-    _check(spec, result, arm)
-    say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors"
-        + (f" (killed at timeout_s={spec.timeout_s:g})" if timed_out else ""))
-    return result
+    return proc, timed_out
 
 
 def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:

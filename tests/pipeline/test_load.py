@@ -233,9 +233,17 @@ def test_run_load_replays_the_trace_faithfully(server, tmp_path):
                     timeout_s=240, seed=3, min_records=3)
     arm = ArmPaths(tmp_path / "arms" / "off")
     lines: list[str] = []
+    scratch: list[list[str]] = []
+
+    def progress(line: str) -> None:  # while aiperf runs: what it keeps in the arm's scratch directory
+        lines.append(line)
+        scratch.append(sorted(p.name for p in arm.aiperf_scratch.glob("aiperf_mmap_*")))
+
     res = run_load(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER, arm=arm,
-                   progress=lines.append, progress_every_s=3)
+                   progress=progress, progress_every_s=3)
     assert res.returncode == 0 and not res.timed_out and res.errors == 0
+    # aiperf's memory-mapped dataset lived in the arm's scratch directory, which is gone afterwards
+    assert any(scratch[:-1]) and not arm.aiperf_scratch.exists()
     assert res.records >= 3 and res.profile_export == str(arm.profile_export)
     assert res.command == aiperf_command(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER,
                                          artifact_dir=arm.aiperf_dir)
