@@ -62,6 +62,7 @@ __device__ __forceinline__ uint64_t desc(uint32_t smem_addr, uint32_t lbo, uint3
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);  // layout type 1: 128B swizzle
 }
 
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -181,16 +182,69 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
   }
 }
 
+// One program's work item of vattn's plan (launch order work_order), and its sequence's lengths.
+struct Item {
+  int start, end, kv_len, q0, n_q, n_tiles;
+  int64_t part;
+  const int* bt_row;  // the sequence's page-table row
+};
+
+// false for an idle item (the padding of a fixed-size plan)
+__device__ __forceinline__ bool read_item(Item& it, int program, const int* __restrict__ work_order,
+                                          const int* __restrict__ work_seq, const int* __restrict__ work_start,
+                                          const int* __restrict__ work_end, const int* __restrict__ work_part,
+                                          const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
+                                          const int* __restrict__ bt, int64_t stride_bt) {
+  const int w = work_order[program];
+  if (w < 0) return false;
+  const int seq = work_seq[w];
+  it.start = work_start[w];
+  it.end = work_end[w];
+  it.part = work_part[w];
+  it.kv_len = seq_lens[seq];
+  it.q0 = cu_q[seq];
+  it.n_q = cu_q[seq + 1] - it.q0;
+  it.n_tiles = (it.end - it.start + BLOCK_N - 1) / BLOCK_N;
+  it.bt_row = bt + (int64_t)seq * stride_bt;
+  return true;
+}
+
 // ---------------- the consumer's per-tile steps ----------------
 // This thread's accumulator rows (wgmma's m64 layout): r0 = warp * 16 + lane / 4 and r0 + 8; columns
 // 8j + cq + {0, 1} with cq = 2 (lane % 4). Score element 4j + e is (r0, 8j + cq + e), 4j + 2 + e is (r0 + 8, ...).
 
-// Online softmax of one score tile, in place: sc becomes exp2(S - new max) (unpacked P), the running max and
-// per-thread sums advance, and alpha is the factor O must be rescaled by before P.V.
-__device__ __forceinline__ void softmax_tile(float (&sc)[32], float& m0, float& m1, float& l0, float& l1, float& alpha0,
-                                             float& alpha1, int ts, int end, int unmasked_end, int limit0, int limit1,
-                                             int n_q, float qk_scale0, float qk_scale1, int cq) {
-  const bool masked = (ts + BLOCK_N > unmasked_end) || (n_q * GQA < QROWS);
+// This thread's two rows: the causal limit of each (0 for a row past the sequence's tokens), the end of the
+// tiles that need no mask, the logit scales (log2 units) and the online softmax's running max and sums.
+struct Rows {
+  int r0, cq, limit0, limit1, end, unmasked_end, n_q;
+  float qk_scale0, qk_scale1;
+  float m0, m1, l0, l1;
+};
+
+__device__ __forceinline__ Rows rows_of(int warp, int lane, const Item& it, float qk_scale0, float qk_scale1) {
+  Rows r;
+  r.r0 = warp * 16 + lane / 4;
+  r.cq = 2 * (lane % 4);
+  const int tok0 = r.r0 / GQA, tok1 = (r.r0 + 8) / GQA;
+  r.limit0 = tok0 < it.n_q ? it.kv_len - it.n_q + tok0 + 1 : 0;
+  r.limit1 = tok1 < it.n_q ? it.kv_len - it.n_q + tok1 + 1 : 0;
+  r.end = it.end;
+  r.unmasked_end = min(it.end, it.kv_len - it.n_q + 1);  // tiles wholly before this need no mask
+  r.n_q = it.n_q;
+  r.qk_scale0 = qk_scale0;
+  r.qk_scale1 = qk_scale1;
+  r.m0 = r.m1 = -INFINITY;
+  r.l0 = r.l1 = 0.f;
+  return r;
+}
+
+// Online softmax of the score tile at KV position ts, in place: sc becomes exp2(S - new max) (unpacked P), the
+// running max and per-thread sums advance, and alpha is the factor O must be rescaled by before P.V.
+__device__ __forceinline__ void softmax_tile(float (&sc)[32], Rows& rw, float& alpha0, float& alpha1, int ts) {
+  const int end = rw.end, limit0 = rw.limit0, limit1 = rw.limit1, cq = rw.cq;
+  const float qk_scale0 = rw.qk_scale0, qk_scale1 = rw.qk_scale1;
+  float &m0 = rw.m0, &m1 = rw.m1, &l0 = rw.l0, &l1 = rw.l1;
+  const bool masked = (ts + BLOCK_N > rw.unmasked_end) || (rw.n_q * GQA < QROWS);
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -265,9 +319,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[128], const uint32_t (&pa)[1
 
 // The partial of this CTA: the quad's row sums, O normalised and times v_descale, lse in log2 units; a row that
 // saw no key writes (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
-__device__ __forceinline__ void store_partial(const float (&o)[128], float m0, float m1, float l0, float l1,
-                                              const float* __restrict__ v_descale, float* __restrict__ ob, int64_t sor,
-                                              float* __restrict__ lb, int r0, int cq, int lane) {
+__device__ __forceinline__ void store_partial(const float (&o)[128], const Rows& rw, const float* __restrict__ v_descale,
+                                              float* __restrict__ ob, int64_t sor, float* __restrict__ lb, int lane) {
+  const int r0 = rw.r0, cq = rw.cq;
+  const float m0 = rw.m0, m1 = rw.m1;
+  float l0 = rw.l0, l1 = rw.l1;
   l0 += __shfl_xor_sync(0xffffffff, l0, 1);
   l0 += __shfl_xor_sync(0xffffffff, l0, 2);
   l1 += __shfl_xor_sync(0xffffffff, l1, 1);
@@ -290,6 +346,49 @@ __device__ __forceinline__ void store_partial(const float (&o)[128], float m0, f
 #define OVERLAP 0
 #endif
 
+// The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
+// P(i - 1).V, and the softmax of S(i) runs while P(i - 1).V is on the tensor cores; P(i) is packed into the
+// A fragments once P(i - 1).V has finished reading them. One score buffer: S(i) is issued after P(i - 1)
+// left it. Commit groups retire in order, so `wait_group 1` right after a commit waits for all but that one.
+// The kernel's hand-over: k_ready(i) waits until tile i's K is in shared memory, issue_s(sc, i) issues S(i)
+// (uncommitted), k_free(i) hands its K back; v_ready(i) / v_free(i) the same for its fp16 V at v_addr(i).
+template <class KReady, class IssueS, class KFree, class VReady, class VFree, class VAddr>
+__device__ __forceinline__ void overlap_loop(float (&o)[128], Rows& rw, int start, int n_tiles, int v_lbo, int v_sbo,
+                                             KReady k_ready, IssueS issue_s, KFree k_free, VReady v_ready,
+                                             VFree v_free, VAddr v_addr) {
+  float sc[32];
+  uint32_t pa[16];
+  float alpha0 = 1.f, alpha1 = 1.f;
+  if (n_tiles == 0) return;
+  k_ready(0);
+  wg_fence();
+  issue_s(sc, 0);
+  wg_commit();
+  wg_wait0();
+  k_free(0);
+  softmax_tile(sc, rw, alpha0, alpha1, start);
+  pack_p(sc, pa);
+  for (int i = 1; i < n_tiles; ++i) {
+    k_ready(i);
+    wg_fence();
+    issue_s(sc, i);
+    wg_commit();
+    rescale_o(o, alpha0, alpha1);
+    v_ready(i - 1);
+    issue_pv(o, pa, v_addr(i - 1), v_lbo, v_sbo);
+    wg_wait1();  // S(i) is complete (P(i - 1).V runs on): K(i) is free
+    k_free(i);
+    softmax_tile(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
+    wg_wait0();  // P(i - 1).V is complete: V(i - 1) and the A fragments are free
+    v_free(i - 1);
+    pack_p(sc, pa);
+  }
+  rescale_o(o, alpha0, alpha1);
+  v_ready(n_tiles - 1);
+  issue_pv(o, pa, v_addr(n_tiles - 1), v_lbo, v_sbo);
+  wg_wait0();
+}
+
 
 extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
@@ -308,18 +407,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   char* sv = smem + Q_BYTES + STAGES * TILE_BYTES;  // STAGES V tiles
 
   const int h = blockIdx.x;
-  const int w = work_order[blockIdx.y];
-  if (w < 0) return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
-  const int seq = work_seq[w];
-  const int start = work_start[w];
-  const int end = work_end[w];
-  const int64_t part = work_part[w];
-  const int kv_len = seq_lens[seq];
-  const int q0 = cu_q[seq];
-  const int n_q = cu_q[seq + 1] - q0;
-  const int n_tiles = (end - start + BLOCK_N - 1) / BLOCK_N;
+  Item it;
+  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,
+                 stride_bt))
+    return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
+  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;
+  const int64_t part = it.part;
+  const int* bt_row = it.bt_row;
   const int tid = threadIdx.x;
-  const int* bt_row = bt + (int64_t)seq * stride_bt;
 
   if (tid >= 128) {
     // ---------------- producer warpgroup ----------------
@@ -373,62 +468,20 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
 
   float qk_scale = softmax_scale * 1.4426950408889634f;  // logits in log2 units
   if (k_descale) qk_scale *= *k_descale;
-  // This thread's accumulator rows (wgmma's m64 layout): r0 = warp * 16 + lane / 4 and r0 + 8;
-  // columns 8j + 2 (lane % 4) + {0, 1}.
-  const int r0 = warp * 16 + lane / 4;
-  const int tok0 = r0 / GQA, tok1 = (r0 + 8) / GQA;
-  const int limit0 = tok0 < n_q ? kv_len - n_q + tok0 + 1 : 0;
-  const int limit1 = tok1 < n_q ? kv_len - n_q + tok1 + 1 : 0;
-  const int unmasked_end = min(end, kv_len - n_q + 1);  // tiles wholly before this need no mask
-  const int cq = 2 * (lane % 4);
-
+  Rows rw = rows_of(warp, lane, it, qk_scale, qk_scale);
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint32_t sq_addr = (uint32_t)__cvta_generic_to_shared(sq);
+  const uint32_t sq_addr = smem_u32(sq), sk_addr = smem_u32(sk), sv_addr = smem_u32(sv);
 
 #if OVERLAP
-  // Intra-warpgroup overlap (FlashAttention-3's schedule): S(i) = Q.K^T is issued before O += P(i - 1).V, and
-  // the softmax of S(i) runs while P(i - 1).V is on the tensor cores; P(i) is packed into the A fragments
-  // once P(i - 1).V has finished reading them. One score buffer: S(i) is issued after P(i - 1) left it.
-  float sc[32];
-  uint32_t pa[16];
-  float alpha0 = 1.f, alpha1 = 1.f;
-  if (n_tiles > 0) {
-    bar_sync(BAR_FULL_K, BAR_COUNT);
-    wg_fence();
-    issue_qk(sc, sq_addr, (uint32_t)__cvta_generic_to_shared(sk));
-    wg_commit();
-    wg_wait0();
-    if (STAGES < n_tiles) bar_arrive(BAR_EMPTY_K, BAR_COUNT);
-    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start, end, unmasked_end, limit0, limit1, n_q, qk_scale, qk_scale, cq);
-    pack_p(sc, pa);
-  }
-  for (int i = 1; i < n_tiles; ++i) {
-    const int s = i % STAGES, sp = (i - 1) % STAGES;
-    bar_sync(BAR_FULL_K + s, BAR_COUNT);
-    wg_fence();
-    issue_qk(sc, sq_addr, (uint32_t)__cvta_generic_to_shared(sk + s * TILE_BYTES));
-    wg_commit();
-    rescale_o(o, alpha0, alpha1);
-    bar_sync(BAR_FULL_V + sp, BAR_COUNT);
-    issue_pv(o, pa, (uint32_t)__cvta_generic_to_shared(sv + sp * TILE_BYTES), v_lbo, v_sbo);
-    wg_wait1();  // S(i) is complete (P(i - 1).V runs on): K(i) is free
-    if (i + STAGES < n_tiles) bar_arrive(BAR_EMPTY_K + s, BAR_COUNT);
-    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start + i * BLOCK_N, end, unmasked_end, limit0, limit1, n_q,
-                 qk_scale, qk_scale, cq);
-    wg_wait0();  // P(i - 1).V is complete: V(i - 1) and the A fragments are free
-    if (i - 1 + STAGES < n_tiles) bar_arrive(BAR_EMPTY_V + sp, BAR_COUNT);
-    pack_p(sc, pa);
-  }
-  if (n_tiles > 0) {
-    const int sl = (n_tiles - 1) % STAGES;
-    rescale_o(o, alpha0, alpha1);
-    bar_sync(BAR_FULL_V + sl, BAR_COUNT);
-    issue_pv(o, pa, (uint32_t)__cvta_generic_to_shared(sv + sl * TILE_BYTES), v_lbo, v_sbo);
-    wg_wait0();
-  }
+  overlap_loop(
+      o, rw, start, n_tiles, v_lbo, v_sbo, [&](int i) { bar_sync(BAR_FULL_K + i % STAGES, BAR_COUNT); },
+      [&](float (&sc)[32], int i) { issue_qk(sc, sq_addr, sk_addr + (i % STAGES) * TILE_BYTES); },
+      [&](int i) { if (i + STAGES < n_tiles) bar_arrive(BAR_EMPTY_K + i % STAGES, BAR_COUNT); },
+      [&](int i) { bar_sync(BAR_FULL_V + i % STAGES, BAR_COUNT); },
+      [&](int i) { if (i + STAGES < n_tiles) bar_arrive(BAR_EMPTY_V + i % STAGES, BAR_COUNT); },
+      [&](int i) { return sv_addr + (i % STAGES) * TILE_BYTES; });
 #else
   // S(i + 1) = Q.K^T is issued right behind O += P(i).V and both are awaited together, so the tensor cores
   // run the two back to back while this warpgroup waits once per tile instead of twice.
@@ -436,27 +489,25 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   if (n_tiles > 0) {
     bar_sync(BAR_FULL_K, BAR_COUNT);
     wg_fence();
-    issue_qk(sc, sq_addr, (uint32_t)__cvta_generic_to_shared(sk));
+    issue_qk(sc, sq_addr, sk_addr);
     wg_commit();
     wg_wait0();
   }
   for (int i = 0; i < n_tiles; ++i) {
     const int s = i % STAGES;
-    const int ts = start + i * BLOCK_N;
-
     float alpha0, alpha1;
-    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, ts, end, unmasked_end, limit0, limit1, n_q, qk_scale, qk_scale, cq);
+    softmax_tile(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
     uint32_t pa[16];
     pack_p(sc, pa);
     rescale_o(o, alpha0, alpha1);
     bar_sync(BAR_FULL_V + s, BAR_COUNT);
-    issue_pv(o, pa, (uint32_t)__cvta_generic_to_shared(sv + s * TILE_BYTES), v_lbo, v_sbo);
+    issue_pv(o, pa, sv_addr + s * TILE_BYTES, v_lbo, v_sbo);
 #ifdef SERIAL_CONSUMER  // timing only: wait for P.V before issuing the next Q.K^T
     wg_wait0();
 #endif
     if (i + 1 < n_tiles) {
       bar_sync(BAR_FULL_K + (i + 1) % STAGES, BAR_COUNT);
-      issue_qk(sc, sq_addr, (uint32_t)__cvta_generic_to_shared(sk + ((i + 1) % STAGES) * TILE_BYTES));
+      issue_qk(sc, sq_addr, sk_addr + ((i + 1) % STAGES) * TILE_BYTES);
       wg_commit();
     }
     wg_wait0();
@@ -466,12 +517,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     }
   }
 #endif
-
-  store_partial(o, m0, m1, l0, l1, v_descale, o_part + part * sow + h * soh, sor, lse_part + part * slw + h * slh,
-                r0, cq, lane);
+  store_partial(o, rw, v_descale, o_part + part * sow + h * soh, sor, lse_part + part * slw + h * slh, lane);
 }
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -569,18 +616,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
 
   const int h = blockIdx.x;
-  const int w = work_order[blockIdx.y];
-  if (w < 0) return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
-  const int seq = work_seq[w];
-  const int start = work_start[w];
-  const int end = work_end[w];
-  const int64_t part = work_part[w];
-  const int kv_len = seq_lens[seq];
-  const int q0 = cu_q[seq];
-  const int n_q = cu_q[seq + 1] - q0;
-  const int n_tiles = (end - start + BLOCK_N - 1) / BLOCK_N;
+  Item it;
+  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,
+                 stride_bt))
+    return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
+  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;
+  const int64_t part = it.part;
+  const int* bt_row = it.bt_row;
   const int tid = threadIdx.x;
-  const int* bt_row = bt + (int64_t)seq * stride_bt;
 
   if (tid == 0) {
     for (int r = 0; r < K8_RAW_SLOTS; ++r) {
@@ -694,58 +737,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   float qk_scale = softmax_scale * 1.4426950408889634f;  // logits in log2 units
   if (k_descale) qk_scale *= *k_descale;
   const int r0 = warp * 16 + lane / 4;
-  const float qk_scale0 = qk_scale * row_scale[r0], qk_scale1 = qk_scale * row_scale[r0 + 8];
-  const int tok0 = r0 / GQA, tok1 = (r0 + 8) / GQA;
-  const int limit0 = tok0 < n_q ? kv_len - n_q + tok0 + 1 : 0;
-  const int limit1 = tok1 < n_q ? kv_len - n_q + tok1 + 1 : 0;
-  const int unmasked_end = min(end, kv_len - n_q + 1);  // tiles wholly before this need no mask
-  const int cq = 2 * (lane % 4);
-
+  Rows rw = rows_of(warp, lane, it, qk_scale * row_scale[r0], qk_scale * row_scale[r0 + 8]);
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  const uint32_t qhi_addr = smem_u32(sq_hi), qlo_addr = smem_u32(sq_lo);
-
-  // the OVERLAP=1 schedule of vattn_main_sm90 (see there), K(i) read from raw slot i % K8_RAW_SLOTS
-  float sc[32];
-  uint32_t pa[16];
-  float alpha0 = 1.f, alpha1 = 1.f;
-  if (n_tiles > 0) {
-    mbar_wait(&raw_full[0], 0);
-    wg_fence();
-    issue_qk8(sc, qhi_addr, qlo_addr, smem_u32(raw));
-    wg_commit();
-    wg_wait0();
-    mbar_arrive(&raw_empty[0]);
-    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start, end, unmasked_end, limit0, limit1, n_q, qk_scale0,
-                 qk_scale1, cq);
-    pack_p(sc, pa);
-  }
-  for (int i = 1; i < n_tiles; ++i) {
-    const int r = i % K8_RAW_SLOTS, sp = (i - 1) % STAGES;
-    mbar_wait(&raw_full[r], (i / K8_RAW_SLOTS) & 1);
-    wg_fence();
-    issue_qk8(sc, qhi_addr, qlo_addr, smem_u32(raw + r * 2 * K8_TILE));
-    wg_commit();
-    rescale_o(o, alpha0, alpha1);
-    bar_sync(BAR_FULL_V + sp, K8_BAR_COUNT);
-    issue_pv(o, pa, smem_u32(sv + sp * K8_VH), v_lbo, v_sbo);
-    wg_wait1();  // S(i) is complete (P(i - 1).V runs on): K(i)'s slot half is read
-    mbar_arrive(&raw_empty[r]);
-    softmax_tile(sc, m0, m1, l0, l1, alpha0, alpha1, start + i * BLOCK_N, end, unmasked_end, limit0, limit1, n_q,
-                 qk_scale0, qk_scale1, cq);
-    wg_wait0();  // P(i - 1).V is complete: its fp16 V stage and the A fragments are free
-    if (i - 1 + STAGES < n_tiles) bar_arrive(BAR_EMPTY_V + sp, K8_BAR_COUNT);
-    pack_p(sc, pa);
-  }
-  if (n_tiles > 0) {
-    const int sl = (n_tiles - 1) % STAGES;
-    rescale_o(o, alpha0, alpha1);
-    bar_sync(BAR_FULL_V + sl, K8_BAR_COUNT);
-    issue_pv(o, pa, smem_u32(sv + sl * K8_VH), v_lbo, v_sbo);
-    wg_wait0();
-  }
-  store_partial(o, m0, m1, l0, l1, v_descale, o_part + part * sow + h * soh, sor, lse_part + part * slw + h * slh,
-                r0, cq, lane);
+  const uint32_t qhi_addr = smem_u32(sq_hi), qlo_addr = smem_u32(sq_lo), raw_addr = smem_u32(raw),
+                 sv_addr = smem_u32(sv);
+  // K(i) is read from raw slot i % K8_RAW_SLOTS, which the copy thread refills once this warpgroup and the
+  // widening warps have both arrived on its raw_empty barrier
+  overlap_loop(
+      o, rw, start, n_tiles, v_lbo, v_sbo,
+      [&](int i) { mbar_wait(&raw_full[i % K8_RAW_SLOTS], (i / K8_RAW_SLOTS) & 1); },
+      [&](float (&sc)[32], int i) { issue_qk8(sc, qhi_addr, qlo_addr, raw_addr + (i % K8_RAW_SLOTS) * 2 * K8_TILE); },
+      [&](int i) { mbar_arrive(&raw_empty[i % K8_RAW_SLOTS]); },
+      [&](int i) { bar_sync(BAR_FULL_V + i % STAGES, K8_BAR_COUNT); },
+      [&](int i) { if (i + STAGES < n_tiles) bar_arrive(BAR_EMPTY_V + i % STAGES, K8_BAR_COUNT); },
+      [&](int i) { return sv_addr + (i % STAGES) * K8_VH; });
+  store_partial(o, rw, v_descale, o_part + part * sow + h * soh, sor, lse_part + part * slw + h * slh, lane);
 }
