@@ -34,6 +34,14 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeyp
     assert "C7513" not in report and "serialized" not in report, report
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch):
+    # the k8 kernel's TMA boxes need pages of whole 8-row swizzle atoms; the backend also takes pages of 4
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=4))).read_text()
+    assert "entry function 'vattn_main_sm90' " in report and "vattn_main_sm90_k8" not in report, report
+
+
 def test_tma_map_layout_is_one_page_of_one_head_innermost_first():
     torch = pytest.importorskip("torch")
     # [num_pages, PAGE, Hkv, D] e4m3, and the same cache seen through a layer-interleaved buffer (page stride 2x)

@@ -558,7 +558,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #define K8_BAR_COUNT (128 + K8_WIDEN)     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
 #define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + STAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 + QROWS * 4)
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
-static_assert(PAGE % 8 == 0, "a page is whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary)");
+// a page must be whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary): other page sizes build
+// vattn_main_sm90 alone
+#if PAGE % 8 == 0
 
 // Byte offset of e4m3 element (row, col) of a [rows][HEAD_DIM] tile stored as regions of [rows][128 bytes],
 // 16-byte chunks XOR-swizzled by row % 8: what TMA's 128-byte swizzle writes and wgmma's 128B layout reads.
@@ -755,3 +757,4 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
       [&](int i) { return sv_addr + (i % STAGES) * K8_VH; });
   store_partial(o, rw, v_descale, o_part + part * sow + h * soh, sor, lse_part + part * slw + h * slh, lane);
 }
+#endif  // PAGE % 8 == 0
