@@ -3,8 +3,8 @@ one H200 invocation: correctness against vattn.reference through vattn's reduce,
 
     python -m benchmarks.kernel.hopper_proto --shapes 16x35k,16x70k --out proto.json
 
-The Hopper kernel runs one CTA per SM (160 KB of shared memory), so its plan is balanced for 132 slots per
-KV head; the Triton kernel keeps its own plan (2 programs per SM). Both are timed like the bench: CUDA-graph
+The Hopper kernels run one CTA per SM (160 KB of shared memory; k8: 225 KB), so their plan is balanced for 132
+slots per KV head; the Triton kernel keeps its own plan (2 programs per SM). Both are timed like the bench: CUDA-graph
 replays over L2-cold replicas of the KV pool."""
 
 from __future__ import annotations
