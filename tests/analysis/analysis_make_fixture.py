@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import socket
+import shutil
 import subprocess
 import sys
 import time
@@ -70,10 +71,13 @@ def run_arm(paths: RunPaths, name: str, itl_ms: float) -> dict:
     try:
         wait_up(port, server)
         cmd = aiperf_command(port, arm.aiperf_dir)
+        arm.aiperf_scratch.mkdir(exist_ok=True)  # aiperf's mmap dataset, as the load stage places it
         with open(arm.aiperf_log, "w") as log:
             subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=AIPERF_TIMEOUT_S, check=True,
-                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                           env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                "AIPERF_DATASET_MMAP_BASE_PATH": str(arm.aiperf_scratch)})
     finally:
+        shutil.rmtree(arm.aiperf_scratch, ignore_errors=True)
         server.terminate()
         server.wait(10)
     return {"command": " ".join(cmd), "started": started, "finished": time.time()}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -22,7 +23,10 @@ def test_aiperf_profile_writes_records(emulator, tmp_path):
            "--concurrency", "4", "--random-seed", "1", "--ui-type", "none", "--export-level", "records",
            "--artifact-dir", str(out)]
     # aiperf can hang after its last record (DESIGN.md): bound it.
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    scratch = tmp_path / "aiperf-scratch"  # aiperf's mmap dataset, not the system temp directory
+    scratch.mkdir()
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "AIPERF_DATASET_MMAP_BASE_PATH": str(scratch)})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     records = [json.loads(line) for line in (out / "profile_export.jsonl").read_text().splitlines()]
     assert len(records) == REQUESTS
