@@ -184,26 +184,42 @@ class Backend:
     supports(workspace, q, k_cache) -> bool: host-only decision (no value reads).
     run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
         softmax_scale, plan, out) -> None: writes out [T, Hq, D].
+    main(same arguments but out) -> None, optional: the main kernel alone (the workspace's partials), so
+        that a benchmark can time plan, main and reduce apart.
+    slots_per_sm(workspace) -> int | None: the CTAs per SM its main kernel keeps resident on the calls it
+        would serve with this workspace, or None (it would serve none). A workspace plans for the first
+        registered backend that answers, as the split must fill that kernel's slots, not Triton's.
     """
 
     name: str
     supports: Callable
     run: Callable
+    main: Callable | None = None
+    slots_per_sm: Callable = lambda ws: None
 
 
-def _run_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-                softmax_scale, plan: Plan, out) -> None:
+def _main_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                 softmax_scale, plan: Plan) -> None:
     from vattn import kernel as K  # triton loads on first launch, not on `import vattn`
 
     ws = plan.workspace
     K.launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                   softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa, max_q_len=ws.max_q_len,
                   config=ws.config)
+
+
+def _run_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                softmax_scale, plan: Plan, out) -> None:
+    from vattn import kernel as K
+
+    _main_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                 plan)
+    ws = plan.workspace
     K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
                     max_q_len=ws.max_q_len)
 
 
-TRITON = Backend("triton", lambda ws, q, k_cache: True, _run_triton)
+TRITON = Backend("triton", lambda ws, q, k_cache: True, _run_triton, _main_triton)
 _BACKENDS: list[Backend] = [TRITON]
 _FAILED: set[str] = set()
 
@@ -211,6 +227,17 @@ _FAILED: set[str] = set()
 def register_backend(backend: Backend) -> None:
     """Put a backend ahead of the others (the portable Triton path stays last)."""
     _BACKENDS.insert(0, backend)
+
+
+def planned_backend(ws: Workspace) -> tuple[str, int] | None:
+    """(name, CTAs per SM) of the first registered backend, ahead of Triton, that would serve this workspace's
+    calls; None: Triton's own occupancy sets the workspace's slots."""
+    for b in _BACKENDS:
+        if b is not TRITON and b.name not in _FAILED:
+            spm = b.slots_per_sm(ws)
+            if spm:
+                return b.name, spm
+    return None
 
 
 def select_backend(ws: Workspace, q, k_cache) -> Backend:

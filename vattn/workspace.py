@@ -61,7 +61,8 @@ class Workspace:
     (fixed across layers). max_batch: the largest batch a plan may have. max_q_len: the
     largest q_len any call will see (1..8); the kernel packs max_q_len * G rows per tile.
     slots: override SLOTS (default: resident programs per SM x SMs, the occupancy of the main
-    kernel compiled for this config, read at init). config: override the main kernel's
+    kernel that will serve this config, read at init: a registered faster backend's if it would
+    serve it (vattn.api.planned_backend), else the Triton kernel's). config: override the main kernel's
     compile-time config (vattn.kernel.MainConfig); one variant per workspace.
     """
 
@@ -114,7 +115,14 @@ class Workspace:
             return CPU_SLOTS
         import torch
 
+        from vattn.api import planned_backend
+
         props = torch.cuda.get_device_properties(self.device)
+        fast = planned_backend(self)
+        if fast:  # a faster backend will serve these calls: its kernel's slots, not Triton's
+            self.kernel_info = {"backend": fast[0]}
+            self.programs_per_sm = fast[1]
+            return fast[1] * props.multi_processor_count
         compiled = self._warmup()
         self.programs_per_sm = resident_programs_per_sm(compiled, props)
         self.kernel_info = {k: getattr(compiled, k, None) for k in ("n_regs", "n_spills")}

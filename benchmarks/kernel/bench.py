@@ -42,8 +42,10 @@ def _workspace(shape: Shape, batch: Batch, config):
 
 
 def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
-    """(us of plan, main, reduce and all three in one graph, per replica; the planning call)."""
+    """(us of plan, main, reduce and all three in one graph, per replica; the planning call). The main
+    kernel is the one vattn.attention dispatches this batch to (vattn.api.select_backend)."""
     import vattn
+    from vattn import api
     from vattn import kernel as K
 
     on_gpu = b.device == "cuda"
@@ -53,11 +55,11 @@ def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
                           mode=mode, workspace=ws)
 
     pl = do_plan()
+    main = (api.select_backend(ws, b.q, b.k).main or api.TRITON.main)
 
     def main_all():
         for r in range(b.replicas):
-            K.launch_main(*b.attention_args(r), pl.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa,
-                          max_q_len=ws.max_q_len, config=ws.config)
+            main(*b.attention_args(r), pl)
 
     def reduce_all():
         for _ in range(b.replicas):
@@ -110,13 +112,20 @@ def _record(shape: Shape, mode: str, pl, ws, b: Batch, times: dict, rel_err, nan
     return dict(
         harness.shape_fields(shape, "vattn", mode), **times,
         tbps=shape.kv_bytes / times["us"] / 1e6, main_tbps=shape.kv_bytes / times["main_us"] / 1e6,
-        plan_on_gpu=b.device == "cuda", num_items=int(pl.tensors["num_items"].item()), slots=ws.slots,
+        backend=_backend_name(ws, b), plan_on_gpu=b.device == "cuda", num_items=int(pl.tensors["num_items"].item()),
+        slots=ws.slots,
         config=ws.config.__dict__, programs_per_sm=ws.programs_per_sm, kernel_info=ws.kernel_info,
         replicas=b.replicas, l2_cold=b.l2_cold, rel_err=rel_err, nan=nan,
         flashinfer_fp8_us=fi, speedup_vs_flashinfer_fp8=(fi / times["us"]) if fi else None,
         flashinfer_best_us=FLASHINFER_BEST_US.get(shape.name),
         # a skewed batch's lengths, so the cost model can be checked against it (vattn/cost.py)
         seq_lens=list(shape.seq_lens) if len(set(shape.seq_lens)) > 1 else None)
+
+
+def _backend_name(ws, b: Batch) -> str:
+    from vattn import api
+
+    return api.select_backend(ws, b.q, b.k).name
 
 
 def sglang_baseline() -> tuple[list[str], str]:

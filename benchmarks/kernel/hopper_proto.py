@@ -29,7 +29,7 @@ def _plan_tensors(shape, slots: int, device: str):
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
 
 
-def run_shape(shape, batches, replays: int, descriptors, variants: dict) -> dict:
+def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,)) -> dict:
     import torch
 
     import vattn
@@ -41,8 +41,9 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict) -> dict
     gqa = shape.num_q_heads // shape.num_kv_heads
     qlen = max(shape.q_lens)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    plan = _plan_tensors(shape, sm, "cuda")
-    width = plan["work_seq"].shape[0]
+    plans = {spm: _plan_tensors(shape, spm * sm, "cuda") for spm in slots_per_sm}
+    plan = plans[slots_per_sm[0]]
+    width = max(p["work_seq"].shape[0] for p in plans.values())
     o_part = torch.empty(width, shape.num_kv_heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
     lse_part = torch.empty(width, shape.num_kv_heads, 64, dtype=torch.float32, device="cuda")
     ref = b.reference()
@@ -55,7 +56,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict) -> dict
     for name, defines in variants.items():
         kern = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
 
-        def hopper(r, v_lbo, v_sbo):
+        def hopper(r, v_lbo, v_sbo, plan=plan):
             kern.launch(*b.attention_args(r), plan, o_part, lse_part, v_lbo=v_lbo, v_sbo=v_sbo)
 
         for lbo, sbo in descriptors:  # which reading of the MN-major V descriptor is right shows here
@@ -66,6 +67,9 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict) -> dict
             rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
         lbo, sbo = descriptors[0]
         rec[f"hopper_main_us_{name}"] = per(lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
+        for spm in slots_per_sm[1:]:  # the same build on a plan for more CTAs than SMs (timed only)
+            rec[f"hopper_main_us_{name}@{spm}perSM"] = per(
+                lambda: [hopper(r, lbo, sbo, plans[spm]) for r in range(b.replicas)])
     rec["hopper_main_us"] = best_main_us(rec, variants, descriptors[0], shape.kv_dtype)
     rec["hopper_reduce_us"] = per(lambda: [reduce() for _ in range(b.replicas)])
     ws = _workspace(shape, b, None)
@@ -104,6 +108,8 @@ def main(argv=None) -> int:
                     help="V descriptor (LBO:SBO bytes) readings to check; the first is timed")
     ap.add_argument("--variants", default="base", help="kernel builds to check and time: ';'-separated "
                     "NAME[:DEFINE=VALUE,...] (extra -D constants of main_sm90.cu)")
+    ap.add_argument("--slots-per-sm", default="1", help="comma-separated plan widths in CTAs per SM; the first "
+                    "is checked and timed, the others timed as NAME@NperSM")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
@@ -111,7 +117,8 @@ def main(argv=None) -> int:
     records = []
     for shape in select(a.shapes):
         try:
-            rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants))
+            rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
+                            tuple(int(x) for x in a.slots_per_sm.split(",")))
         except Exception as e:  # keep the other shapes' rows
             rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")
         records.append(rec)

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def _impl(r: dict) -> str:
+    """vattn's rows name the backend that ran the main kernel where it is not the Triton path."""
+    backend = r.get("backend")
+    return r["impl"] if backend in (None, "triton") else f"{r['impl']}/{backend}"
+
+
 def format_table(records: list[dict]) -> str:
     head = ("shape", "kv", "q", "pg", "impl", "planner", "us", "plan", "main", "reduce", "TB/s", "%ceil",
             "xFI-fp8", "rel_err")
@@ -12,7 +18,7 @@ def format_table(records: list[dict]) -> str:
             rows.append((r["shape"], "", "", "", r["impl"], r["planner"], "ERROR", r["error"][:60], *[""] * 6))
             continue
         fi = r.get("speedup_vs_flashinfer_fp8")
-        rows.append((r["shape"], r["kv_dtype"], r["q_len"], str(r["page_size"]), r["impl"], r["planner"],
+        rows.append((r["shape"], r["kv_dtype"], r["q_len"], str(r["page_size"]), _impl(r), r["planner"],
                      f"{r['us']:.1f}", f"{r['plan_us']:.1f}", f"{r['main_us']:.1f}", f"{r['reduce_us']:.1f}",
                      f"{r['tbps']:.2f}", f"{100 * r['tbps'] / r['read_ceiling_tbps']:.0f}",
                      f"{fi:.2f}" if fi else "-", f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else "-"))
@@ -30,7 +36,8 @@ def markdown_table(records: list[dict]) -> str:
     for r in rows:
         fi = r.get("flashinfer_fp8_us")
         speedup = f"{fi / r['us']:.2f}x" if fi else "-"
-        out.append(f"| {r['shape']} | {r['kv_dtype']} | {r['q_len']} | {r['page_size']} | {r['planner']} | "
+        planner = r["planner"] if r.get("backend") in (None, "triton") else f"{r['planner']} ({r['backend']})"
+        out.append(f"| {r['shape']} | {r['kv_dtype']} | {r['q_len']} | {r['page_size']} | {planner} | "
                    f"{r['us']:.1f} | {r['plan_us']:.1f} | {r['main_us']:.1f} | {r['reduce_us']:.1f} | "
                    f"{r['tbps']:.2f} | {100 * r['tbps'] / r['read_ceiling_tbps']:.0f} | {fi or '-'} | "
                    f"{speedup} | {r['rel_err']:.1e} | "

@@ -187,3 +187,29 @@ def test_backend_dispatch_order(dev):
         assert api.select_backend(ws_for(dev, head_dim=256), None, None) is fast
     finally:
         api._BACKENDS.remove(fast)
+
+
+def test_a_workspace_plans_for_the_slots_of_the_backend_that_will_serve_it(dev):
+    """The split must fill the serving kernel's slots: a registered backend that would serve the workspace
+    names its CTAs per SM; one that would not, or that failed before, leaves Triton's occupancy in charge."""
+    from vattn import api
+
+    fast = api.Backend("fake-hopper", lambda w, q, k: True, lambda *a: None,
+                       slots_per_sm=lambda w: 1 if w.head_dim == 256 else None)
+    api.register_backend(fast)
+    try:
+        assert api.planned_backend(ws_for(dev)) is None  # head_dim 128: not this backend's
+        assert api.planned_backend(ws_for(dev, head_dim=256)) == ("fake-hopper", 1)
+        api._FAILED.add("fake-hopper")
+        assert api.planned_backend(ws_for(dev, head_dim=256)) is None
+    finally:
+        api._BACKENDS.remove(fast)
+        api._FAILED.discard("fake-hopper")
+
+
+def test_the_hopper_backend_plans_for_one_cta_per_sm_only_on_the_workspaces_it_covers():
+    from vattn.hopper import backend
+
+    covered_but_cpu = ws_for("cpu", head_dim=256, num_q_heads=32, num_kv_heads=2)  # 16 x q_len 4 = 64 rows
+    assert backend.slots_per_sm(covered_but_cpu) is None  # not an sm_90 GPU
+    assert backend.BACKEND.main is backend.main and backend.BACKEND.slots_per_sm is backend.slots_per_sm

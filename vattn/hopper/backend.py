@@ -1,8 +1,8 @@
 """The Hopper kernel behind vattn.api's Backend dispatch, opt-in with VATTN_HOPPER=1 (vattn/switch.py; read
-when vattn is imported) until it is faster than the Triton path, which it is not yet (benchmarks/NOTES.md).
-It takes the calls its prototype covers: an sm_90 GPU, e4m3 KV with one KV head's page contiguous, bf16 Q,
-head_dim 256 and max_q_len x GQA = 64 packed rows; every other call goes to Triton. A build or launch
-failure falls back to Triton with one warning (vattn.api.attention)."""
+when vattn is imported). It takes the calls its kernel covers: an sm_90 GPU, e4m3 KV with one KV head's page
+contiguous, bf16 Q, head_dim 256 and max_q_len x GQA = 64 packed rows; every other call goes to Triton. A
+workspace whose calls it covers plans for one CTA per SM (slots_per_sm). A build or launch failure falls
+back to Triton with one warning (vattn.api.attention)."""
 
 from __future__ import annotations
 
@@ -26,31 +26,51 @@ def _is_sm90(device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def _covers(ws) -> bool:
+    """What the workspace alone decides (the call's tensors add their dtypes and strides)."""
+    import torch
+
+    return (ws.device.type == "cuda" and _is_sm90(ws.device) and ws.kv_dtype == torch.float8_e4m3fn
+            and ws.q_dtype == torch.bfloat16 and ws.head_dim == 256 and ws.gqa * ws.max_q_len == QROWS
+            and BLOCK_N % ws.page_size == 0 and ws.page_size % 4 == 0)
+
+
 def supports(ws, q, k_cache) -> bool:
     import torch
 
-    return (ws.device.type == "cuda" and _is_sm90(ws.device) and k_cache.dtype == torch.float8_e4m3fn
-            and q.dtype == torch.bfloat16 and ws.head_dim == 256 and ws.gqa * ws.max_q_len == QROWS
-            and BLOCK_N % ws.page_size == 0 and ws.page_size % 4 == 0 and k_cache.stride(1) == ws.head_dim)
+    return (_covers(ws) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
+            and k_cache.stride(1) == ws.head_dim)
+
+
+def slots_per_sm(ws) -> int | None:
+    return 1 if _covers(ws) else None  # one CTA per SM (registers and shared memory)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(head_dim: int, gqa: int, page: int):
     from vattn.hopper.build import MainSm90
 
-    return MainSm90(head_dim=head_dim, gqa=gqa, page=page)
+    # pages of whole 8-row swizzle atoms take vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores:
+    # 1.3x the other kernel on 16x35k, benchmarks/NOTES.md); pages of 4 tokens vattn_main_sm90
+    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines={"K8": 1} if page % 8 == 0 else None)
+
+
+def main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+         plan) -> None:
+    ws = plan.workspace
+    _kernel(ws.head_dim, ws.gqa, ws.page_size).launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                                                      k_descale, v_descale, softmax_scale, plan.tensors, ws.o_part,
+                                                      ws.lse_part)
 
 
 def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan,
         out) -> None:
     from vattn import kernel as K
 
+    main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan)
     ws = plan.workspace
-    _kernel(ws.head_dim, ws.gqa, ws.page_size).launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-                                                      k_descale, v_descale, softmax_scale, plan.tensors, ws.o_part,
-                                                      ws.lse_part)
     K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
                     max_q_len=ws.max_q_len)
 
 
-BACKEND = Backend("hopper_sm90", supports, run)
+BACKEND = Backend("hopper_sm90", supports, run, main, slots_per_sm)

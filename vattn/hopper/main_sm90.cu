@@ -63,6 +63,12 @@ __device__ __forceinline__ uint64_t desc(uint32_t smem_addr, uint32_t lbo, uint3
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// The first 1024-byte boundary of dynamic shared memory (the 128B swizzle's atom), as an offset from the
+// __shared__ array itself: a pointer rounded through an integer is generic to the compiler, and every access
+// through it becomes a generic LD/ST instead of LDS/STS.
+__device__ __forceinline__ char* align_1024(char* smem_raw) {
+  return smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+}
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -360,6 +366,15 @@ __device__ __forceinline__ void overlap_loop(float (&o)[128], Rows& rw, int star
   uint32_t pa[16];
   float alpha0 = 1.f, alpha1 = 1.f;
   if (n_tiles == 0) return;
+#ifdef PROFILE_NO_CONSUME  // timing only: the hand-overs without the consumer's math (the producer alone)
+  for (int i = 0; i < n_tiles; ++i) {
+    k_ready(i);
+    k_free(i);
+    v_ready(i);
+    v_free(i);
+  }
+  return;
+#endif
   k_ready(0);
   wg_fence();
   issue_s(sc, 0);
@@ -401,6 +416,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
     float* __restrict__ lse_part, int64_t slw, int64_t slh, int v_lbo, int v_sbo) {
   extern __shared__ __align__(1024) char smem_raw[];
+  // Rounded through an integer, so every access below is a generic LD/ST rather than LDS/STS: measured faster for
+  // this kernel (16x35k page 16: 148.7 vs 331.4 us; page 64 alike; cause not found; benchmarks/NOTES.md)
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   char* sq = smem;
   char* sk = smem + Q_BYTES;                        // STAGES K tiles
@@ -555,7 +572,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
 #define K8_VH (BLOCK_N * HEAD_DIM * 2)    // one fp16 V stage
 #define K8_WIDEN 96                       // widening threads (warps 5-7)
-#define K8_BAR_COUNT (128 + K8_WIDEN)     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
+#define K8_BAR_COUNT (128 + K8_WIDEN)
+static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one column");     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
 #define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + STAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 + QROWS * 4)
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
 // a page must be whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary): other page sizes build
@@ -608,7 +626,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
     float* __restrict__ lse_part, int64_t slw, int64_t slh, int v_lbo, int v_sbo,
     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
   extern __shared__ __align__(1024) char smem_raw[];
-  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  char* smem = align_1024(smem_raw);
   char* sq_hi = smem;
   char* sq_lo = sq_hi + K8_Q;
   char* raw = sq_lo + K8_Q;                                  // slot r: K at r * 2 * K8_TILE, V right after it
@@ -647,6 +665,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
         const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
         if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
         const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
+#ifdef PROFILE_NO_LOAD  // timing only: the slots are handed over unfilled (no DRAM traffic)
+        mbar_arrive(&raw_full[r]);
+        continue;
+#endif
         mbar_expect_tx(&raw_full[r], pages * PAGE * HEAD_DIM * 2);
         char* rk = raw + r * 2 * K8_TILE;
 #pragma unroll
@@ -671,13 +693,28 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
       if (i >= STAGES) bar_sync(BAR_EMPTY_V + s, K8_BAR_COUNT);  // P(i - 2).V is done with stage s
       const char* src = raw + r * 2 * K8_TILE + K8_TILE;
       char* dst = sv + s * K8_VH;
-      for (int vec = wtid; vec < BLOCK_N * HEAD_DIM / 16; vec += K8_WIDEN) {
-        const int row = vec / (HEAD_DIM / 16), col = (vec % (HEAD_DIM / 16)) * 16;
-        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;  // rows past the piece: zeros (never an e4m3 NaN pattern)
-        if (row < rows_valid) widen16(*reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col), lo, hi);
-        *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col)) = lo;
-        *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + 8)) = hi;
+#ifndef PROFILE_NO_WIDEN  // timing only: V stages handed over as they are
+      // a thread's vectors share one column (K8_WIDEN is a multiple of HEAD_DIM / 16); all its loads are
+      // issued before the first conversion
+      const int col = (wtid % (HEAD_DIM / 16)) * 16, row0 = wtid / (HEAD_DIM / 16);
+      constexpr int ROW_STEP = K8_WIDEN / (HEAD_DIM / 16), N_VEC = (BLOCK_N + ROW_STEP - 1) / ROW_STEP;
+      uint4 x[N_VEC];
+#pragma unroll
+      for (int j = 0; j < N_VEC; ++j) {
+        const int row = row0 + j * ROW_STEP;  // rows past the piece: zeros (never an e4m3 NaN pattern)
+        x[j] = row < rows_valid ? *reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col) : make_uint4(0, 0, 0, 0);
       }
+#pragma unroll
+      for (int j = 0; j < N_VEC; ++j) {
+        const int row = row0 + j * ROW_STEP;
+        if (row < BLOCK_N) {
+          uint4 lo, hi;
+          widen16(x[j], lo, hi);
+          *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col)) = lo;
+          *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + 8)) = hi;
+        }
+      }
+#endif
       mbar_arrive(&raw_empty[r]);
       fence_async_smem();  // generic-proxy stores, read next by wgmma (async proxy)
       bar_arrive(BAR_FULL_V + s, K8_BAR_COUNT);
