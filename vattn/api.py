@@ -224,9 +224,13 @@ _BACKENDS: list[Backend] = [TRITON]
 _FAILED: set[str] = set()
 
 
+_REGISTRATIONS = [0]  # part of every call signature: a call bound before a registration is dispatched again
+
+
 def register_backend(backend: Backend) -> None:
     """Put a backend ahead of the others (the portable Triton path stays last)."""
     _BACKENDS.insert(0, backend)
+    _REGISTRATIONS[0] += 1
 
 
 def planned_backend(ws: Workspace) -> tuple[str, int] | None:
@@ -257,13 +261,13 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     (required with fp8 KV, else None). softmax_scale: default 1/sqrt(D). plan: from vattn.plan
     for these seq_lens/cu_seqlens_q. out: optional [T, Hq, D] in q's dtype.
 
-    The checks run once per call signature (every tensor's shape, strides, dtype and device, the
-    softmax scale, the plan); with the Triton backend alone, a call whose signature was checked
-    before goes straight to its launches.
+    The checks and the choice of backend run once per call signature (every tensor's shape, strides,
+    dtype and device, the softmax scale, the plan); a call whose signature was checked before goes
+    straight to its backend's launches.
     """
     import torch
 
-    if not debug and len(_BACKENDS) == 1:
+    if not debug:
         try:
             sig = _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
                                        v_descale, softmax_scale, out)
@@ -294,18 +298,33 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     backend = select_backend(ws, q, k_cache)
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
             float(softmax_scale), plan, out)
-    if backend is TRITON:
-        run = _triton_run(*args)
-        _keep(plan.calls, sig, run)
-        plan.last[0], plan.last[1] = sig, run
-        return run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
-    try:
-        backend.run(*args)
-    except Exception as exc:  # a fast path that cannot build or launch must not take serving down
-        _FAILED.add(backend.name)
-        warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
+    run = _triton_run(*args) if backend is TRITON else _backend_run(backend, float(softmax_scale), plan)
+    _keep(plan.calls, sig, run)
+    plan.last[0], plan.last[1] = sig, run
+    return run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
+
+
+def _backend_run(backend: Backend, softmax_scale: float, plan: Plan):
+    """A faster backend's run for calls of one (checked) signature, with the same arguments as _triton_run's
+    run. If it cannot build or launch, this call and every later one go to Triton, after one warning."""
+    import torch
+
+    def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
+        if out is None:
+            out = torch.empty_like(q)
+        args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                plan, out)
+        if backend.name not in _FAILED:
+            try:
+                backend.run(*args)
+                return out
+            except Exception as exc:  # a fast path that cannot build or launch must not take serving down
+                _FAILED.add(backend.name)
+                warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
         TRITON.run(*args)
-    return out
+        return out
+
+    return run
 
 
 def _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -321,7 +340,7 @@ def _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
             None if k_descale is None else (k_descale.shape, k_descale.dtype, k_descale.device),
             None if v_descale is None else (v_descale.shape, v_descale.dtype, v_descale.device),
             softmax_scale,
-            None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device), _REGISTRATIONS[0])
 
 
 def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,

@@ -273,9 +273,10 @@ def _host_overhead(a) -> int:
     print(f"{'shape':>16s} {'planner':>12s} " + " ".join(f"{c[:-3].removesuffix('_host'):>13s}" for c in cols)
           + f" {'python':>8s}")
     for r in records:
-        python_us = r["call_host_us"] - sum(r[f"launch_{k}_host_us"] for k in ("plan", "main", "reduce"))
+        launches = [r.get(f"launch_{k}_host_us") for k in ("plan", "main", "reduce")]
+        python = f"{r['call_host_us'] - sum(launches):8.1f}" if None not in launches else f"{'-':>8s}"
         print(f"{r['shape']:>16s} {r['planner']:>12s} " + " ".join(
-            f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python_us:8.1f}", flush=True)
+            f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python}  {r['backend']}", flush=True)
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     print(f"wrote {len(records)} records to {a.out}")

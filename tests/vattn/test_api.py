@@ -213,3 +213,36 @@ def test_the_hopper_backend_plans_for_one_cta_per_sm_only_on_the_workspaces_it_c
     covered_but_cpu = ws_for("cpu", head_dim=256, num_q_heads=32, num_kv_heads=2)  # 16 x q_len 4 = 64 rows
     assert backend.slots_per_sm(covered_but_cpu) is None  # not an sm_90 GPU
     assert backend.BACKEND.main is backend.main and backend.BACKEND.slots_per_sm is backend.slots_per_sm
+
+
+def test_a_faster_backend_is_chosen_once_per_call_signature_and_a_failure_falls_back_for_good(dev):
+    """The second call of a signature goes straight to its backend (no checks, no `supports`); a backend that
+    raises gives this call and every later one to Triton, with one warning."""
+    import warnings
+
+    from vattn import api
+
+    x, pl = planned(dev)
+    asked, ran = [], []
+
+    def run(*args):
+        ran.append(args[-1])
+        if len(ran) == 3:
+            raise RuntimeError("launch failed")
+
+    fast = api.Backend("fake-fast-once", lambda w, q, k: asked.append(1) or True, run)
+    api.register_backend(fast)
+    try:
+        out = torch.empty_like(x["q"])
+        vattn.attention(**x, plan=pl, out=out)
+        assert vattn.attention(**x, plan=pl, out=out) is out
+        assert len(asked) == 1 and len(ran) == 2 and ran[1] is out
+        with pytest.warns(UserWarning, match="'fake-fast-once' failed .*launch failed.*falling back to Triton"):
+            vattn.attention(**x, plan=pl, out=out)  # Triton ran this call
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            vattn.attention(**x, plan=pl, out=out)
+        assert len(ran) == 3
+    finally:
+        api._BACKENDS.remove(fast)
+        api._FAILED.discard("fake-fast-once")

@@ -29,6 +29,15 @@
 #ifndef PAGE
 #define PAGE 16
 #endif
+#ifndef OVERLAP
+#define OVERLAP 0
+#endif
+#ifndef LAZY_RESCALE
+#define LAZY_RESCALE 0
+#endif
+#ifndef WIDEN_PARITY
+#define WIDEN_PARITY 0
+#endif
 #define STAGES 2  // one per producer half
 #define QROWS 64
 #define BLOCK_N 64
@@ -272,7 +281,13 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[32], Rows& rw, float& a
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+#if LAZY_RESCALE
+  // the running max moves only when a row's new max passes it by more than 8 (log2 units): P stays <= 2^8
+  // (fp16 holds it), and O is rescaled only on the tiles where some row's max moved (FlashAttention-4's trick)
+  const float mn0 = mx0 > m0 + 8.f ? mx0 : m0, mn1 = mx1 > m1 + 8.f ? mx1 : m1;
+#else
   const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+#endif
   const float ref0 = mn0 == -INFINITY ? 0.f : mn0, ref1 = mn1 == -INFINITY ? 0.f : mn1;
   alpha0 = fast_exp2(m0 - ref0);
   alpha1 = fast_exp2(m1 - ref1);
@@ -302,6 +317,9 @@ __device__ __forceinline__ void pack_p(const float (&p)[32], uint32_t (&pa)[16])
 }
 
 __device__ __forceinline__ void rescale_o(float (&o)[128], float alpha0, float alpha1) {
+#if LAZY_RESCALE
+  if (!__any_sync(0xffffffff, alpha0 != 1.f || alpha1 != 1.f)) return;
+#endif
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     o[4 * j] *= alpha0;
@@ -348,9 +366,7 @@ __device__ __forceinline__ void store_partial(const float (&o)[128], const Rows&
   }
 }
 
-#ifndef OVERLAP
-#define OVERLAP 0
-#endif
+
 
 // The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
 // P(i - 1).V, and the softmax of S(i) runs while P(i - 1).V is on the tensor cores; P(i) is packed into the
@@ -710,8 +726,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
         if (row < BLOCK_N) {
           uint4 lo, hi;
           widen16(x[j], lo, hi);
+#if WIDEN_PARITY
+          // a 16-byte store runs in quarter warps: lanes 0-3 and 4-7 of one would share four 16-byte bank groups
+          // (columns 64 apart land in the same swizzle chunk), so odd lane quads store their hi half first
+          const bool swap = (wtid / 4) % 2;
+          *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + (swap ? 8 : 0))) = swap ? hi : lo;
+          *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + (swap ? 0 : 8))) = swap ? lo : hi;
+#else
           *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col)) = lo;
           *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + 8)) = hi;
+#endif
         }
       }
 #endif
