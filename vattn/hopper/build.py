@@ -156,6 +156,10 @@ class TensorMaps:
                                                  strides, box, ones, 0, swizzle, 3, 0), "cuTensorMapEncodeTiled")
 
 
+def _ptr(t) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
 class MainSm90:
     """The loaded kernel for one compile-time shape (K8=1 in extra_defines: vattn_main_sm90_k8)."""
 
@@ -175,6 +179,7 @@ class MainSm90:
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
         self._maps: dict = {}  # TensorMaps.key_of(k_cache, v_cache) -> TensorMaps
+        self._slots = self._args = None  # launch()'s parameter buffers (one launch at a time per kernel)
         drv = _driver()
         image = compile_cubin(self.defines).read_bytes()
         self._image = ctypes.create_string_buffer(image, len(image))
@@ -188,21 +193,27 @@ class MainSm90:
                softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024) -> None:
         import torch
 
-        P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-        ptr = lambda t: P(t.data_ptr() if t is not None else 0)
         caches = [] if self.k8 else [
-            ptr(k_cache), I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
-            ptr(v_cache), I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2))]
+            _ptr(k_cache), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            _ptr(v_cache), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)]
         vals = [
-            ptr(q), I64(q.stride(0)), I64(q.stride(1)), *caches,
-            ptr(block_tables), I64(block_tables.stride(0)), ptr(seq_lens), ptr(cu_seqlens_q),
-            ptr(k_descale), ptr(v_descale), F32(softmax_scale),
-            ptr(plan_tensors["work_seq"]), ptr(plan_tensors["work_start"]), ptr(plan_tensors["work_end"]),
-            ptr(plan_tensors["work_part"]), ptr(plan_tensors["work_order"]),
-            ptr(o_part), I64(o_part.stride(0)), I64(o_part.stride(1)), I64(o_part.stride(2)),
-            ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), I32(v_lbo), I32(v_sbo),
+            _ptr(q), q.stride(0), q.stride(1), *caches,
+            _ptr(block_tables), block_tables.stride(0), _ptr(seq_lens), _ptr(cu_seqlens_q),
+            _ptr(k_descale), _ptr(v_descale), softmax_scale,
+            _ptr(plan_tensors["work_seq"]), _ptr(plan_tensors["work_start"]), _ptr(plan_tensors["work_end"]),
+            _ptr(plan_tensors["work_part"]), _ptr(plan_tensors["work_order"]),
+            _ptr(o_part), o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            _ptr(lse_part), lse_part.stride(0), lse_part.stride(1), v_lbo, v_sbo,
         ]
-        params = [ctypes.cast(ctypes.pointer(x), ctypes.c_void_p) for x in vals]
+        if self._slots is None:  # the parameters' ctypes objects and their address array, made once and refilled
+            P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+            kinds = [P, I64, I64] + ([] if self.k8 else [P, I64, I64, I64] * 2) + [P, I64, P, P, P, P, F32] + \
+                [P] * 5 + [P, I64, I64, I64, P, I64, I64, I32, I32]
+            self._slots = [k() for k in kinds]
+            addresses = [ctypes.addressof(x) for x in self._slots] + ([None, None] if self.k8 else [])
+            self._args = (ctypes.c_void_p * len(addresses))(*addresses)
+        for slot, v in zip(self._slots, vals):
+            slot.value = v
         if self.k8:  # the two CUtensorMap parameters, passed by value: the slot holds their address
             key = TensorMaps.key_of(k_cache, v_cache)
             maps = self._maps.get(key)
@@ -210,10 +221,9 @@ class MainSm90:
                 if len(self._maps) >= MAPS_KEPT:
                     self._maps.clear()
                 maps = self._maps[key] = TensorMaps(k_cache, v_cache)
-            params += [ctypes.c_void_p(maps.k), ctypes.c_void_p(maps.v)]
-        args = (ctypes.c_void_p * len(params))(*params)
-        stream = P(torch.cuda.current_stream().cuda_stream)
+            self._args[-2], self._args[-1] = maps.k, maps.v
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         grid_y = plan_tensors["work_seq"].shape[0]
         drv = _driver()
         drv.check(drv.lib.cuLaunchKernel(self.fn, k_cache.shape[2], grid_y, 1, THREADS, 1, 1, self.smem, stream,
-                                         args, None), "cuLaunchKernel")
+                                         self._args, None), "cuLaunchKernel")
