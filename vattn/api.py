@@ -298,16 +298,20 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     backend = select_backend(ws, q, k_cache)
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
             float(softmax_scale), plan, out)
-    run = _triton_run(*args) if backend is TRITON else _backend_run(backend, float(softmax_scale), plan)
+    run = _triton_run(*args) if backend is TRITON else _backend_run(backend, float(softmax_scale), plan,
+                                                                     cu_seqlens_q, out)
     _keep(plan.calls, sig, run)
     plan.last[0], plan.last[1] = sig, run
     return run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
 
 
-def _backend_run(backend: Backend, softmax_scale: float, plan: Plan):
+def _backend_run(backend: Backend, softmax_scale: float, plan: Plan, cu_seqlens_q, out):
     """A faster backend's run for calls of one (checked) signature, with the same arguments as _triton_run's
-    run. If it cannot build or launch, this call and every later one go to Triton, after one warning."""
+    run: its main kernel and vattn's bound reduce (or its own run, if it has no main). If it cannot build or
+    launch, this call and every later one go to Triton, after one warning."""
     import torch
+
+    reduce = _bound_reduce(plan, cu_seqlens_q, out) if backend.main else None
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:
@@ -316,7 +320,11 @@ def _backend_run(backend: Backend, softmax_scale: float, plan: Plan):
                 plan, out)
         if backend.name not in _FAILED:
             try:
-                backend.run(*args)
+                if reduce is None:
+                    backend.run(*args)
+                else:
+                    backend.main(*args[:-1])
+                    reduce(cu_seqlens_q, out)
                 return out
             except Exception as exc:  # a fast path that cannot build or launch must not take serving down
                 _FAILED.add(backend.name)
@@ -358,12 +366,7 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
                                       max_q_len=ws.max_q_len, config=ws.config)
     main = launcher.kernel(K._attn_main_kernel).bind(args, kwargs, K.MAIN_LIVE).launch
     heads, width = k_cache.shape[2], plan.tensors["work_seq"].shape[0]
-    red = K.reduce_launch_args(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
-                               gqa=ws.gqa, max_q_len=ws.max_q_len)
-    reduce = None
-    if red is not None:
-        (r0, r1, r2), args, kwargs = red
-        reduce = launcher.kernel(K._reduce_kernel).bind(args, kwargs, K.REDUCE_LIVE).launch
+    reduce = _bound_reduce(plan, cu_seqlens_q, out)
     empty_like = torch.empty_like
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
@@ -372,15 +375,29 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
         if k_descale is None:  # the kernel's placeholder pointers (main_launch_args), never read
             k_descale = v_descale = seq_lens
         main(heads, width, 1, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
-        if reduce is not None:
-            reduce(r0, r1, r2, cu_seqlens_q, out)
+        reduce(cu_seqlens_q, out)
         return out
 
     # the two launches alone, for the host-time split of benchmarks/kernel (launch_parts)
     run.launch_main = lambda *live: main(heads, width, 1, *live)
-    run.launch_reduce = (lambda cu_seqlens_q, out: reduce(r0, r1, r2, cu_seqlens_q, out)) if reduce else (
-        lambda cu_seqlens_q, out: None)
+    run.launch_reduce = reduce
     return run
+
+
+def _bound_reduce(plan: Plan, cu_seqlens_q, out):
+    """vattn's reduce for calls of one signature, bound once: reduce(cu_seqlens_q, out) (a no-op when there is
+    nothing to write)."""
+    from vattn import kernel as K
+    from vattn import launcher
+
+    ws = plan.workspace
+    red = K.reduce_launch_args(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
+                               gqa=ws.gqa, max_q_len=ws.max_q_len)
+    if red is None:
+        return lambda cu_seqlens_q, out: None
+    (r0, r1, r2), args, kwargs = red
+    launch = launcher.kernel(K._reduce_kernel).bind(args, kwargs, K.REDUCE_LIVE).launch
+    return lambda cu_seqlens_q, out: launch(r0, r1, r2, cu_seqlens_q, out)
 
 
 def launch_parts(plan: Plan, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale=None,

@@ -246,3 +246,24 @@ def test_a_faster_backend_is_chosen_once_per_call_signature_and_a_failure_falls_
     finally:
         api._BACKENDS.remove(fast)
         api._FAILED.discard("fake-fast-once")
+
+
+def test_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce(dev):
+    """A backend that names `main` writes the partials; attention() runs vattn's reduce after it. With Triton's
+    main kernel standing in for it, the output is Triton's."""
+    from vattn import api
+
+    x, pl = planned(dev)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    x["q"] = torch.randn(x["q"].shape, generator=gen, device=dev).to(torch.bfloat16)
+    for name in ("k_cache", "v_cache"):
+        x[name] = torch.randn(x[name].shape, generator=gen, device=dev).to(FP8)
+    want = vattn.attention(**x, plan=pl).float()
+    mains = []
+    fast = api.Backend("fake-main", lambda w, q, k: True, None, lambda *a: mains.append(1) or api.TRITON.main(*a))
+    api.register_backend(fast)
+    try:
+        got = vattn.attention(**x, plan=pl).float()
+        assert mains == [1] and torch.equal(got, want)
+    finally:
+        api._BACKENDS.remove(fast)
