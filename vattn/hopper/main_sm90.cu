@@ -32,12 +32,7 @@
 #ifndef OVERLAP
 #define OVERLAP 0
 #endif
-#ifndef LAZY_RESCALE
-#define LAZY_RESCALE 0
-#endif
-#ifndef WIDEN_PARITY
-#define WIDEN_PARITY 0
-#endif
+
 #define STAGES 2  // one per producer half
 #define QROWS 64
 #define BLOCK_N 64
@@ -255,6 +250,9 @@ __device__ __forceinline__ Rows rows_of(int warp, int lane, const Item& it, floa
 
 // Online softmax of the score tile at KV position ts, in place: sc becomes exp2(S - new max) (unpacked P), the
 // running max and per-thread sums advance, and alpha is the factor O must be rescaled by before P.V.
+// LAZY (FlashAttention-4's trick): a row's running max moves only when the tile's max passes it by more than
+// 8 (log2 units), so P stays <= 2^8 (fp16 holds it) and most tiles of a long piece need no rescale of O.
+template <bool LAZY>
 __device__ __forceinline__ void softmax_tile(float (&sc)[32], Rows& rw, float& alpha0, float& alpha1, int ts) {
   const int end = rw.end, limit0 = rw.limit0, limit1 = rw.limit1, cq = rw.cq;
   const float qk_scale0 = rw.qk_scale0, qk_scale1 = rw.qk_scale1;
@@ -281,13 +279,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[32], Rows& rw, float& a
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
-#if LAZY_RESCALE
-  // the running max moves only when a row's new max passes it by more than 8 (log2 units): P stays <= 2^8
-  // (fp16 holds it), and O is rescaled only on the tiles where some row's max moved (FlashAttention-4's trick)
-  const float mn0 = mx0 > m0 + 8.f ? mx0 : m0, mn1 = mx1 > m1 + 8.f ? mx1 : m1;
-#else
-  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-#endif
+  const float mn0 = LAZY ? (mx0 > m0 + 8.f ? mx0 : m0) : fmaxf(m0, mx0);
+  const float mn1 = LAZY ? (mx1 > m1 + 8.f ? mx1 : m1) : fmaxf(m1, mx1);
   const float ref0 = mn0 == -INFINITY ? 0.f : mn0, ref1 = mn1 == -INFINITY ? 0.f : mn1;
   alpha0 = fast_exp2(m0 - ref0);
   alpha1 = fast_exp2(m1 - ref1);
@@ -316,10 +309,9 @@ __device__ __forceinline__ void pack_p(const float (&p)[32], uint32_t (&pa)[16])
   }
 }
 
+template <bool LAZY>
 __device__ __forceinline__ void rescale_o(float (&o)[128], float alpha0, float alpha1) {
-#if LAZY_RESCALE
-  if (!__any_sync(0xffffffff, alpha0 != 1.f || alpha1 != 1.f)) return;
-#endif
+  if (LAZY && !__any_sync(0xffffffff, alpha0 != 1.f || alpha1 != 1.f)) return;  // no row's max moved
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     o[4 * j] *= alpha0;
@@ -374,7 +366,7 @@ __device__ __forceinline__ void store_partial(const float (&o)[128], const Rows&
 // left it. Commit groups retire in order, so `wait_group 1` right after a commit waits for all but that one.
 // The kernel's hand-over: k_ready(i) waits until tile i's K is in shared memory, issue_s(sc, i) issues S(i)
 // (uncommitted), k_free(i) hands its K back; v_ready(i) / v_free(i) the same for its fp16 V at v_addr(i).
-template <class KReady, class IssueS, class KFree, class VReady, class VFree, class VAddr>
+template <bool LAZY, class KReady, class IssueS, class KFree, class VReady, class VFree, class VAddr>
 __device__ __forceinline__ void overlap_loop(float (&o)[128], Rows& rw, int start, int n_tiles, int v_lbo, int v_sbo,
                                              KReady k_ready, IssueS issue_s, KFree k_free, VReady v_ready,
                                              VFree v_free, VAddr v_addr) {
@@ -397,24 +389,24 @@ __device__ __forceinline__ void overlap_loop(float (&o)[128], Rows& rw, int star
   wg_commit();
   wg_wait0();
   k_free(0);
-  softmax_tile(sc, rw, alpha0, alpha1, start);
+  softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start);
   pack_p(sc, pa);
   for (int i = 1; i < n_tiles; ++i) {
     k_ready(i);
     wg_fence();
     issue_s(sc, i);
     wg_commit();
-    rescale_o(o, alpha0, alpha1);
+    rescale_o<LAZY>(o, alpha0, alpha1);
     v_ready(i - 1);
     issue_pv(o, pa, v_addr(i - 1), v_lbo, v_sbo);
     wg_wait1();  // S(i) is complete (P(i - 1).V runs on): K(i) is free
     k_free(i);
-    softmax_tile(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
+    softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
     wg_wait0();  // P(i - 1).V is complete: V(i - 1) and the A fragments are free
     v_free(i - 1);
     pack_p(sc, pa);
   }
-  rescale_o(o, alpha0, alpha1);
+  rescale_o<LAZY>(o, alpha0, alpha1);
   v_ready(n_tiles - 1);
   issue_pv(o, pa, v_addr(n_tiles - 1), v_lbo, v_sbo);
   wg_wait0();
@@ -508,7 +500,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   const uint32_t sq_addr = smem_u32(sq), sk_addr = smem_u32(sk), sv_addr = smem_u32(sv);
 
 #if OVERLAP
-  overlap_loop(
+  overlap_loop<false>(
       o, rw, start, n_tiles, v_lbo, v_sbo, [&](int i) { bar_sync(BAR_FULL_K + i % STAGES, BAR_COUNT); },
       [&](float (&sc)[32], int i) { issue_qk(sc, sq_addr, sk_addr + (i % STAGES) * TILE_BYTES); },
       [&](int i) { if (i + STAGES < n_tiles) bar_arrive(BAR_EMPTY_K + i % STAGES, BAR_COUNT); },
@@ -529,10 +521,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   for (int i = 0; i < n_tiles; ++i) {
     const int s = i % STAGES;
     float alpha0, alpha1;
-    softmax_tile(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
+    softmax_tile<false>(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
     uint32_t pa[16];
     pack_p(sc, pa);
-    rescale_o(o, alpha0, alpha1);
+    rescale_o<false>(o, alpha0, alpha1);
     bar_sync(BAR_FULL_V + s, BAR_COUNT);
     issue_pv(o, pa, sv_addr + s * TILE_BYTES, v_lbo, v_sbo);
 #ifdef SERIAL_CONSUMER  // timing only: wait for P.V before issuing the next Q.K^T
@@ -726,16 +718,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
         if (row < BLOCK_N) {
           uint4 lo, hi;
           widen16(x[j], lo, hi);
-#if WIDEN_PARITY
-          // a 16-byte store runs in quarter warps: lanes 0-3 and 4-7 of one would share four 16-byte bank groups
-          // (columns 64 apart land in the same swizzle chunk), so odd lane quads store their hi half first
-          const bool swap = (wtid / 4) % 2;
-          *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + (swap ? 8 : 0))) = swap ? hi : lo;
-          *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + (swap ? 0 : 8))) = swap ? lo : hi;
-#else
           *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col)) = lo;
           *reinterpret_cast<uint4*>(dst + swz(BLOCK_N, row, col + 8)) = hi;
-#endif
         }
       }
 #endif
@@ -808,7 +792,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
                  sv_addr = smem_u32(sv);
   // K(i) is read from raw slot i % K8_RAW_SLOTS, which the copy thread refills once this warpgroup and the
   // widening warps have both arrived on its raw_empty barrier
-  overlap_loop(
+  overlap_loop<true>(
       o, rw, start, n_tiles, v_lbo, v_sbo,
       [&](int i) { mbar_wait(&raw_full[i % K8_RAW_SLOTS], (i / K8_RAW_SLOTS) & 1); },
       [&](float (&sc)[32], int i) { issue_qk8(sc, qhi_addr, qlo_addr, raw_addr + (i % K8_RAW_SLOTS) * 2 * K8_TILE); },
