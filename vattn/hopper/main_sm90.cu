@@ -562,8 +562,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ======================= vattn_main_sm90_k8: K read by the tensor cores as stored (e4m3) =======================
-// The same plan, partials and consumer schedule as OVERLAP=1, with three changes aimed at the producer bound
-// (version log in benchmarks/NOTES.md):
+// The same plan, partials and consumer schedule as OVERLAP=1 (with the lazy rescale), with three changes aimed
+// at the producer bound (version log in benchmarks/NOTES.md):
 //   * K is never widened. S = Q.K^T runs as fp8 wgmma (m64n64k32, e4m3 x e4m3) on K as the copy engine wrote
 //     it, with Q split into two e4m3 parts: per row, y = q / s with s = amax / 28, hi = e4m3(y), lo =
 //     e4m3(16 (y - hi)), and the A operands 16 hi (exact: |16 hi| <= 448) and lo, accumulated in one chain:
