@@ -184,8 +184,9 @@ class Backend:
     supports(workspace, q, k_cache) -> bool: host-only decision (no value reads).
     run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
         softmax_scale, plan, out) -> None: writes out [T, Hq, D].
-    main(same arguments but out) -> None, optional: the main kernel alone (the workspace's partials), so
-        that a benchmark can time plan, main and reduce apart.
+    bind_main(same arguments but out) -> launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+        k_descale, v_descale), optional: its main kernel alone (the workspace's partials) bound for calls of
+        one signature. attention() then runs it and vattn's bound reduce; a benchmark times it apart.
     slots_per_sm(workspace) -> int | None: the CTAs per SM its main kernel keeps resident on the calls it
         would serve with this workspace, or None (it would serve none). A workspace plans for the first
         registered backend that answers, as the split must fill that kernel's slots, not Triton's.
@@ -194,32 +195,37 @@ class Backend:
     name: str
     supports: Callable
     run: Callable
-    main: Callable | None = None
+    bind_main: Callable | None = None
     slots_per_sm: Callable = lambda ws: None
 
 
-def _main_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-                 softmax_scale, plan: Plan) -> None:
+def _bind_triton_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                      softmax_scale, plan: Plan):
     from vattn import kernel as K  # triton loads on first launch, not on `import vattn`
+    from vattn import launcher
 
     ws = plan.workspace
-    K.launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-                  softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa, max_q_len=ws.max_q_len,
-                  config=ws.config)
+    args, kwargs = K.main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
+                                      v_descale, softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa,
+                                      max_q_len=ws.max_q_len, config=ws.config)
+    main = launcher.kernel(K._attn_main_kernel).bind(args, kwargs, K.MAIN_LIVE).launch
+    heads, width = k_cache.shape[2], plan.tensors["work_seq"].shape[0]
+
+    def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale):
+        if k_descale is None:  # the kernel's placeholder pointers (main_launch_args), never read
+            k_descale = v_descale = seq_lens
+        main(heads, width, 1, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
+
+    return launch
 
 
 def _run_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                 softmax_scale, plan: Plan, out) -> None:
-    from vattn import kernel as K
-
-    _main_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
-                 plan)
-    ws = plan.workspace
-    K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
-                    max_q_len=ws.max_q_len)
+    _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                plan, out)(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
 
 
-TRITON = Backend("triton", lambda ws, q, k_cache: True, _run_triton, _main_triton)
+TRITON = Backend("triton", lambda ws, q, k_cache: True, _run_triton, _bind_triton_main)
 _BACKENDS: list[Backend] = [TRITON]
 _FAILED: set[str] = set()
 
@@ -298,20 +304,28 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     backend = select_backend(ws, q, k_cache)
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
             float(softmax_scale), plan, out)
-    run = _triton_run(*args) if backend is TRITON else _backend_run(backend, float(softmax_scale), plan,
-                                                                     cu_seqlens_q, out)
+    run = _triton_run(*args) if backend is TRITON else _backend_run(backend, *args)
     _keep(plan.calls, sig, run)
     plan.last[0], plan.last[1] = sig, run
     return run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
 
 
-def _backend_run(backend: Backend, softmax_scale: float, plan: Plan, cu_seqlens_q, out):
+def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                 softmax_scale, plan: Plan, out):
     """A faster backend's run for calls of one (checked) signature, with the same arguments as _triton_run's
-    run: its main kernel and vattn's bound reduce (or its own run, if it has no main). If it cannot build or
-    launch, this call and every later one go to Triton, after one warning."""
+    run: its bound main kernel and vattn's bound reduce (or its own run, without bind_main). If it cannot build
+    or launch, this call and every later one go to Triton, after one warning."""
     import torch
 
-    reduce = _bound_reduce(plan, cu_seqlens_q, out) if backend.main else None
+    main = reduce = None
+    if backend.bind_main and backend.name not in _FAILED:
+        try:
+            main = backend.bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                                     softmax_scale, plan)
+        except Exception as exc:  # a kernel that cannot build: this signature goes to Triton from the start
+            _FAILED.add(backend.name)
+            warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
+        reduce = _bound_reduce(plan, cu_seqlens_q, out)
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:
@@ -320,10 +334,10 @@ def _backend_run(backend: Backend, softmax_scale: float, plan: Plan, cu_seqlens_
                 plan, out)
         if backend.name not in _FAILED:
             try:
-                if reduce is None:
+                if main is None:
                     backend.run(*args)
                 else:
-                    backend.main(*args[:-1])
+                    main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
                     reduce(cu_seqlens_q, out)
                 return out
             except Exception as exc:  # a fast path that cannot build or launch must not take serving down
@@ -357,29 +371,20 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
     run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out) -> out."""
     import torch
 
-    from vattn import kernel as K
-    from vattn import launcher
-
-    ws = plan.workspace
-    args, kwargs = K.main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
-                                      v_descale, softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa,
-                                      max_q_len=ws.max_q_len, config=ws.config)
-    main = launcher.kernel(K._attn_main_kernel).bind(args, kwargs, K.MAIN_LIVE).launch
-    heads, width = k_cache.shape[2], plan.tensors["work_seq"].shape[0]
+    main = _bind_triton_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+                             softmax_scale, plan)
     reduce = _bound_reduce(plan, cu_seqlens_q, out)
     empty_like = torch.empty_like
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:
             out = empty_like(q)
-        if k_descale is None:  # the kernel's placeholder pointers (main_launch_args), never read
-            k_descale = v_descale = seq_lens
-        main(heads, width, 1, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
+        main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
         reduce(cu_seqlens_q, out)
         return out
 
     # the two launches alone, for the host-time split of benchmarks/kernel (launch_parts)
-    run.launch_main = lambda *live: main(heads, width, 1, *live)
+    run.launch_main = main
     run.launch_reduce = reduce
     return run
 

@@ -55,11 +55,12 @@ def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
                           mode=mode, workspace=ws)
 
     pl = do_plan()
-    main = (api.select_backend(ws, b.q, b.k).main or api.TRITON.main)
+    backend = api.select_backend(ws, b.q, b.k)
+    main = (backend.bind_main or api.TRITON.bind_main)(*b.attention_args(0), pl)
 
     def main_all():
         for r in range(b.replicas):
-            main(*b.attention_args(r), pl)
+            main(*b.attention_args(r)[:8])
 
     def reduce_all():
         for _ in range(b.replicas):

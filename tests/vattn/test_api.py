@@ -212,7 +212,7 @@ def test_the_hopper_backend_plans_for_one_cta_per_sm_only_on_the_workspaces_it_c
 
     covered_but_cpu = ws_for("cpu", head_dim=256, num_q_heads=32, num_kv_heads=2)  # 16 x q_len 4 = 64 rows
     assert backend.slots_per_sm(covered_but_cpu) is None  # not an sm_90 GPU
-    assert backend.BACKEND.main is backend.main and backend.BACKEND.slots_per_sm is backend.slots_per_sm
+    assert backend.BACKEND.bind_main is backend.bind_main and backend.BACKEND.slots_per_sm is backend.slots_per_sm
 
 
 def test_a_faster_backend_is_chosen_once_per_call_signature_and_a_failure_falls_back_for_good(dev):
@@ -249,8 +249,8 @@ def test_a_faster_backend_is_chosen_once_per_call_signature_and_a_failure_falls_
 
 
 def test_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce(dev):
-    """A backend that names `main` writes the partials; attention() runs vattn's reduce after it. With Triton's
-    main kernel standing in for it, the output is Triton's."""
+    """A backend with `bind_main` writes the partials, bound once per call signature; attention() runs vattn's
+    reduce after it. With Triton's main kernel standing in for it, the output is Triton's."""
     from vattn import api
 
     x, pl = planned(dev)
@@ -259,11 +259,18 @@ def test_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce(dev):
     for name in ("k_cache", "v_cache"):
         x[name] = torch.randn(x[name].shape, generator=gen, device=dev).to(FP8)
     want = vattn.attention(**x, plan=pl).float()
-    mains = []
-    fast = api.Backend("fake-main", lambda w, q, k: True, None, lambda *a: mains.append(1) or api.TRITON.main(*a))
+    binds, mains = [], []
+
+    def bind_main(*args):
+        launch = api.TRITON.bind_main(*args)
+        binds.append(1)
+        return lambda *live: mains.append(1) or launch(*live)
+
+    fast = api.Backend("fake-main", lambda w, q, k: True, None, bind_main)
     api.register_backend(fast)
     try:
         got = vattn.attention(**x, plan=pl).float()
-        assert mains == [1] and torch.equal(got, want)
+        again = vattn.attention(**x, plan=pl).float()
+        assert binds == [1] and mains == [1, 1] and torch.equal(got, want) and torch.equal(again, want)
     finally:
         api._BACKENDS.remove(fast)

@@ -55,22 +55,23 @@ def _kernel(head_dim: int, gqa: int, page: int):
     return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines={"K8": 1} if page % 8 == 0 else None)
 
 
-def main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
-         plan) -> None:
+def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+              plan):
     ws = plan.workspace
-    _kernel(ws.head_dim, ws.gqa, ws.page_size).launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-                                                      k_descale, v_descale, softmax_scale, plan.tensors, ws.o_part,
-                                                      ws.lse_part)
+    return _kernel(ws.head_dim, ws.gqa, ws.page_size).bind(q, k_cache, v_cache, block_tables, seq_lens,
+                                                           cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                                                           plan.tensors, ws.o_part, ws.lse_part)
 
 
 def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan,
         out) -> None:
     from vattn import kernel as K
 
-    main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan)
+    args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
+    bind_main(*args, softmax_scale, plan)(*args)
     ws = plan.workspace
     K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
                     max_q_len=ws.max_q_len)
 
 
-BACKEND = Backend("hopper_sm90", supports, run, main, slots_per_sm)
+BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm)

@@ -156,10 +156,6 @@ class TensorMaps:
                                                  strides, box, ones, 0, swizzle, 3, 0), "cuTensorMapEncodeTiled")
 
 
-def _ptr(t) -> int | None:
-    return t.data_ptr() if t is not None else None
-
-
 class MainSm90:
     """The loaded kernel for one compile-time shape (K8=1 in extra_defines: vattn_main_sm90_k8)."""
 
@@ -179,7 +175,6 @@ class MainSm90:
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
         self._maps: dict = {}  # TensorMaps.key_of(k_cache, v_cache) -> TensorMaps
-        self._slots = self._args = None  # launch()'s parameter buffers (one launch at a time per kernel)
         drv = _driver()
         image = compile_cubin(self.defines).read_bytes()
         self._image = ctypes.create_string_buffer(image, len(image))
@@ -191,39 +186,56 @@ class MainSm90:
 
     def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024) -> None:
+        self.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                  plan_tensors, o_part, lse_part, v_lbo=v_lbo, v_sbo=v_sbo)(
+            q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
+
+    def bind(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+             softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024):
+        """The launch for calls of one signature (shapes, strides, the plan and its workspace):
+        launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale). Its ctypes
+        parameters are made once; a call refills the tensors' addresses and the caches' TMA maps."""
         import torch
 
+        P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+        q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, cu_ptr, kd_ptr, vd_ptr = (P() for _ in range(8))  # set per call
+        ptr = lambda t: P(t.data_ptr())
         caches = [] if self.k8 else [
-            _ptr(k_cache), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            _ptr(v_cache), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)]
-        vals = [
-            _ptr(q), q.stride(0), q.stride(1), *caches,
-            _ptr(block_tables), block_tables.stride(0), _ptr(seq_lens), _ptr(cu_seqlens_q),
-            _ptr(k_descale), _ptr(v_descale), softmax_scale,
-            _ptr(plan_tensors["work_seq"]), _ptr(plan_tensors["work_start"]), _ptr(plan_tensors["work_end"]),
-            _ptr(plan_tensors["work_part"]), _ptr(plan_tensors["work_order"]),
-            _ptr(o_part), o_part.stride(0), o_part.stride(1), o_part.stride(2),
-            _ptr(lse_part), lse_part.stride(0), lse_part.stride(1), v_lbo, v_sbo,
+            k_ptr, I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
+            v_ptr, I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2))]
+        slots = [
+            q_ptr, I64(q.stride(0)), I64(q.stride(1)), *caches,
+            bt_ptr, I64(block_tables.stride(0)), lens_ptr, cu_ptr, kd_ptr, vd_ptr, F32(softmax_scale),
+            ptr(plan_tensors["work_seq"]), ptr(plan_tensors["work_start"]), ptr(plan_tensors["work_end"]),
+            ptr(plan_tensors["work_part"]), ptr(plan_tensors["work_order"]),
+            ptr(o_part), I64(o_part.stride(0)), I64(o_part.stride(1)), I64(o_part.stride(2)),
+            ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), I32(v_lbo), I32(v_sbo),
         ]
-        if self._slots is None:  # the parameters' ctypes objects and their address array, made once and refilled
-            P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-            kinds = [P, I64, I64] + ([] if self.k8 else [P, I64, I64, I64] * 2) + [P, I64, P, P, P, P, F32] + \
-                [P] * 5 + [P, I64, I64, I64, P, I64, I64, I32, I32]
-            self._slots = [k() for k in kinds]
-            addresses = [ctypes.addressof(x) for x in self._slots] + ([None, None] if self.k8 else [])
-            self._args = (ctypes.c_void_p * len(addresses))(*addresses)
-        for slot, v in zip(self._slots, vals):
-            slot.value = v
-        if self.k8:  # the two CUtensorMap parameters, passed by value: the slot holds their address
-            key = TensorMaps.key_of(k_cache, v_cache)
-            maps = self._maps.get(key)
-            if maps is None:  # one pair per layer's caches in a server; kept, as the caches are
-                if len(self._maps) >= MAPS_KEPT:
-                    self._maps.clear()
-                maps = self._maps[key] = TensorMaps(k_cache, v_cache)
-            self._args[-2], self._args[-1] = maps.k, maps.v
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        grid_y = plan_tensors["work_seq"].shape[0]
-        drv = _driver()
-        drv.check(drv.lib.cuLaunchKernel(self.fn, k_cache.shape[2], grid_y, 1, THREADS, 1, 1, self.smem, stream,
-                                         self._args, None), "cuLaunchKernel")
+        addresses = [ctypes.addressof(x) for x in slots] + ([None, None] if self.k8 else [])
+        args = (ctypes.c_void_p * len(addresses))(*addresses)
+        grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
+        fn, smem, k8, maps_kept = self.fn, self.smem, self.k8, self._maps
+        launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
+        raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
+        current = (lambda: raw_stream(device)) if raw_stream else (lambda: torch.cuda.current_stream(device).cuda_stream)
+
+        def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale) -> None:
+            q_ptr.value, bt_ptr.value = q.data_ptr(), block_tables.data_ptr()
+            lens_ptr.value, cu_ptr.value = seq_lens.data_ptr(), cu_seqlens_q.data_ptr()
+            kd_ptr.value = k_descale.data_ptr() if k_descale is not None else None
+            vd_ptr.value = v_descale.data_ptr() if v_descale is not None else None
+            if k8:  # the two CUtensorMap parameters, passed by value: the slot holds their address
+                key = TensorMaps.key_of(k_cache, v_cache)
+                maps = maps_kept.get(key)
+                if maps is None:  # one pair per layer's caches in a server; kept, as the caches are
+                    if len(maps_kept) >= MAPS_KEPT:
+                        maps_kept.clear()
+                    maps = maps_kept[key] = TensorMaps(k_cache, v_cache)
+                args[-2], args[-1] = maps.k, maps.v
+            else:
+                k_ptr.value, v_ptr.value = k_cache.data_ptr(), v_cache.data_ptr()
+            check(launch_kernel(fn, *grid, THREADS, 1, 1, smem, ctypes.c_void_p(current()), args, None),
+                  "cuLaunchKernel")
+
+        launch.keep = slots  # args holds their addresses only: they must live as long as the launch
+        return launch
