@@ -43,6 +43,7 @@ def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_
     assert {(r["shape"], r["planner"]) for r in vattn_rows} == {
         (s, p) for s in ("tiny-fp8", "tiny-fp16-page1") for p in ("balanced", "length_aware", "fixed")}
     assert all(r["rel_err"] < 5e-3 and r["nan"] is False and r["device"] == "cpu-interpreter" for r in vattn_rows)
+    assert {r["backend"] for r in vattn_rows} == {"triton"}  # the backend that ran the timed main kernel
     assert [r["shape"] for r in records if r["impl"] == "sdpa"] == ["tiny-fp8", "tiny-fp16-page1"]
 
 
@@ -59,6 +60,7 @@ def test_host_overhead_dry_run_times_every_part(tmp_path):
     assert [r["shape"] for r in records] == ["tiny-fp8", "tiny-fp16-page1"]
     for part in ("call", "plan", "attention", "launch_plan", "launch_main", "launch_reduce"):
         assert all(r[f"{part}_host_us"] > 0 for r in records), part
+    assert all(r["backend"] == "triton" for r in records)
     assert "python" in proc.stdout
 
 

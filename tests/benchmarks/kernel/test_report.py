@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.kernel.report import markdown_table
+from benchmarks.kernel.report import format_table, markdown_table
 
 
 def test_markdown_table_shows_default_rows_only():
@@ -11,3 +11,12 @@ def test_markdown_table_shows_default_rows_only():
                 rel_err=1.8e-3, run="r")
     text = markdown_table([dict(base, default_config=True), dict(base, planner="fixed", default_config=False)])
     assert "| 16x35k | fp8 | 4 | 16 | balanced | 150.0 |" in text and "1.38x" in text and "fixed" not in text
+
+
+def test_tables_name_the_backend_that_ran_vattns_main_kernel_where_it_is_not_triton():
+    row = dict(shape="16x35k", kv_dtype="fp8", q_len="4", page_size=16, impl="vattn", planner="balanced", us=99.8,
+               plan_us=3.9, main_us=90.9, reduce_us=5.5, tbps=2.87, read_ceiling_tbps=4.55, rel_err=2.2e-3, run="r")
+    hopper, triton = dict(row, backend="hopper_sm90"), dict(row, backend="triton")
+    assert " | vattn/hopper_sm90 | " in format_table([hopper])
+    assert "hopper" not in format_table([triton]) and "hopper" not in markdown_table([triton])
+    assert "| balanced (hopper_sm90) |" in markdown_table([hopper])
