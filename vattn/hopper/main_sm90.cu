@@ -32,7 +32,6 @@
 #ifndef OVERLAP
 #define OVERLAP 0
 #endif
-
 #define STAGES 2  // one per producer half
 #define QROWS 64
 #define BLOCK_N 64
@@ -358,8 +357,6 @@ __device__ __forceinline__ void store_partial(const float (&o)[128], const Rows&
   }
 }
 
-
-
 // The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
 // P(i - 1).V, and the softmax of S(i) runs while P(i - 1).V is on the tensor cores; P(i) is packed into the
 // A fragments once P(i - 1).V has finished reading them. One score buffer: S(i) is issued after P(i - 1)
@@ -580,8 +577,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
 #define K8_VH (BLOCK_N * HEAD_DIM * 2)    // one fp16 V stage
 #define K8_WIDEN 96                       // widening threads (warps 5-7)
-#define K8_BAR_COUNT (128 + K8_WIDEN)
-static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one column");     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
+#define K8_BAR_COUNT (128 + K8_WIDEN)     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
+static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one column");
 #define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + STAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 + QROWS * 4)
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
 // a page must be whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary): other page sizes build
