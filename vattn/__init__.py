@@ -5,7 +5,8 @@ that keep plans or add a faster path behind the same API (see vattn.api's docstr
 Importing vattn is cheap: torch and triton load on first use.
 
 Modules: contract (supported shapes, tolerances), planner (split planners), workspace, kernel
-(Triton), launcher (cached Triton launches), api, reference (fp32 oracle), cost (cost model), hopper
+(Triton), launcher (cached Triton launches), backends (the dispatch registry), api, reference (fp32
+oracle), cost (cost model), hopper
 (the sm_90a CUDA kernel, opt-in with VATTN_HOPPER=1), sglang (backend plugin).
 """
 
@@ -16,7 +17,7 @@ from vattn.hopper import backend as _hopper
 from vattn.reference import reference
 from vattn.workspace import Workspace
 
-if _hopper.enabled():  # opt-in: a second backend costs every call the dispatch (vattn.hopper.backend)
+if _hopper.enabled():  # opt-in (vattn.hopper.backend)
     register_backend(_hopper.BACKEND)
 
 __all__ = ["Workspace", "Plan", "Backend", "plan", "attention", "reference", "register_backend"]

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
 
+from vattn.backends import BACKENDS, FAILED, REGISTRATIONS, Backend, planned_backend, register_backend
 from vattn.contract import KV_DTYPES
 from vattn.planner import DEFAULT_PLANNER, FIELDS, PLANNERS, max_work_items, plan_python
 from vattn.workspace import Workspace, interpreting
@@ -177,28 +177,6 @@ def _check_lens_values(seq_lens, cu_seqlens_q, max_q_len: int) -> None:
             _bad(f"seq_lens[{b}]", lens[b], f"0 (empty) or >= its q_len {c - a} (the new tokens are in the cache)")
 
 
-@dataclass(frozen=True)
-class Backend:
-    """An implementation of attention() behind the same API (the dispatch point).
-
-    supports(workspace, q, k_cache) -> bool: host-only decision (no value reads).
-    run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-        softmax_scale, plan, out) -> None: writes out [T, Hq, D].
-    bind_main(same arguments but out) -> launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-        k_descale, v_descale), optional: its main kernel alone (the workspace's partials) bound for calls of
-        one signature. attention() then runs it and vattn's bound reduce; a benchmark times it apart.
-    slots_per_sm(workspace) -> int | None: the CTAs per SM its main kernel keeps resident on the calls it
-        would serve with this workspace, or None (it would serve none). A workspace plans for the first
-        registered backend that answers, as the split must fill that kernel's slots, not Triton's.
-    """
-
-    name: str
-    supports: Callable
-    run: Callable
-    bind_main: Callable | None = None
-    slots_per_sm: Callable = lambda ws: None
-
-
 def _bind_triton_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                       softmax_scale, plan: Plan):
     from vattn import kernel as K  # triton loads on first launch, not on `import vattn`
@@ -226,33 +204,12 @@ def _run_triton(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
 
 
 TRITON = Backend("triton", lambda ws, q, k_cache: True, _run_triton, _bind_triton_main)
-_BACKENDS: list[Backend] = [TRITON]
-_FAILED: set[str] = set()
-
-
-_REGISTRATIONS = [0]  # part of every call signature: a call bound before a registration is dispatched again
-
-
-def register_backend(backend: Backend) -> None:
-    """Put a backend ahead of the others (the portable Triton path stays last)."""
-    _BACKENDS.insert(0, backend)
-    _REGISTRATIONS[0] += 1
-
-
-def planned_backend(ws: Workspace) -> tuple[str, int] | None:
-    """(name, CTAs per SM) of the first registered backend, ahead of Triton, that would serve this workspace's
-    calls; None: Triton's own occupancy sets the workspace's slots."""
-    for b in _BACKENDS:
-        if b is not TRITON and b.name not in _FAILED:
-            spm = b.slots_per_sm(ws)
-            if spm:
-                return b.name, spm
-    return None
+BACKENDS.append(TRITON)  # the last in dispatch order: it takes every call
 
 
 def select_backend(ws: Workspace, q, k_cache) -> Backend:
-    for b in _BACKENDS:
-        if b.name not in _FAILED and b.supports(ws, q, k_cache):
+    for b in BACKENDS:
+        if b.name not in FAILED and b.supports(ws, q, k_cache):
             return b
     return TRITON
 
@@ -318,12 +275,12 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
     import torch
 
     main = reduce = None
-    if backend.bind_main and backend.name not in _FAILED:
+    if backend.bind_main and backend.name not in FAILED:
         try:
             main = backend.bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                                      softmax_scale, plan)
         except Exception as exc:  # a kernel that cannot build: this signature goes to Triton from the start
-            _FAILED.add(backend.name)
+            FAILED.add(backend.name)
             warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
         reduce = _bound_reduce(plan, cu_seqlens_q, out)
 
@@ -332,7 +289,7 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
             out = torch.empty_like(q)
         args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                 plan, out)
-        if backend.name not in _FAILED:
+        if backend.name not in FAILED:
             try:
                 if main is None:
                     backend.run(*args)
@@ -341,7 +298,7 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
                     reduce(cu_seqlens_q, out)
                 return out
             except Exception as exc:  # a fast path that cannot build or launch must not take serving down
-                _FAILED.add(backend.name)
+                FAILED.add(backend.name)
                 warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
         TRITON.run(*args)
         return out
@@ -362,7 +319,7 @@ def _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens
             None if k_descale is None else (k_descale.shape, k_descale.dtype, k_descale.device),
             None if v_descale is None else (v_descale.shape, v_descale.dtype, v_descale.device),
             softmax_scale,
-            None if out is None else (out.shape, out.stride(), out.dtype, out.device), _REGISTRATIONS[0])
+            None if out is None else (out.shape, out.stride(), out.dtype, out.device), REGISTRATIONS[0])
 
 
 def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,

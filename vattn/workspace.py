@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from vattn.backends import planned_backend
 from vattn.contract import HEAD_DIMS, KV_DTYPES, MAX_GQA, MAX_Q_LEN, PAGE_SIZES, Q_DTYPES
 from vattn.planner import max_work_items
 
@@ -62,7 +63,7 @@ class Workspace:
     largest q_len any call will see (1..8); the kernel packs max_q_len * G rows per tile.
     slots: override SLOTS (default: resident programs per SM x SMs, the occupancy of the main
     kernel that will serve this config, read at init: a registered faster backend's if it would
-    serve it (vattn.api.planned_backend), else the Triton kernel's). config: override the main kernel's
+    serve it (vattn.backends.planned_backend), else the Triton kernel's). config: override the main kernel's
     compile-time config (vattn.kernel.MainConfig); one variant per workspace.
     """
 
@@ -114,8 +115,6 @@ class Workspace:
         if self.device.type != "cuda" or interpreting():
             return CPU_SLOTS
         import torch
-
-        from vattn.api import planned_backend
 
         props = torch.cuda.get_device_properties(self.device)
         fast = planned_backend(self)

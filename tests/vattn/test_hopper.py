@@ -135,7 +135,7 @@ def test_backend_is_registered_only_when_opted_in():
     import subprocess
     import sys
 
-    code = "import vattn; print(','.join(b.name for b in vattn.api._BACKENDS))"
+    code = "import vattn; print(','.join(b.name for b in vattn.api.BACKENDS))"
     env = {k: v for k, v in os.environ.items() if k != "VATTN_HOPPER"}
     names = [subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True,
                             check=True).stdout.strip() for extra in ({}, {"VATTN_HOPPER": "1"}, {"VATTN_HOPPER": "0"})]
@@ -189,7 +189,7 @@ def test_attention_runs_on_the_hopper_backend_when_registered():
         pl = vattn.plan(batch["seq_lens"], batch["cu_seqlens_q"], num_kv_heads=1, page_size=16, workspace=ws)
         out = vattn.attention(**batch, plan=pl)
         ref = vattn.reference(**batch, softmax_scale=256 ** -0.5)
-        assert used and backend.BACKEND.name not in api._FAILED
+        assert used and backend.BACKEND.name not in api.FAILED
         assert float((out.float() - ref).norm() / ref.norm()) < 5e-3
     finally:
-        api._BACKENDS.remove(next(x for x in api._BACKENDS if x.name == backend.BACKEND.name))
+        api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == backend.BACKEND.name))

@@ -297,8 +297,82 @@ def test_interp_failing_backend_falls_back_with_one_warning():
         assert len(calls) == 1 and len([w for w in seen if "fake-fast" in str(w.message)]) == 1
         assert rel_err(out1, reference(b)) < 2e-3 and torch.equal(out1, out2)
     finally:
-        api._BACKENDS.remove(next(x for x in api._BACKENDS if x.name == "fake-fast"))
-        api._FAILED.discard("fake-fast")
+        api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == "fake-fast"))
+        api.FAILED.discard("fake-fast")
+
+
+def _planned(b, max_q_len):
+    import vattn
+
+    q, k = b["q"], b["k_cache"]
+    ws = vattn.Workspace(head_dim=q.shape[2], num_q_heads=q.shape[1], num_kv_heads=k.shape[2], kv_dtype=k.dtype,
+                         q_dtype=q.dtype, page_size=k.shape[1], max_q_len=max_q_len,
+                         max_batch=b["seq_lens"].shape[0], device=q.device, slots=2)
+    return vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=k.shape[2], page_size=k.shape[1],
+                      workspace=ws)
+
+
+@interp_only
+def test_interp_a_backend_is_chosen_once_per_call_signature_and_a_failure_falls_back_for_good():
+    """The second call of a signature goes straight to its backend (no checks, no `supports`); a backend that
+    raises gives this call and every later one to Triton, with one warning."""
+    import vattn
+    from vattn import api
+
+    b = make_batch([40, 9], [2, 1], gqa=2, num_kv_heads=1)
+    pl = _planned(b, 2)
+    want = vattn.attention(**b, plan=pl)
+    asked, ran = [], []
+
+    def run(*args):
+        ran.append(args[-1])
+        if len(ran) == 3:
+            raise RuntimeError("launch failed")
+        args[-1].copy_(want)
+
+    api.register_backend(api.Backend("fake-fast-once", lambda w, q, k: asked.append(1) or True, run))
+    try:
+        out = torch.empty_like(b["q"])
+        vattn.attention(**b, plan=pl, out=out)
+        assert vattn.attention(**b, plan=pl, out=out) is out
+        assert len(asked) == 1 and len(ran) == 2 and ran[1] is out
+        out.zero_()
+        with pytest.warns(UserWarning, match="'fake-fast-once' failed .*launch failed.*falling back to Triton"):
+            vattn.attention(**b, plan=pl, out=out)
+        assert torch.equal(out, want)  # Triton ran the call that failed
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            vattn.attention(**b, plan=pl, out=out)
+        assert len(ran) == 3 and torch.equal(out, want)
+    finally:
+        api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == "fake-fast-once"))
+        api.FAILED.discard("fake-fast-once")
+
+
+@interp_only
+def test_interp_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce():
+    """A backend with `bind_main` writes the partials, bound once per call signature; attention() runs vattn's
+    reduce after it. With Triton's main kernel standing in for it, the output is Triton's."""
+    import vattn
+    from vattn import api
+
+    b = make_batch([40, 9], [2, 1], gqa=2, num_kv_heads=1)
+    pl = _planned(b, 2)
+    want = vattn.attention(**b, plan=pl)
+    binds, mains = [], []
+
+    def bind_main(*args):
+        launch = api.TRITON.bind_main(*args)
+        binds.append(1)
+        return lambda *live: mains.append(1) or launch(*live)
+
+    api.register_backend(api.Backend("fake-main", lambda w, q, k: True, None, bind_main))
+    try:
+        got = vattn.attention(**b, plan=pl)
+        again = vattn.attention(**b, plan=pl)
+        assert binds == [1] and mains == [1, 1] and torch.equal(got, want) and torch.equal(again, want)
+    finally:
+        api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == "fake-main"))
 
 
 @interp_only
@@ -323,8 +397,8 @@ def test_interp_hopper_build_failure_falls_back_with_one_warning(monkeypatch):
         assert len(failed) == 1 and "nvcc failed" in str(failed[0].message)
         assert rel_err(out1, reference(b)) < 2e-3 and torch.equal(out1, out2)
     finally:
-        api._BACKENDS.remove(next(x for x in api._BACKENDS if x.name == backend.BACKEND.name))
-        api._FAILED.discard(backend.BACKEND.name)
+        api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == backend.BACKEND.name))
+        api.FAILED.discard(backend.BACKEND.name)
         backend._kernel.cache_clear()
 
 

@@ -1,0 +1,52 @@
+"""The attention backends' registry: their dispatch order and the ones that failed. vattn.api dispatches each
+call through it (its portable Triton path, vattn.api.TRITON, is the last entry and takes every call), and
+vattn.workspace reads it to plan for the backend that will serve a workspace's calls. Pure Python."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An implementation of attention() behind the same API (the dispatch point).
+
+    supports(workspace, q, k_cache) -> bool: host-only decision (no value reads).
+    run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
+        softmax_scale, plan, out) -> None: writes out [T, Hq, D].
+    bind_main(same arguments but out) -> launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+        k_descale, v_descale), optional: its main kernel alone (the workspace's partials) bound for calls of
+        one signature. attention() then runs it and vattn's bound reduce; a benchmark times it apart.
+    slots_per_sm(workspace) -> int | None: the CTAs per SM its main kernel keeps resident on the calls it
+        would serve with this workspace, or None (it would serve none). A workspace plans for the first
+        registered backend that answers, as the split must fill that kernel's slots.
+    """
+
+    name: str
+    supports: Callable
+    run: Callable
+    bind_main: Callable | None = None
+    slots_per_sm: Callable = lambda ws: None
+
+
+BACKENDS: list[Backend] = []  # dispatch order
+FAILED: set[str] = set()  # names of the backends that raised once: every later call skips them
+REGISTRATIONS = [0]  # part of every call signature: a call bound before a registration is dispatched again
+
+
+def register_backend(backend: Backend) -> None:
+    """Put a backend ahead of the others (the portable Triton path stays last)."""
+    BACKENDS.insert(0, backend)
+    REGISTRATIONS[0] += 1
+
+
+def planned_backend(ws) -> tuple[str, int] | None:
+    """(name, CTAs per SM) of the first registered backend that would serve this workspace's calls and names
+    its slots; None: the Triton kernel's own occupancy sets the workspace's slots."""
+    for b in BACKENDS:
+        if b.name not in FAILED:
+            spm = b.slots_per_sm(ws)
+            if spm:
+                return b.name, spm
+    return None
