@@ -6,8 +6,8 @@ Importing vattn is cheap: torch and triton load on first use.
 
 Modules: contract (supported shapes, tolerances), planner (split planners), workspace, kernel
 (Triton), launcher (cached Triton launches), backends (the dispatch registry), api, reference (fp32
-oracle), cost (cost model), hopper
-(the sm_90a CUDA kernel, opt-in with VATTN_HOPPER=1), sglang (backend plugin).
+oracle), cost (cost model), hopper (the sm_90a CUDA kernel, opt-in with VATTN_HOPPER=1), sglang (backend
+plugin).
 """
 
 from __future__ import annotations
