@@ -275,6 +275,7 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
     import torch
 
     main = reduce = None
+    fallback = []  # Triton's run for this signature, bound at the first call that needs it
     if backend.bind_main and backend.name not in FAILED:
         try:
             main = backend.bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -300,8 +301,9 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
             except Exception as exc:  # a fast path that cannot build or launch must not take serving down
                 FAILED.add(backend.name)
                 warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
-        TRITON.run(*args)
-        return out
+        if not fallback:
+            fallback.append(_triton_run(*args))
+        return fallback[0](q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
 
     return run
 
