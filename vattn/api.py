@@ -189,7 +189,7 @@ def _bind_triton_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
     main = launcher.kernel(K._attn_main_kernel).bind(args, kwargs, K.MAIN_LIVE).launch
     heads, width = k_cache.shape[2], plan.tensors["work_seq"].shape[0]
 
-    def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale):
+    def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out=None):
         if k_descale is None:  # the kernel's placeholder pointers (main_launch_args), never read
             k_descale = v_descale = seq_lens
         main(heads, width, 1, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
@@ -283,7 +283,7 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
         except Exception as exc:  # a kernel that cannot build: this signature goes to Triton from the start
             FAILED.add(backend.name)
             warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
-        reduce = _bound_reduce(plan, cu_seqlens_q, out)
+        reduce = _bound_reduce(plan, cu_seqlens_q, out, skip_whole=backend.writes_whole)
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:
@@ -295,7 +295,7 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
                 if main is None:
                     backend.run(*args)
                 else:
-                    main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
+                    main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
                     reduce(cu_seqlens_q, out)
                 return out
             except Exception as exc:  # a fast path that cannot build or launch must not take serving down
@@ -348,15 +348,15 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
     return run
 
 
-def _bound_reduce(plan: Plan, cu_seqlens_q, out):
+def _bound_reduce(plan: Plan, cu_seqlens_q, out, *, skip_whole: bool = False):
     """vattn's reduce for calls of one signature, bound once: reduce(cu_seqlens_q, out) (a no-op when there is
-    nothing to write)."""
+    nothing to write); skip_whole as kernel.launch_reduce's."""
     from vattn import kernel as K
     from vattn import launcher
 
     ws = plan.workspace
     red = K.reduce_launch_args(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
-                               gqa=ws.gqa, max_q_len=ws.max_q_len)
+                               gqa=ws.gqa, max_q_len=ws.max_q_len, skip_whole=skip_whole)
     if red is None:
         return lambda cu_seqlens_q, out: None
     (r0, r1, r2), args, kwargs = red

@@ -16,8 +16,10 @@ class Backend:
     run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
         softmax_scale, plan, out) -> None: writes out [T, Hq, D].
     bind_main(same arguments but out) -> launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
-        k_descale, v_descale), optional: its main kernel alone (the workspace's partials) bound for calls of
-        one signature. attention() then runs it and vattn's bound reduce; a benchmark times it apart.
+        k_descale, v_descale, out), optional: its main kernel alone (the workspace's partials) bound for calls
+        of one signature. attention() then runs it and vattn's bound reduce; a benchmark times it apart.
+    writes_whole: its main kernel writes out's rows of every sequence that is one piece of the plan, and
+        vattn's reduce skips those (launch_reduce's skip_whole); else it writes partials only.
     slots_per_sm(workspace) -> int | None: the CTAs per SM its main kernel keeps resident on the calls it
         would serve with this workspace, or None (it would serve none). A workspace plans for the first
         registered backend that answers, as the split must fill that kernel's slots.
@@ -28,6 +30,7 @@ class Backend:
     run: Callable
     bind_main: Callable | None = None
     slots_per_sm: Callable = lambda ws: None
+    writes_whole: bool = False
 
 
 BACKENDS: list[Backend] = []  # dispatch order

@@ -479,7 +479,7 @@ def _reduce_kernel(
     seq_part_start_ptr, cu_q_ptr,
     # [T, Hq, D]
     out_ptr, stride_ot, stride_oh_out,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_WHOLE: tl.constexpr,
 ):
     ND: tl.constexpr = D // BLOCK_D
     hq = tl.program_id(0) // ND
@@ -493,6 +493,9 @@ def _reduce_kernel(
     p_last = tl.load(seq_part_start_ptr + b + 1)
     if j >= n_q:
         return
+    if SKIP_WHOLE:  # a sequence of one piece: the main kernel wrote its rows
+        if p_last - p_first == 1:
+            return
     h = hq // G
     row = j * G + hq % G
     m_i = tl.full([], float("-inf"), tl.float32)
@@ -521,7 +524,7 @@ def _reduce_kernel(
 
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int,
-                  max_q_len: int, block_p: int = 16, block_d: int = 64) -> None:
+                  max_q_len: int, block_p: int = 16, block_d: int = 64, skip_whole: bool = False) -> None:
     """Grid (Hq x D / BLOCK_D, max_q_len, B): one program per (output row, D chunk of block_d); absent
     tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0.
 
@@ -531,9 +534,10 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     against 5 for the [32, 256] chunk on 4 warps (96 registers): a sequence of few partials pays one
     chunk of 16 rows on a quarter of D, and a long one (hundreds of partials) is reduced by D / block_d
     programs a row. The batch is the slowest grid axis, so a long first sequence's programs start first
-    instead of being spread over the launch."""
+    instead of being spread over the launch. skip_whole: the main kernel wrote the rows of every sequence of one
+    piece itself (a Backend's writes_whole), so those sequences' programs return once they know."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
-                                block_p=block_p, block_d=block_d)
+                                block_p=block_p, block_d=block_d, skip_whole=skip_whole)
     if launch is not None:
         launcher.kernel(_reduce_kernel).launch(*launch)
 
@@ -543,7 +547,7 @@ REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
 
 
 def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
-                       block_p: int = 16, block_d: int = 64):
+                       block_p: int = 16, block_d: int = 64, skip_whole: bool = False):
     """(grid, args, kwargs) of the reduce kernel, or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
@@ -555,4 +559,4 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
         lse_part, lse_part.stride(0), lse_part.stride(1),
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1),
-    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=1)
+    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole, num_warps=1)

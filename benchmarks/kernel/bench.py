@@ -60,12 +60,12 @@ def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
 
     def main_all():
         for r in range(b.replicas):
-            main(*b.attention_args(r)[:8])
+            main(*b.attention_args(r)[:8], b.out)
 
     def reduce_all():
         for _ in range(b.replicas):
             K.launch_reduce(ws.o_part, ws.lse_part, pl.tensors["seq_part_start"], b.cu, b.out, gqa=ws.gqa,
-                            max_q_len=ws.max_q_len)
+                            max_q_len=ws.max_q_len, skip_whole=backend.writes_whole)
 
     def full_all():
         for r in range(b.replicas):

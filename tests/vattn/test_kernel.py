@@ -117,11 +117,13 @@ def test_interp_hand_plan_unaligned_pieces_and_idle_items():
 
 
 @interp_only
+@pytest.mark.parametrize("skip_whole", [False, True])
 @pytest.mark.parametrize("block_d", [64, 16])  # D whole, and split across 4 programs a row
-def test_interp_reduce_merges_hundreds_of_pieces(block_d):
+def test_interp_reduce_merges_hundreds_of_pieces(block_d, skip_whole):
     """A long sequence split 70 ways (5 chunks of the reduce loop) next to a one-piece one and one without
     pieces (O = 0); neutral partials (lse -inf) carry NaN O, which the reduce must select away, not
-    multiply by 0."""
+    multiply by 0. skip_whole: the one-piece sequence's rows are the main kernel's to write, and stay as
+    they were."""
     from vattn import kernel as K
 
     g = torch.Generator().manual_seed(3)
@@ -133,8 +135,10 @@ def test_interp_reduce_merges_hundreds_of_pieces(block_d):
     cu = torch.tensor([0, 2, 4, 5], dtype=torch.int32)
     out = torch.full((5, gqa, d), float("nan"))
     K.launch_reduce(o, lse, torch.tensor([0, 70, 71, 71], dtype=torch.int32), cu, out, gqa=gqa, max_q_len=2,
-                    block_d=block_d)
-    for b, (first, last) in enumerate([(0, 70), (70, 71)]):
+                    block_d=block_d, skip_whole=skip_whole)
+    if skip_whole:
+        assert out[2:4].isnan().all()
+    for b, (first, last) in enumerate([(0, 70)] if skip_whole else [(0, 70), (70, 71)]):
         w = torch.softmax(lse[first:last, 0] * math.log(2), dim=0)  # [P, rows]: lse is in the log2 domain
         want = (w[:, :, None] * o[first:last, 0].nan_to_num()).sum(0)  # [rows, D], row = token * G + head
         assert torch.allclose(out[2 * b:2 * b + 2].reshape(rows, d), want, atol=1e-5), b

@@ -68,10 +68,10 @@ def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_
     from vattn import kernel as K
 
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
-    bind_main(*args, softmax_scale, plan)(*args)
+    bind_main(*args, softmax_scale, plan)(*args, out)
     ws = plan.workspace
     K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
-                    max_q_len=ws.max_q_len)
+                    max_q_len=ws.max_q_len, skip_whole=True)
 
 
-BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm)
+BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True)

@@ -169,9 +169,10 @@ class MainSm90:
         torch.zeros(1, device="cuda")
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | dict(extra_defines or {})
         self.k8 = _k8(self.defines)
-        if self.k8:  # Q hi and lo, 4 e4m3 K + V slots, 2 fp16 V stages, 8 mbarriers, 64 row scales
-            self.smem = 1024 + 2 * QROWS * head_dim + 4 * 2 * BLOCK_N * head_dim + STAGES * BLOCK_N * head_dim * 2 \
-                + 8 * 8 + QROWS * 4
+        if self.k8:  # Q hi and lo, e4m3 K + V slots (4), fp16 V stages (2), 2 mbarriers a slot, 64 row scales
+            raw, vstages = int(self.defines.get("K8_RAW_SLOTS", 4)), int(self.defines.get("K8_VSTAGES", STAGES))
+            self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * BLOCK_N * head_dim \
+                + vstages * BLOCK_N * head_dim * 2 + 2 * raw * 8 + QROWS * 4
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
         self._maps: dict = {}  # TensorMaps.key_of(k_cache, v_cache) -> TensorMaps
@@ -185,20 +186,23 @@ class MainSm90:
         drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
 
     def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-               softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024) -> None:
+               softmax_scale, plan_tensors, o_part, lse_part, out, *, v_lbo: int = 8192, v_sbo: int = 1024) -> None:
         self.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                   plan_tensors, o_part, lse_part, v_lbo=v_lbo, v_sbo=v_sbo)(
-            q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
+            q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
 
     def bind(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
              softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024):
         """The launch for calls of one signature (shapes, strides, the plan and its workspace):
-        launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale). Its ctypes
-        parameters are made once; a call refills the tensors' addresses and the caches' TMA maps."""
+        launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out). Its ctypes
+        parameters are made once; a call refills the tensors' addresses and strides and the caches' TMA maps.
+        The kernel writes the partials, and out's rows of every sequence that is one piece (the reduce's
+        skip_whole)."""
         import torch
 
         P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-        q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, cu_ptr, kd_ptr, vd_ptr = (P() for _ in range(8))  # set per call
+        q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, cu_ptr, kd_ptr, vd_ptr, out_ptr = (P() for _ in range(9))  # per call
+        out_st, out_sh = I64(), I64()  # out's token and head strides, per call (out=None: empty_like(q)'s)
         ptr = lambda t: P(t.data_ptr())
         caches = [] if self.k8 else [
             k_ptr, I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
@@ -209,7 +213,8 @@ class MainSm90:
             ptr(plan_tensors["work_seq"]), ptr(plan_tensors["work_start"]), ptr(plan_tensors["work_end"]),
             ptr(plan_tensors["work_part"]), ptr(plan_tensors["work_order"]),
             ptr(o_part), I64(o_part.stride(0)), I64(o_part.stride(1)), I64(o_part.stride(2)),
-            ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), I32(v_lbo), I32(v_sbo),
+            ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), out_ptr, out_st, out_sh,
+            I32(v_lbo), I32(v_sbo),
         ]
         addresses = [ctypes.addressof(x) for x in slots] + ([None, None] if self.k8 else [])
         args = (ctypes.c_void_p * len(addresses))(*addresses)
@@ -219,8 +224,9 @@ class MainSm90:
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
         current = (lambda: raw_stream(device)) if raw_stream else (lambda: torch.cuda.current_stream(device).cuda_stream)
 
-        def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale) -> None:
-            q_ptr.value, bt_ptr.value = q.data_ptr(), block_tables.data_ptr()
+        def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out) -> None:
+            q_ptr.value, bt_ptr.value, out_ptr.value = q.data_ptr(), block_tables.data_ptr(), out.data_ptr()
+            out_st.value, out_sh.value = out.stride(0), out.stride(1)
             lens_ptr.value, cu_ptr.value = seq_lens.data_ptr(), cu_seqlens_q.data_ptr()
             kd_ptr.value = k_descale.data_ptr() if k_descale is not None else None
             vd_ptr.value = v_descale.data_ptr() if v_descale is not None else None
