@@ -480,6 +480,7 @@ def _reduce_kernel(
     # [T, Hq, D]
     out_ptr, stride_ot, stride_oh_out,
     G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_WHOLE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     ND: tl.constexpr = D // BLOCK_D
     hq = tl.program_id(0) // ND
@@ -501,7 +502,7 @@ def _reduce_kernel(
     m_i = tl.full([], float("-inf"), tl.float32)
     l_i = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    for c in range(p_first, p_last, BLOCK_P):
+    for c in tl.range(p_first, p_last, BLOCK_P, num_stages=STAGES):
         parts = c + tl.arange(0, BLOCK_P)
         ok = parts < p_last
         # -- load a chunk's lse and O together: neither address nor mask depends on the other load, so the
@@ -523,21 +524,25 @@ def _reduce_kernel(
     tl.store(out_ptr + out_off, res.to(out_ptr.dtype.element_ty))
 
 
-def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int,
-                  max_q_len: int, block_p: int = 16, block_d: int = 64, skip_whole: bool = False) -> None:
-    """Grid (Hq x D / BLOCK_D, max_q_len, B): one program per (output row, D chunk of block_d); absent
-    tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0.
+def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
+                  block_p: int = 16, block_d: int | None = None, num_warps: int | None = None, stages: int = 1,
+                  skip_whole: bool = False) -> None:
+    """Grid (Hq x D / block_d, max_q_len, B): one program per (output row, D chunk of block_d); absent
+    tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0. skip_whole: the main
+    kernel wrote the rows of every sequence of one piece itself (a Backend's writes_whole), so those
+    sequences' programs return once they know.
 
-    The reduce is bound by memory latency, not bytes: a program waits one round trip for its indices and
-    one per chunk of block_p partials, and the GPU overlaps as many programs as fit. One warp on a
-    [16, 64] fp32 chunk (32 values a thread, ~62 registers) fits 32 programs an SM (the block limit),
-    against 5 for the [32, 256] chunk on 4 warps (96 registers): a sequence of few partials pays one
-    chunk of 16 rows on a quarter of D, and a long one (hundreds of partials) is reduced by D / block_d
-    programs a row. The batch is the slowest grid axis, so a long first sequence's programs start first
-    instead of being spread over the launch. skip_whole: the main kernel wrote the rows of every sequence of one
-    piece itself (a Backend's writes_whole), so those sequences' programs return once they know."""
+    The reduce is bound by memory latency and by how fast the GPU starts programs, not by bytes: a program
+    waits one round trip for its indices and one per chunk of block_p partials. The default, a whole row
+    (block_d = D) on D / 64 warps, keeps [16, 64] fp32 a warp (32 values a thread) and starts a quarter
+    of the programs of a quarter row on one warp. Measured on an H200 (benchmarks/NOTES.md, 2026-12-01), whole
+    row against quarter row: 64 sequences of 24 tokens 3.4 against 10.8 us (16384 one-warp programs only
+    start that fast), a 100k-token sequence in 120 pieces among 63 short ones 7.7 against 11.9, 16x35k 5.8
+    against 5.8, 4x35k and bs20-agentic 0.5 us slower. The batch is the slowest grid axis, so a long first
+    sequence's programs start first instead of being spread over the launch."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
-                                block_p=block_p, block_d=block_d, skip_whole=skip_whole)
+                                block_p=block_p, block_d=block_d, num_warps=num_warps, stages=stages,
+                                skip_whole=skip_whole)
     if launch is not None:
         launcher.kernel(_reduce_kernel).launch(*launch)
 
@@ -547,16 +552,19 @@ REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
 
 
 def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
-                       block_p: int = 16, block_d: int = 64, skip_whole: bool = False):
-    """(grid, args, kwargs) of the reduce kernel, or None when there is nothing to launch."""
+                       block_p: int = 16, block_d: int | None = None, num_warps: int | None = None, stages: int = 1,
+                       skip_whole: bool = False):
+    """(grid, args, kwargs) of the reduce kernel (launch_reduce's), or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
         return None
     head_dim = out.shape[2]
-    block_d = min(block_d, head_dim)
+    block_d = min(block_d or head_dim, head_dim)
+    num_warps = num_warps or max(1, block_d // 64)
     return (out.shape[1] * (head_dim // block_d), max_q_len, batch), (
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1),
-    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole, num_warps=1)
+    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole, STAGES=stages,
+            num_warps=num_warps)

@@ -29,7 +29,8 @@ def _plan_tensors(shape, slots: int, device: str):
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
 
 
-def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,)) -> dict:
+def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
+              reduce_variants: dict | None = None) -> dict:
     import torch
 
     import vattn
@@ -74,6 +75,19 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
                 lambda: [hopper(r, lbo, sbo, plans[spm]) for r in range(b.replicas)])
     rec["hopper_main_us"] = best_main_us(rec, variants, descriptors[0], shape.kv_dtype)
     rec["hopper_reduce_us"] = per(lambda: [reduce() for _ in range(b.replicas)])
+    if reduce_variants:  # the reduce's launch shapes, on the first variant's partials (checked, then timed)
+        kern = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=next(iter(variants.values())))
+        for name, kw in reduce_variants.items():
+            kw = {k: int(v) for k, v in kw.items()}
+            red = lambda: K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa,
+                                          max_q_len=qlen, skip_whole=True, **kw)
+            b.out.fill_(float("nan"))
+            kern.launch(*b.attention_args(0), plan, o_part, lse_part, b.out, v_lbo=descriptors[0][0],
+                        v_sbo=descriptors[0][1])
+            red()
+            torch.cuda.synchronize()
+            rec[f"rel_err_reduce_{name}"], _ = harness.check(b.out, ref)
+            rec[f"reduce_us_{name}"] = per(lambda: [red() for _ in range(b.replicas)])
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)
     rec.update({f"triton_{k}": v for k, v in times.items()})
@@ -112,6 +126,9 @@ def main(argv=None) -> int:
                     "NAME[:DEFINE=VALUE,...] (extra -D constants of main_sm90.cu)")
     ap.add_argument("--slots-per-sm", default="1", help="comma-separated plan widths in CTAs per SM; the first "
                     "is checked and timed, the others timed as NAME@NperSM")
+    ap.add_argument("--reduce-variants", default="", help="vattn reduce launch shapes to check and time on the "
+                    "first variant's partials: ';'-separated NAME:KWARG=INT,... (kernel.launch_reduce's block_p, "
+                    "block_d, num_warps, stages)")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
@@ -120,7 +137,7 @@ def main(argv=None) -> int:
     for shape in select(a.shapes):
         try:
             rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
-                            tuple(int(x) for x in a.slots_per_sm.split(",")))
+                            tuple(int(x) for x in a.slots_per_sm.split(",")), _variants(a.reduce_variants))
         except Exception as e:  # keep the other shapes' rows
             rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")
         records.append(rec)
@@ -134,6 +151,7 @@ def main(argv=None) -> int:
             continue
         errs = " ".join(f"{k[8:]}={v:.1e}" for k, v in r.items() if k.startswith("rel_err"))
         stages = " ".join(f"{k[15:]}={v:.1f}" for k, v in r.items() if k.startswith("hopper_main_us_"))
+        stages += "".join(f" {k}={v:.1f}" for k, v in r.items() if k.startswith("reduce_us_"))
         best = r["hopper_main_us"]
         hopper = f"{best:12.1f} {r['hopper_main_tbps']:6.2f}" if best else f"{'-':>12s} {'-':>6s}"
         ratio = f"{r['triton_main_us'] / best:6.2f}" if best else f"{'-':>6s}"
