@@ -533,13 +533,16 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     sequences' programs return once they know.
 
     The reduce is bound by memory latency and by how fast the GPU starts programs, not by bytes: a program
-    waits one round trip for its indices and one per chunk of block_p partials. The default, a whole row
-    (block_d = D) on D / 64 warps, keeps [16, 64] fp32 a warp (32 values a thread) and starts a quarter
-    of the programs of a quarter row on one warp. Measured on an H200 (benchmarks/NOTES.md, 2026-12-01), whole
-    row against quarter row: 64 sequences of 24 tokens 3.4 against 10.8 us (16384 one-warp programs only
-    start that fast), a 100k-token sequence in 120 pieces among 63 short ones 7.7 against 11.9, 16x35k 5.8
-    against 5.8, 4x35k and bs20-agentic 0.5 us slower. The batch is the slowest grid axis, so a long first
-    sequence's programs start first instead of being spread over the launch."""
+    waits one round trip for its indices and one per chunk of block_p partials. Either default keeps [16, 64]
+    fp32 a warp (32 values a thread, ~62 registers). Without skip_whole: a quarter row (block_d 64) on one
+    warp, 32 programs an SM, so that many programs overlap their round trips. With it: a whole row
+    (block_d = D) on D / 64 warps, a quarter of the programs, since most may return at once and the GPU
+    starts programs only so fast. Measured on an H200 (2026-12-01, benchmarks/NOTES.md P14), whole row
+    against quarter row with skip_whole: 64 sequences of 24 tokens 3.4 against 10.8 us, a 100k-token
+    sequence in 120 pieces among 63 one-piece ones 7.7 against 11.9, 16x35k 5.8 against 5.8; without it the
+    whole row was slower (long-among-short 18.2 against 13.8, 16x35k 6.3 against 5.7). The batch is the
+    slowest grid axis, so a long first sequence's programs start first instead of being spread over the
+    launch."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
                                 block_p=block_p, block_d=block_d, num_warps=num_warps, stages=stages,
                                 skip_whole=skip_whole)
@@ -559,7 +562,7 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
         return None
     head_dim = out.shape[2]
-    block_d = min(block_d or head_dim, head_dim)
+    block_d = min(block_d or (head_dim if skip_whole else 64), head_dim)
     num_warps = num_warps or max(1, block_d // 64)
     return (out.shape[1] * (head_dim // block_d), max_q_len, batch), (
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
