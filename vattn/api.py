@@ -136,7 +136,7 @@ def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, num_kv_heads: int
         from vattn.planner import PLAN_LIVE, _plan_kernel, plan_launch_args
 
         args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, pl.tensors, num_kv_heads=num_kv_heads,
-                                        slots=ws.slots, mode=mode)
+                                        slots=ws.slots, mode=mode, overhead=ws.piece_overhead)
         launch = launcher.kernel(_plan_kernel()).bind(args, kwargs, PLAN_LIVE).launch
 
         def run(seq_lens, cu_seqlens_q):
@@ -148,7 +148,7 @@ def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, num_kv_heads: int
     def run_on_host(seq_lens, cu_seqlens_q):  # CPU (the interpreter): the host twin reads the lengths
         cu = cu_seqlens_q.tolist()
         lists = plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
-                            num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode)
+                            num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode, overhead=ws.piece_overhead)
         for f in FIELDS:
             pl.tensors[f].copy_(torch.tensor(getattr(lists, f), dtype=torch.int32), non_blocking=False)
         return pl

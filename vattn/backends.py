@@ -18,11 +18,13 @@ class Backend:
     bind_main(same arguments but out) -> launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
         k_descale, v_descale, out), optional: its main kernel alone (the workspace's partials) bound for calls
         of one signature. attention() then runs it and vattn's bound reduce; a benchmark times it apart.
-    writes_whole: its main kernel writes out's rows of every sequence that is one piece of the plan, and
-        vattn's reduce skips those (launch_reduce's skip_whole); else it writes partials only.
     slots_per_sm(workspace) -> int | None: the CTAs per SM its main kernel keeps resident on the calls it
         would serve with this workspace, or None (it would serve none). A workspace plans for the first
         registered backend that answers, as the split must fill that kernel's slots.
+    writes_whole: its main kernel writes out's rows of every sequence that is one piece of the plan, and
+        vattn's reduce skips those (launch_reduce's skip_whole); else it writes partials only.
+    piece_overhead_tiles: its main kernel's fixed cost per piece, in 64-token tiles of streaming, by which the
+        balanced planner weighs pieces (None: vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
     """
 
     name: str
@@ -31,6 +33,7 @@ class Backend:
     bind_main: Callable | None = None
     slots_per_sm: Callable = lambda ws: None
     writes_whole: bool = False
+    piece_overhead_tiles: int | None = None
 
 
 BACKENDS: list[Backend] = []  # dispatch order
@@ -44,12 +47,12 @@ def register_backend(backend: Backend) -> None:
     REGISTRATIONS[0] += 1
 
 
-def planned_backend(ws) -> tuple[str, int] | None:
-    """(name, CTAs per SM) of the first registered backend that would serve this workspace's calls and names
-    its slots; None: the Triton kernel's own occupancy sets the workspace's slots."""
+def planned_backend(ws) -> tuple[Backend, int] | None:
+    """(backend, CTAs per SM) of the first registered backend that would serve this workspace's calls and
+    names its slots; None: the Triton kernel's own occupancy and piece overhead plan the workspace's calls."""
     for b in BACKENDS:
         if b.name not in FAILED:
             spm = b.slots_per_sm(ws)
             if spm:
-                return b.name, spm
+                return b, spm
     return None

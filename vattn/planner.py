@@ -17,9 +17,10 @@ Every planner first reduces a sequence to (pieces k, segment tiles s): piece p c
 p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE) (whole segments, the last one short). A sequence with L = 0 or
 q_len = 0 gets k = 0.
 
-balanced is the min-max plan of one wave of slot time: the smallest piece cap c (>= MIN_PIECE_TILES,
-no per-sequence cap) whose pieces fit SLOTS/Hkv slots, each slot busy for one piece's time c + o
-(o = PIECE_OVERHEAD_TILES): a sequence of more than c/2 tiles holds one slot per piece (ceil(tiles/c));
+balanced is the min-max plan of one wave of slot time: the smallest piece cap c (>= o, no per-sequence
+cap) whose pieces fit SLOTS/Hkv slots, each slot busy for one piece's time c + o (o: a piece's fixed
+cost in tiles on the kernel that runs the plan, `overhead`; PIECE_OVERHEAD_TILES for the Triton kernel,
+a backend's own otherwise): a sequence of more than c/2 tiles holds one slot per piece (ceil(tiles/c));
 the sequences of at most c/2 tiles (one piece each) are packed end to end, tiles + o each, into slots
 of c + o. Packed, the short sequences of a batch take the slot time they use instead of a slot each:
 1 x 256k + 63 x 512 at 264 slots had the long request in 200 pieces of 20 tiles while 63 slots idled
@@ -51,11 +52,14 @@ PLANNERS = ("fixed", "length_aware", "balanced")
 DEFAULT_PLANNER = "balanced"
 KV_TILE = 64  # tokens per KV tile: every piece starts on a tile boundary
 SEG_MAX = 64  # most pieces per sequence for fixed and length_aware (the MI355X reference's cap)
-# A piece's fixed cost in KV-tile equivalents: loading Q and writing the fp32 partial
-# (QROWS x D x 4 bytes = 64 KB at q4 x GQA16 x hd256, two 32 KB fp8 K+V tiles' worth).
+# A piece's fixed cost in KV-tile equivalents on the Triton kernel: loading Q and writing the fp32 partial
+# (QROWS x D x 4 bytes = 64 KB at q4 x GQA16 x hd256, two 32 KB fp8 K+V tiles' worth). A backend whose
+# kernel pays more per piece names its own (vattn.backends.Backend.piece_overhead_tiles); balanced takes it
+# as `overhead`.
 PIECE_OVERHEAD_TILES = 2
-# balanced's floor on its piece cap: a piece reads at least as much KV as its overhead costs. Without
-# it a lone 16k request would become 250 one-tile pieces, each writing a 64 KB partial for 32 KB of KV.
+# balanced's floor on its piece cap: a piece reads at least as much KV as its overhead costs (the overhead
+# itself; this is its value for the default). Without it a lone 16k request would become 250 one-tile
+# pieces, each writing a 64 KB partial for 32 KB of KV.
 MIN_PIECE_TILES = PIECE_OVERHEAD_TILES
 
 FIELDS = ("work_seq", "work_start", "work_end", "work_part", "seq_part_start", "num_items", "work_order")
@@ -152,16 +156,15 @@ def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int) -> list
     return [(_cdiv(t, seg), seg) if t else (0, 0) for t in tiles]
 
 
-def _slot_need(live: list[int], cap: int) -> int:
+def _slot_need(live: list[int], cap: int, o: int) -> int:
     """Slots of time cap + o that a cap needs (module docstring): one per piece of a sequence over cap/2
     tiles; the rest packed, tiles + o each. Non-increasing in cap, which the search relies on."""
-    o = PIECE_OVERHEAD_TILES
     held = sum([-(-t // cap) for t in live if 2 * t > cap])
     packed = sum([t + o for t in live if 2 * t <= cap])
     return held - (-packed // (cap + o))
 
 
-def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
+def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> list[tuple[int, int]]:
     live = [t for t in tiles if t]
     if not live:
         return [(0, 0)] * len(tiles)
@@ -169,13 +172,14 @@ def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int) -> list[tup
     # _smallest_cap's bracket: its upper end fits one wave, so it fits the packed budget too; the lower
     # end drops by o, since a slot now holds c + o tiles of work (need(c) >= total / (c + o)).
     total, longest, n = sum(live), max(live), len(live)
-    lo = max(1, _cdiv(total, budget) - PIECE_OVERHEAD_TILES)
+    lo = max(1, _cdiv(total, budget) - overhead)
     hi = longest if budget <= n else min(longest, max(_cdiv(total, budget), _cdiv(total, budget - n)))
-    cap = max(_smallest(lo, max(hi, lo), lambda c: _slot_need(live, c) <= budget), MIN_PIECE_TILES)
+    cap = max(_smallest(lo, max(hi, lo), lambda c: _slot_need(live, c, overhead) <= budget), overhead)
     return [(_cdiv(t, cap), cap) if t else (0, 0) for t in tiles]
 
 
 _SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced}
+_USES_OVERHEAD = {"balanced"}
 
 
 def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
@@ -189,23 +193,30 @@ def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
                 raise ValueError(f"{name}[{i}]: got {v!r}; must be an int >= 0")
 
 
-def plan_splits(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int,
-                mode: str) -> list[tuple[int, int]]:
-    """Per sequence (pieces k, segment tiles s): piece p covers KV p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE)."""
+def plan_splits(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str,
+                overhead: int = PIECE_OVERHEAD_TILES) -> list[tuple[int, int]]:
+    """Per sequence (pieces k, segment tiles s): piece p covers KV p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE).
+    overhead: a piece's fixed cost in tiles on the kernel that will run the plan (balanced only)."""
     if mode not in PLANNERS:
         raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
-    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
+    _check_positive(num_kv_heads=num_kv_heads, slots=slots, overhead=overhead)
     _check_lens(seq_lens, q_lens)
     tiles = [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
-    return _SPLITTERS[mode](tiles, num_kv_heads, slots) if tiles else []
+    if not tiles:
+        return []
+    if mode in _USES_OVERHEAD:
+        return _SPLITTERS[mode](tiles, num_kv_heads, slots, overhead)
+    return _SPLITTERS[mode](tiles, num_kv_heads, slots)
 
 
-def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str) -> PlanLists:
+def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str,
+                overhead: int = PIECE_OVERHEAD_TILES) -> PlanLists:
     """Pure-Python planner, the oracle for plan_gpu and the input of the cost model.
 
     seq_lens[b]: KV length L incl. the new tokens; q_lens[b]: query tokens (0 = absent from this call).
+    overhead: as plan_splits'.
     """
-    splits = plan_splits(seq_lens, q_lens, num_kv_heads=num_kv_heads, slots=slots, mode=mode)
+    splits = plan_splits(seq_lens, q_lens, num_kv_heads=num_kv_heads, slots=slots, mode=mode, overhead=overhead)
     width = max_work_items(len(seq_lens), num_kv_heads, slots)
     seq, start, end, part_start = [], [], [], [0]
     for b, (k, seg) in enumerate(splits):
@@ -381,7 +392,8 @@ def _check_out(out: dict, batch: int, width: int, device) -> None:
                              f"int32 {shape} on {device} (W = max_work_items(B={batch}, ...) = {width})")
 
 
-def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str, out: dict) -> None:
+def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str, out: dict,
+             overhead: int = PIECE_OVERHEAD_TILES) -> None:
     """The planner as one Triton launch writing into `out` (keys FIELDS); equals plan_python exactly.
 
     seq_lens: [B] int32, cu_seqlens_q: [B+1] int32, on one device. Shapes and dtypes are checked on the
@@ -392,7 +404,7 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
 
     if mode not in PLANNERS:
         raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
-    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
+    _check_positive(num_kv_heads=num_kv_heads, slots=slots, overhead=overhead)
     batch = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
     if batch < 0 or seq_lens.dtype != torch.int32 or not seq_lens.is_contiguous():
         raise ValueError(f"seq_lens: got {seq_lens.dtype} {tuple(seq_lens.shape)}; expected contiguous int32 [B]")
@@ -402,30 +414,33 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
                          f"{cu_seqlens_q.device}; expected contiguous int32 [{batch + 1}] on {seq_lens.device}")
     width = max_work_items(batch, num_kv_heads, slots)
     _check_out(out, batch, width, seq_lens.device)
-    launch_plan(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode)
+    launch_plan(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode, overhead=overhead)
 
 
-def launch_plan(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str) -> None:
+def launch_plan(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str,
+                overhead: int = PIECE_OVERHEAD_TILES) -> None:
     """plan_gpu's launch without its checks, for a caller that has checked the same things (vattn.plan:
     the lengths against its workspace, `out` the workspace's own views)."""
     from vattn import launcher
 
-    args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode)
+    args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode,
+                                    overhead=overhead)
     launcher.kernel(_plan_kernel()).launch((1, 1, 1), args, kwargs)
 
 
 PLAN_LIVE = (0, 1)  # positions in plan_launch_args' args of seq_lens, cu_seqlens_q (vattn.api's bindings)
 
 
-def plan_launch_args(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str):
+def plan_launch_args(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str,
+                     overhead: int = PIECE_OVERHEAD_TILES):
     """(args, kwargs) of the plan kernel: the lengths, `out`'s views, the shape's scalars; constexprs."""
-    scalars, constexprs = _launch_params(seq_lens.shape[0], num_kv_heads, slots, mode)
+    scalars, constexprs = _launch_params(seq_lens.shape[0], num_kv_heads, slots, mode, overhead)
     return (seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
             out["seq_part_start"], out["num_items"], out["work_order"], *scalars), dict(constexprs)
 
 
 @functools.lru_cache(maxsize=1024)
-def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str) -> tuple[tuple, dict]:
+def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str, overhead: int) -> tuple[tuple, dict]:
     """(batch, width, budget, nseg) and the constexpr kwargs of the plan kernel: a function of the shape
     only, so built once per batch size, not on every call (the caller copies the dict into its call)."""
     nseg = max(1, min(SEG_MAX, _pow2floor(slots // (max(batch, 1) * num_kv_heads))))
@@ -444,5 +459,5 @@ def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str) -> tupl
     scalars = (batch, width, slot_budget(num_kv_heads, slots), nseg)
     return scalars, dict(
         MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=block_w,
-        NCAND=max(8, min(32, 256 * num_warps // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=MIN_PIECE_TILES,
-        OVERHEAD=PIECE_OVERHEAD_TILES, num_warps=num_warps)
+        NCAND=max(8, min(32, 256 * num_warps // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=overhead,
+        OVERHEAD=overhead, num_warps=num_warps)

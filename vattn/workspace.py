@@ -12,7 +12,7 @@ import os
 
 from vattn.backends import planned_backend
 from vattn.contract import HEAD_DIMS, KV_DTYPES, MAX_GQA, MAX_Q_LEN, PAGE_SIZES, Q_DTYPES
-from vattn.planner import max_work_items
+from vattn.planner import PIECE_OVERHEAD_TILES, max_work_items
 
 CPU_SLOTS = 16  # interpreter runs have no SMs; any positive count gives a valid plan
 
@@ -89,7 +89,10 @@ class Workspace:
         self.max_q_len, self.max_batch = max_q_len, max_batch
         self.programs_per_sm, self.kernel_info = None, {}
         self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
-        self.slots = slots if slots is not None else self._measure_slots()
+        planned = planned_backend(self)
+        # balanced weighs each piece by the fixed cost of the kernel that will run it
+        self.piece_overhead = (planned and planned[0].piece_overhead_tiles) or PIECE_OVERHEAD_TILES
+        self.slots = slots if slots is not None else self._measure_slots(planned)
         self._alloc()
         # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call
         self.plans: dict = {}
@@ -111,15 +114,14 @@ class Workspace:
         self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, **f32)
         self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
 
-    def _measure_slots(self) -> int:
+    def _measure_slots(self, fast) -> int:
         if self.device.type != "cuda" or interpreting():
             return CPU_SLOTS
         import torch
 
         props = torch.cuda.get_device_properties(self.device)
-        fast = planned_backend(self)
         if fast:  # a faster backend will serve these calls: its kernel's slots, not Triton's
-            self.kernel_info = {"backend": fast[0]}
+            self.kernel_info = {"backend": fast[0].name}
             self.programs_per_sm = fast[1]
             return fast[1] * props.multi_processor_count
         compiled = self._warmup()
@@ -152,7 +154,8 @@ class Workspace:
         return dict(head_dim=self.head_dim, num_q_heads=self.num_q_heads, num_kv_heads=self.num_kv_heads,
                     kv_dtype=_dtype_names()[self.kv_dtype], q_dtype=_dtype_names()[self.q_dtype],
                     page_size=self.page_size, max_q_len=self.max_q_len, max_batch=self.max_batch,
-                    device=str(self.device), slots=self.slots, config=self.config.__dict__)
+                    device=str(self.device), slots=self.slots, piece_overhead_tiles=self.piece_overhead,
+                    config=self.config.__dict__)
 
 
 def _fp8():

@@ -21,10 +21,11 @@ from benchmarks.kernel.shapes import select
 def _plan_tensors(shape, slots: int, device: str):
     import torch
 
+    from vattn.hopper.backend import PIECE_OVERHEAD_TILES
     from vattn.planner import plan_python
 
     lists = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=slots,
-                        mode="balanced")
+                        mode="balanced", overhead=PIECE_OVERHEAD_TILES)  # the plan the Hopper backend makes
     return {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device=device)
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
 

@@ -199,12 +199,40 @@ def test_a_workspace_plans_for_the_slots_of_the_backend_that_will_serve_it(dev):
     api.register_backend(fast)
     try:
         assert api.planned_backend(ws_for(dev)) is None  # head_dim 128: not this backend's
-        assert api.planned_backend(ws_for(dev, head_dim=256)) == ("fake-hopper", 1)
+        assert api.planned_backend(ws_for(dev, head_dim=256)) == (fast, 1)
         api.FAILED.add("fake-hopper")
         assert api.planned_backend(ws_for(dev, head_dim=256)) is None
     finally:
         api.BACKENDS.remove(fast)
         api.FAILED.discard("fake-hopper")
+
+
+def test_a_workspace_plans_with_the_piece_overhead_of_the_backend_that_will_serve_it(dev):
+    """balanced weighs a piece by the serving kernel's fixed cost: vattn.plan on a workspace a backend with
+    its own piece_overhead_tiles would serve gives planner.plan_python's plan for that overhead, which here
+    differs from the Triton kernel's (one piece fewer for the long sequence)."""
+    from vattn import api
+    from vattn.planner import PIECE_OVERHEAD_TILES, plan_python
+
+    lens, q_lens = [40_000] + [600] * 15, [4] * 16
+    fast = api.Backend("fake-hopper", lambda w, q, k: True, lambda *a: None, slots_per_sm=lambda w: 1,
+                       piece_overhead_tiles=8)
+    plain = ws_for(dev, head_dim=256, max_batch=16, slots=32)
+    api.register_backend(fast)
+    try:
+        ws = ws_for(dev, head_dim=256, max_batch=16, slots=32)
+    finally:
+        api.BACKENDS.remove(fast)
+    assert (plain.piece_overhead, ws.piece_overhead) == (PIECE_OVERHEAD_TILES, 8)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=dev)
+    cu = torch.arange(0, 4 * 17, 4, dtype=torch.int32, device=dev)
+    for w, overhead in ((plain, PIECE_OVERHEAD_TILES), (ws, 8)):
+        pl = vattn.plan(lens_t, cu, num_kv_heads=2, page_size=16, mode="balanced", workspace=w)
+        got = {f: t.tolist() for f, t in pl.tensors.items()}
+        assert got == plan_python(lens, q_lens, num_kv_heads=2, slots=32, mode="balanced",
+                                  overhead=overhead).__dict__, overhead
+    assert (plan_python(lens, q_lens, num_kv_heads=2, slots=32, mode="balanced", overhead=8).seq_part_start
+            != plan_python(lens, q_lens, num_kv_heads=2, slots=32, mode="balanced").seq_part_start)
 
 
 def test_the_hopper_backend_plans_for_one_cta_per_sm_only_on_the_workspaces_it_covers():

@@ -214,17 +214,18 @@ def test_length_aware_is_the_smallest_feasible_segment():
             assert sum(counts) > budget or max(counts) > SEG_MAX
 
 
-def slot_need(tiles, cap):
+def slot_need(tiles, cap, o):
     """Slots of time cap + o a cap needs, written out: a sequence over cap/2 tiles holds one per piece,
-    the others share slots, each taking its tiles plus the per-piece overhead."""
+    the others share slots, each taking its tiles plus the per-piece overhead o."""
     held = sum(-(-t // cap) for t in tiles if 2 * t > cap)
-    packed = sum(t + PIECE_OVERHEAD_TILES for t in tiles if 2 * t <= cap)
-    return held + -(-packed // (cap + PIECE_OVERHEAD_TILES))
+    packed = sum(t + o for t in tiles if 2 * t <= cap)
+    return held + -(-packed // (cap + o))
 
 
-def test_balanced_is_the_min_max_packed_wave_plan():
+@pytest.mark.parametrize("o", [PIECE_OVERHEAD_TILES, 8])  # the Triton kernel's overhead, the Hopper kernel's
+def test_balanced_is_the_min_max_packed_wave_plan(o):
     for lens, qs, hkv, slots in CASES:
-        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced")
+        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced", overhead=o)
         by_seq = pieces_by_seq(p, len(lens))
         live = [b for b in by_seq if by_seq[b]]
         if not live:
@@ -234,12 +235,12 @@ def test_balanced_is_the_min_max_packed_wave_plan():
         cap = max(tiles_of(a, e) for b in live for a, e in by_seq[b])
         for b in live:  # whole cap-sized segments, the last one short
             assert all(tiles_of(a, e) == cap for a, e in by_seq[b][:-1])
-        assert slot_need(tiles, cap) <= budget
-        if cap > MIN_PIECE_TILES:  # any smaller cap would not fit the wave's slot time
-            assert slot_need(tiles, cap - 1) > budget
+        assert slot_need(tiles, cap, o) <= budget
+        if cap > o:  # any smaller cap would not fit the wave's slot time (o is also the floor on the cap)
+            assert slot_need(tiles, cap - 1, o) > budget
         # the one-wave cap (sum ceil(tiles / c) <= budget): never below balanced's, the same pieces when
         # no sequence is packed
-        one_wave = max(_smallest_cap(tiles, budget, None), MIN_PIECE_TILES)
+        one_wave = max(_smallest_cap(tiles, budget, None), o)
         assert cap <= one_wave
         if all(2 * t > cap for t in tiles):
             assert [len(by_seq[b]) for b in live] == [-(-t // one_wave) for t in tiles]
@@ -275,7 +276,7 @@ def test_fixed_and_length_aware_launch_in_row_order():
 
 # -- the Triton twin: same plans, one launch, no host sync ------------------------------------------
 
-def run_gpu(lens, qs, hkv, slots, mode, device="cpu"):
+def run_gpu(lens, qs, hkv, slots, mode, device="cpu", overhead=PIECE_OVERHEAD_TILES):
     import itertools
 
     import torch
@@ -288,7 +289,7 @@ def run_gpu(lens, qs, hkv, slots, mode, device="cpu"):
     out["num_items"] = torch.full((1,), 77, dtype=torch.int32, device=device)
     cu = torch.tensor([0] + list(itertools.accumulate(qs)), dtype=torch.int32, device=device)
     plan_gpu(torch.tensor(lens, dtype=torch.int32, device=device), cu, num_kv_heads=hkv, slots=slots, mode=mode,
-             out=out)
+             out=out, overhead=overhead)
     return {f: t.tolist() for f, t in out.items()}
 
 
@@ -325,8 +326,10 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_planner import CASES, GPU_EDGE_CASES, GPU_SEARCH_CASES, run_gpu
 from vattn.planner import PLANNERS
-print(json.dumps({m: [run_gpu(*case, m) for case in GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6]]
-                 for m in PLANNERS}))
+cases = GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6]
+out = {m: [run_gpu(*case, m) for case in cases] for m in PLANNERS}
+out["balanced-o8"] = [run_gpu(*case, "balanced", overhead=8) for case in cases]
+print(json.dumps(out))
 """
 
 
@@ -345,10 +348,12 @@ def test_plan_gpu_equals_python_under_interpreter():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
-    for mode in PLANNERS:
-        for case, plan in zip(GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6], got[mode]):
+    for mode, overhead in [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [("balanced", 8)]:
+        key = mode if overhead == PIECE_OVERHEAD_TILES else f"{mode}-o{overhead}"
+        for case, plan in zip(GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6], got[key]):
             lens, qs, hkv, slots = case
-            assert plan == plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode).__dict__, (mode, case)
+            want = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode, overhead=overhead)
+            assert plan == want.__dict__, (key, case)
 
 
 def test_plan_gpu_checks_its_arguments():
@@ -382,8 +387,8 @@ def cuda_available():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", PLANNERS)
-def test_plan_gpu_equals_python_on_cuda(mode):
+@pytest.mark.parametrize("mode, overhead", [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [("balanced", 8)])
+def test_plan_gpu_equals_python_on_cuda(mode, overhead):
     rng = random.Random(7)
     cases = GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES
     for _ in range(40):  # larger batches than the CPU cases: B up to 256, L up to 2M
@@ -391,8 +396,9 @@ def test_plan_gpu_equals_python_on_cuda(mode):
         cases.append(([rng.choice([0, rng.randint(1, 2_000_000), rng.randint(1, 5000)]) for _ in range(batch)],
                       [rng.randint(0, 8) for _ in range(batch)], rng.choice([1, 2, 8]), rng.choice([132, 264, 528])))
     for lens, qs, hkv, slots in cases:
-        want = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode)
-        assert run_gpu(lens, qs, hkv, slots, mode, device="cuda") == want.__dict__, (lens, qs, hkv, slots)
+        want = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode, overhead=overhead)
+        assert run_gpu(lens, qs, hkv, slots, mode, device="cuda", overhead=overhead) == want.__dict__, (
+            lens, qs, hkv, slots)
 
 
 @pytest.mark.gpu
