@@ -305,6 +305,8 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
             fallback.append(_triton_run(*args))
         return fallback[0](q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
 
+    if main is not None:  # the two launches alone, for the host-time split of benchmarks/kernel (launch_parts)
+        run.launch_main, run.launch_reduce = main, reduce
     return run
 
 
@@ -342,9 +344,7 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
         reduce(cu_seqlens_q, out)
         return out
 
-    # the two launches alone, for the host-time split of benchmarks/kernel (launch_parts)
-    run.launch_main = main
-    run.launch_reduce = reduce
+    run.launch_main, run.launch_reduce = main, reduce  # as _backend_run's
     return run
 
 
@@ -367,15 +367,18 @@ def _bound_reduce(plan: Plan, cu_seqlens_q, out, *, skip_whole: bool = False):
 def launch_parts(plan: Plan, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale=None,
                  v_descale=None, softmax_scale=None, *, out) -> dict:
     """The three launches of a vattn.plan + vattn.attention call with these arguments, as zero-argument
-    callables (launch_plan, launch_main, launch_reduce), exactly as the call makes them: bound launches of
-    vattn.launcher. Both calls must have run once with these arguments (that checks and binds them)."""
+    callables (launch_plan, launch_main, launch_reduce), exactly as the call makes them: the bound launches of
+    the backend that serves the call (vattn.launcher's for Triton's kernels). Both calls must have run once
+    with these arguments (that checks and binds them); {} for a backend without bind_main."""
     ws = plan.workspace
     prun = ws.plan_calls[_plan_signature(seq_lens, cu_seqlens_q, ws.num_kv_heads, ws.page_size, plan.mode)]
     run = plan.calls[_attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
                                           v_descale, softmax_scale, out)]
-    kd, vd = (k_descale, v_descale) if k_descale is not None else (seq_lens, seq_lens)
+    if not hasattr(run, "launch_main"):
+        return {}
     return dict(launch_plan=lambda: prun.launch(seq_lens, cu_seqlens_q),
-                launch_main=lambda: run.launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, kd, vd),
+                launch_main=lambda: run.launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+                                                    k_descale, v_descale, out),
                 launch_reduce=lambda: run.launch_reduce(cu_seqlens_q, out))
 
 

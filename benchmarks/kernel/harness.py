@@ -269,7 +269,7 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     the host time of one CUDA graph replay of the whole call. device_us: the call's GPU time in a graph,
     for scale."""
     import vattn
-    from vattn.api import TRITON, launch_parts, select_backend
+    from vattn.api import launch_parts, select_backend
 
     b = Batch(shape, device)
     ws = vattn.Workspace(head_dim=shape.head_dim, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
@@ -289,7 +289,7 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     call()  # checks and binds this call's signature, which launch_parts reads
     backend = select_backend(ws, b.q, b.k)
     parts = dict(call=call, plan=plan, attention=lambda: vattn.attention(*args, plan=pl, out=b.out),
-                 **(launch_parts(pl, *args, out=b.out) if backend is TRITON else {}))  # Triton's launches alone
+                 **launch_parts(pl, *args, out=b.out))  # the serving backend's launches alone
     rec = dict(shape_fields(shape, "vattn", mode), calls=calls, backend=backend.name)
     rec.update({f"{name}_host_us": enqueue_us(fn, calls, device) for name, fn in parts.items()})
     if device == "cuda":

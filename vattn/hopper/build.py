@@ -126,8 +126,9 @@ class TensorMaps:
         self._encode(self.v, v_cache, box_inner=k_cache.shape[3], swizzle=0)  # CU_TENSOR_MAP_SWIZZLE_NONE
 
     @staticmethod
-    def key_of(k_cache, v_cache) -> tuple:
-        return tuple((t.data_ptr(), tuple(t.shape), t.stride()) for t in (k_cache, v_cache))
+    def layout_key(k_cache, v_cache) -> tuple:
+        """What the maps depend on but the caches' addresses (fixed for calls of one signature)."""
+        return tuple((tuple(t.shape), t.stride()) for t in (k_cache, v_cache))
 
     @staticmethod
     def layout(t, box_inner: int) -> tuple:
@@ -175,7 +176,7 @@ class MainSm90:
                 + vstages * BLOCK_N * head_dim * 2 + 2 * raw * 8 + QROWS * 4
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
-        self._maps: dict = {}  # TensorMaps.key_of(k_cache, v_cache) -> TensorMaps
+        self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
         drv = _driver()
         image = compile_cubin(self.defines).read_bytes()
         self._image = ctypes.create_string_buffer(image, len(image))
@@ -220,6 +221,7 @@ class MainSm90:
         args = (ctypes.c_void_p * len(addresses))(*addresses)
         grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
         fn, smem, k8, maps_kept = self.fn, self.smem, self.k8, self._maps
+        layout = TensorMaps.layout_key(k_cache, v_cache)  # the caches' shapes and strides: the signature's
         launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
         current = (lambda: raw_stream(device)) if raw_stream else (lambda: torch.cuda.current_stream(device).cuda_stream)
@@ -231,7 +233,7 @@ class MainSm90:
             kd_ptr.value = k_descale.data_ptr() if k_descale is not None else None
             vd_ptr.value = v_descale.data_ptr() if v_descale is not None else None
             if k8:  # the two CUtensorMap parameters, passed by value: the slot holds their address
-                key = TensorMaps.key_of(k_cache, v_cache)
+                key = (k_cache.data_ptr(), v_cache.data_ptr(), layout)
                 maps = maps_kept.get(key)
                 if maps is None:  # one pair per layer's caches in a server; kept, as the caches are
                     if len(maps_kept) >= MAPS_KEPT:
