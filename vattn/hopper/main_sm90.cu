@@ -791,7 +791,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   const int warp = tid / 32, lane = tid % 32;
   // Q split into e4m3 parts: warp w takes rows 16w .. 16w + 15, a lane 8 head dims of a row; the 16 rows'
   // loads are issued together (one memory latency, not 16), and so are their amax reductions across the warp
-  // (16 independent shuffles a step: one row after the other took ~3 us per CTA, PROFILE_Q_ONLY)
+  // (16 independent shuffles a step). The prologue's time is its chain of dependent loads (work item, cu_q,
+  // Q), not this arithmetic: the reductions row after row measured the same (PROFILE_Q_ONLY, NOTES P14)
   uint4 qraw[16];
 #pragma unroll
   for (int rr = 0; rr < 16; ++rr) {
