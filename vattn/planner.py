@@ -1,6 +1,6 @@
 """Split planners: cut each sequence's KV range into pieces, one program per (piece, KV head).
 
-A plan is a fixed-size work list (see notes/vattn_interfaces.md), W = max_work_items(B, Hkv, SLOTS):
+A plan is a fixed-size work list, W = max_work_items(B, Hkv, SLOTS):
 
     work_seq[W]          sequence of item w; -1 = idle item (padding past the real items)
     work_start[W]        first KV position of the piece (a multiple of KV_TILE)
