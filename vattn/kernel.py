@@ -480,7 +480,6 @@ def _reduce_kernel(
     # [T, Hq, D]
     out_ptr, stride_ot, stride_oh_out,
     G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_WHOLE: tl.constexpr,
-    STAGES: tl.constexpr,
 ):
     ND: tl.constexpr = D // BLOCK_D
     hq = tl.program_id(0) // ND
@@ -502,7 +501,8 @@ def _reduce_kernel(
     m_i = tl.full([], float("-inf"), tl.float32)
     l_i = tl.full([], 0.0, tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
-    for c in tl.range(p_first, p_last, BLOCK_P, num_stages=STAGES):
+    # not software-pipelined: two stages measured slower on every shape (benchmarks/NOTES.md P14e)
+    for c in tl.range(p_first, p_last, BLOCK_P, num_stages=1):
         parts = c + tl.arange(0, BLOCK_P)
         ok = parts < p_last
         # -- load a chunk's lse and O together: neither address nor mask depends on the other load, so the
@@ -525,7 +525,7 @@ def _reduce_kernel(
 
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
-                  block_p: int = 16, block_d: int | None = None, num_warps: int | None = None, stages: int = 1,
+                  block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
                   skip_whole: bool = False) -> None:
     """Grid (Hq x D / block_d, max_q_len, B): one program per (output row, D chunk of block_d); absent
     tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0. skip_whole: the main
@@ -544,8 +544,7 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     slowest grid axis, so a long first sequence's programs start first instead of being spread over the
     launch."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
-                                block_p=block_p, block_d=block_d, num_warps=num_warps, stages=stages,
-                                skip_whole=skip_whole)
+                                block_p=block_p, block_d=block_d, num_warps=num_warps, skip_whole=skip_whole)
     if launch is not None:
         launcher.kernel(_reduce_kernel).launch(*launch)
 
@@ -555,7 +554,7 @@ REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
 
 
 def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
-                       block_p: int = 16, block_d: int | None = None, num_warps: int | None = None, stages: int = 1,
+                       block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
                        skip_whole: bool = False):
     """(grid, args, kwargs) of the reduce kernel (launch_reduce's), or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
@@ -569,5 +568,5 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
         lse_part, lse_part.stride(0), lse_part.stride(1),
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1),
-    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole, STAGES=stages,
+    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole,
             num_warps=num_warps)

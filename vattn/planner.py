@@ -123,7 +123,7 @@ def _smallest(lo: int, hi: int, ok) -> int:
     return hi
 
 
-def _split_fixed(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
+def _split_fixed(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> list[tuple[int, int]]:
     nseg = max(1, min(SEG_MAX, _pow2floor(slots // (len(tiles) * num_kv_heads))))
     out = []
     for t in tiles:
@@ -147,7 +147,7 @@ def _smallest_cap(live: list[int], budget: int, per_seq_max: int | None) -> int:
     return _smallest(lo, hi, lambda c: sum([-(-t // c) for t in live]) <= budget)  # hot: the cost model
 
 
-def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int) -> list[tuple[int, int]]:
+def _split_length_aware(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> list[tuple[int, int]]:
     live = [t for t in tiles if t]
     if not live:
         return [(0, 0)] * len(tiles)
@@ -178,8 +178,8 @@ def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int, overhead: i
     return [(_cdiv(t, cap), cap) if t else (0, 0) for t in tiles]
 
 
+# (tiles, num_kv_heads, slots, overhead) -> per sequence (pieces, segment tiles); only balanced weighs overhead
 _SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced}
-_USES_OVERHEAD = {"balanced"}
 
 
 def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
@@ -202,11 +202,7 @@ def plan_splits(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
     _check_positive(num_kv_heads=num_kv_heads, slots=slots, overhead=overhead)
     _check_lens(seq_lens, q_lens)
     tiles = [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
-    if not tiles:
-        return []
-    if mode in _USES_OVERHEAD:
-        return _SPLITTERS[mode](tiles, num_kv_heads, slots, overhead)
-    return _SPLITTERS[mode](tiles, num_kv_heads, slots)
+    return _SPLITTERS[mode](tiles, num_kv_heads, slots, overhead) if tiles else []
 
 
 def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str,

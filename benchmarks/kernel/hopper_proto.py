@@ -56,8 +56,9 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
                         skip_whole=True)
 
     per = lambda fn: harness.timed_graph(fn, replays) / b.replicas
+    kernels = {}
     for name, defines in variants.items():
-        kern = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
+        kern = kernels[name] = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
 
         def hopper(r, v_lbo, v_sbo, plan=plan):
             kern.launch(*b.attention_args(r), plan, o_part, lse_part, b.out, v_lbo=v_lbo, v_sbo=v_sbo)
@@ -77,7 +78,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     rec["hopper_main_us"] = best_main_us(rec, variants, descriptors[0], shape.kv_dtype)
     rec["hopper_reduce_us"] = per(lambda: [reduce() for _ in range(b.replicas)])
     if reduce_variants:  # the reduce's launch shapes, on the first variant's partials (checked, then timed)
-        kern = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=next(iter(variants.values())))
+        kern = next(iter(kernels.values()))
         for name, kw in reduce_variants.items():
             kw = {k: int(v) for k, v in kw.items()}
             red = lambda: K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa,
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
                     "is checked and timed, the others timed as NAME@NperSM")
     ap.add_argument("--reduce-variants", default="", help="vattn reduce launch shapes to check and time on the "
                     "first variant's partials: ';'-separated NAME:KWARG=INT,... (kernel.launch_reduce's block_p, "
-                    "block_d, num_warps, stages)")
+                    "block_d, num_warps)")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
