@@ -14,6 +14,7 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
     # m64n64 writes 32 accumulators, m64n256 128; the A fragments and descriptors follow them
     assert "m64n64k16.f32.f16.f16 {%0, %1," in src and "%31}, %32, %33, p, 1, 1, 0, 0" in src
     assert "m64n256k16.f32.f16.f16 {%0," in src and "%127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1" in src
+    assert "m64n128k16.f32.f16.f16 {%0," in src and "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1" in src
 
 
 # the kernels: vattn_main_sm90 with S(i + 1) issued behind P(i).V (the default) or with FlashAttention-3's
@@ -40,6 +41,14 @@ def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch)
     monkeypatch.setattr(build, "CACHE", tmp_path)
     report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=4))).read_text()
     assert "entry function 'vattn_main_sm90' " in report and "vattn_main_sm90_k8" not in report, report
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=128, GQA=8, PAGE=16, K8=1))).read_text()
+    assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
+    assert "0 bytes spill stores, 0 bytes spill loads" in report and "C7513" not in report, report
 
 
 def test_tma_map_layout_is_one_page_of_one_head_innermost_first():
@@ -72,30 +81,38 @@ def _hopper_gpu():
 
 CASES = {
     # seq_lens, q_lens: partial last tiles, sequences shorter than one tile or one page, ragged q (rows of
-    # absent tokens must stay neutral), one long sequence split into many pieces among short ones
+    # absent tokens must stay neutral), one long sequence split into many pieces among short ones, decode
     "ragged": ([1, 15, 63, 64, 65, 1000, 4500, 35000], [1, 2, 3, 4, 4, 2, 1, 4]),
     "long-among-short": ([100000] + [300] * 15, [4] * 16),
     "uniform-q4": ([8192] * 8, [4] * 8),
+    "decode-q1": ([3000, 17, 20000, 640], [1] * 4),
 }
+# (head_dim, Hq, Hkv): the KERNEL.md configurations; max_q_len x GQA <= 64 rows of one CTA
+CONFIGS = {"hd256-gqa16": (256, 16, 1), "hd256-gqa8": (256, 8, 1), "hd128-gqa8": (128, 16, 2),
+           "hd128-gqa4": (128, 8, 2)}
+# every schedule on the first configuration; the other configurations on the kernel the backend serves them with
+RUNS = [(case, "hd256-gqa16", sched) for case in sorted(CASES) for sched in sorted(SCHEDULES)] + [
+    (case, config, "k8") for case in sorted(CASES) for config in sorted(CONFIGS) if config != "hd256-gqa16"]
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")  # a kernel that deadlocks on its barriers blocks in C: end the process
-@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_matches_reference(case, schedule):
+@pytest.mark.parametrize("case,config,schedule", RUNS)
+def test_matches_reference(case, config, schedule):
     torch = _hopper_gpu()
     import vattn
     from vattn import kernel as K
     from vattn.planner import plan_python
 
     seq_lens, q_lens = CASES[case]
+    d, hq, hkv = CONFIGS[config]
+    gqa, max_q = hq // hkv, max(q_lens)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    page, hq, d = 16, 16, 256
+    page = 16
     pages = [-(-n // page) for n in seq_lens]
     pool = sum(pages) + 7
-    k = (torch.randn(pool, page, 1, d, device="cuda", generator=gen)).to(torch.float8_e4m3fn)
-    v = (torch.randn(pool, page, 1, d, device="cuda", generator=gen)).to(torch.float8_e4m3fn)
+    k = (torch.randn(pool, page, hkv, d, device="cuda", generator=gen)).to(torch.float8_e4m3fn)
+    v = (torch.randn(pool, page, hkv, d, device="cuda", generator=gen)).to(torch.float8_e4m3fn)
     perm = torch.randperm(pool, device="cuda", generator=gen).to(torch.int32)
     tables = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32, device="cuda")
     first = 0
@@ -111,21 +128,26 @@ def test_matches_reference(case, schedule):
     kd, vd = torch.tensor([0.9], device="cuda"), torch.tensor([1.1], device="cuda")
     scale = d ** -0.5
 
-    lists = plan_python(seq_lens, q_lens, num_kv_heads=1, slots=132, mode="balanced")
+    lists = plan_python(seq_lens, q_lens, num_kv_heads=hkv, slots=132, mode="balanced")
     plan = {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device="cuda")
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
     width = plan["work_seq"].shape[0]
-    o_part = torch.full((width, 1, 64, d), float("nan"), device="cuda")
-    lse_part = torch.full((width, 1, 64), float("nan"), device="cuda")
-    kern = build.MainSm90(head_dim=d, gqa=hq, page=page, extra_defines=SCHEDULES[schedule])
+    # the workspace's partials hold max_q_len x GQA rows, fewer than the CTA's 64 when GQA or q_len is smaller:
+    # one guard item past them must stay untouched
+    rows = max_q * gqa
+    o_all = torch.full((width + 1, hkv, rows, d), float("nan"), device="cuda")
+    lse_all = torch.full((width + 1, hkv, rows), float("nan"), device="cuda")
+    o_part, lse_part = o_all[:width], lse_all[:width]
+    kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=SCHEDULES[schedule])
     out = torch.full_like(q, float("nan"))  # the kernel writes the rows of one-piece sequences, the reduce the rest
     kern.launch(q, k, v, tables, sl, cu_t, kd, vd, scale, plan, o_part, lse_part, out)
-    K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=hq, max_q_len=4, skip_whole=True)
+    K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=gqa, max_q_len=max_q, skip_whole=True)
     ref = vattn.reference(q, k, v, tables, sl, cu_t, kd, vd, scale)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any()
+    assert torch.isnan(o_all[width]).all() and torch.isnan(lse_all[width]).all(), "stored past the partials"
     rel = ((out.float() - ref).norm() / ref.norm()).item()
-    assert rel < 5e-3, f"{case}, {schedule}: rel_err {rel:.2e}"
+    assert rel < 5e-3, f"{case}, {config}, {schedule}: rel_err {rel:.2e}"
 
 
 # -- the backend (vattn.hopper.backend) -------------------------------------------------------------

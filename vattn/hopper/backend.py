@@ -1,8 +1,9 @@
 """The Hopper kernel behind vattn.api's Backend dispatch, opt-in with VATTN_HOPPER=1 (vattn/switch.py; read
-when vattn is imported). It takes the calls its kernel covers: an sm_90 GPU, e4m3 KV with one KV head's page
-contiguous, bf16 Q, head_dim 256 and max_q_len x GQA = 64 packed rows; every other call goes to Triton. A
-workspace whose calls it covers plans for one CTA per SM (slots_per_sm). A build or launch failure falls
-back to Triton with one warning (vattn.api.attention)."""
+when vattn is imported). It takes the calls its kernel covers: an sm_90 GPU, e4m3 KV with strides of whole
+16 bytes, bf16 Q, head_dim 256 or 128 and max_q_len x GQA <= 64 packed rows (one wgmma M: decode and narrower
+groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for one
+CTA per SM (slots_per_sm). A build or launch failure falls back to Triton with one warning
+(vattn.api.attention)."""
 
 from __future__ import annotations
 
@@ -30,16 +31,19 @@ def _covers(ws) -> bool:
     """What the workspace alone decides (the call's tensors add their dtypes and strides)."""
     import torch
 
+    # head_dim 128 only on the TMA kernel (pages of whole 8-row swizzle atoms), 256 also on pages of 4
+    page_ok = BLOCK_N % ws.page_size == 0 and ws.page_size % (4 if ws.head_dim == 256 else 8) == 0
     return (ws.device.type == "cuda" and _is_sm90(ws.device) and ws.kv_dtype == torch.float8_e4m3fn
-            and ws.q_dtype == torch.bfloat16 and ws.head_dim == 256 and ws.gqa * ws.max_q_len == QROWS
-            and BLOCK_N % ws.page_size == 0 and ws.page_size % 4 == 0)
+            and ws.q_dtype == torch.bfloat16 and ws.head_dim in (128, 256) and page_ok
+            and ws.gqa * ws.max_q_len <= QROWS)
 
 
 def supports(ws, q, k_cache) -> bool:
     import torch
 
+    # TMA (and the page-of-4 kernel's 16-byte loads) address the cache by any strides of whole 16 bytes
     return (_covers(ws) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
-            and k_cache.stride(1) == ws.head_dim)
+            and k_cache.stride(3) == 1 and all(st % 16 == 0 for st in k_cache.stride()[:3]))
 
 
 def slots_per_sm(ws) -> int | None:

@@ -23,12 +23,27 @@ QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu
 MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (vattn_main_sm90_k8): one per (K, V) cache pair
 
 
+def _wgmma_rs(n: int) -> str:
+    """O += P.V for an N-wide O (N = head_dim): P from registers, V MN-major in shared memory."""
+    regs = n // 2  # a thread's f32 accumulators of an m64nN tile
+    d = ", ".join(f"%{i}" for i in range(regs))
+    out = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    return f"""
+__device__ __forceinline__ void wgmma_rs_n{n}(float (&d)[{regs}], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint64_t db) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"
+               : {out}
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}}
+"""
+
+
 def _wgmma_wrappers() -> str:
-    """The three wgmma shapes the kernels issue, as inline-PTX functions (their operand lists are long)."""
+    """The wgmma shapes the kernels issue, as inline-PTX functions (their operand lists are long)."""
     d32 = ", ".join(f"%{i}" for i in range(32))
     out32 = ", ".join(f'"+f"(d[{i}])' for i in range(32))
-    d128 = ", ".join(f"%{i}" for i in range(128))
-    out128 = ", ".join(f'"+f"(d[{i}])' for i in range(128))
     return f"""
 __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {{
   asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %34, 0;\\n"
@@ -42,14 +57,7 @@ __device__ __forceinline__ void wgmma_ss_n64_e4m3(float (&d)[32], uint64_t da, u
                : {out32}
                : "l"(da), "l"(db), "r"(scale_d));
 }}
-__device__ __forceinline__ void wgmma_rs_n256(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint64_t db) {{
-  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {{{d128}}}, {{%128, %129, %130, %131}}, %132, p, 1, 1, 1;\\n}}\\n"
-               : {out128}
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
-}}
-"""
+""" + _wgmma_rs(128) + _wgmma_rs(256)
 
 
 def source(**defines: int) -> str:
@@ -163,15 +171,17 @@ class MainSm90:
     def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None):
         import torch
 
-        if head_dim != 256 or gqa * 4 < QROWS or QROWS % gqa:
-            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa}: the prototype covers head_dim 256 "
-                             f"with max_q_len x gqa == {QROWS}")
+        k8 = _k8(extra_defines or {})
+        if head_dim not in ((128, 256) if k8 else (256,)) or not 1 <= gqa <= QROWS:
+            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa}: covers head_dim 256 (K8=1: 128 or 256) "
+                             f"and gqa <= {QROWS} (max_q_len x gqa <= {QROWS} packed rows)")
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | dict(extra_defines or {})
-        self.k8 = _k8(self.defines)
-        if self.k8:  # Q hi and lo, e4m3 K + V slots (4), fp16 V stages (2), 2 mbarriers a slot, 64 row scales
-            raw, vstages = int(self.defines.get("K8_RAW_SLOTS", 4)), int(self.defines.get("K8_VSTAGES", STAGES))
+        self.k8 = k8
+        if self.k8:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot, 64 row scales
+            raw = int(self.defines.get("K8_RAW_SLOTS", 4 * 256 // head_dim))
+            vstages = int(self.defines.get("K8_VSTAGES", STAGES))
             self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * BLOCK_N * head_dim \
                 + vstages * BLOCK_N * head_dim * 2 + 2 * raw * 8 + QROWS * 4
         else:  # Q, K and V stages (fp16)
