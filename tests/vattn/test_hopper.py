@@ -15,6 +15,7 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
     assert "m64n64k16.f32.f16.f16 {%0, %1," in src and "%31}, %32, %33, p, 1, 1, 0, 0" in src
     assert "m64n256k16.f32.f16.f16 {%0," in src and "%127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1" in src
     assert "m64n128k16.f32.f16.f16 {%0," in src and "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1" in src
+    assert "m64n128k32.f32.e4m3.e4m3 {%0," in src and "%63}, %64, %65, p, 1, 1" in src
 
 
 # the kernels: vattn_main_sm90 with S(i + 1) issued behind P(i).V (the default) or with FlashAttention-3's
@@ -44,9 +45,11 @@ def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch):
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n):
     monkeypatch.setattr(build, "CACHE", tmp_path)
-    report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=128, GQA=8, PAGE=16, K8=1))).read_text()
+    defines = dict(HEAD_DIM=128, GQA=8, PAGE=16, K8=1, BLOCK_N=block_n)
+    report = build.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "C7513" not in report, report
 

@@ -19,7 +19,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("main_sm90.cu")
 CACHE = Path(os.environ.get("VATTN_CACHE", Path.home() / ".cache" / "vattn"))
 THREADS = 256
-QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu
+QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu (BLOCK_N: its default tile)
 MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (vattn_main_sm90_k8): one per (K, V) cache pair
 
 
@@ -40,6 +40,21 @@ __device__ __forceinline__ void wgmma_rs_n{n}(float (&d)[{regs}], uint32_t a0, u
 """
 
 
+def _wgmma_ss_e4m3(n: int) -> str:
+    """S = Q.K^T for an N-token tile: e4m3 x e4m3, both operands K-major in shared memory."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    out = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    return f"""
+__device__ __forceinline__ void wgmma_ss_n{n}_e4m3(float (&d)[{regs}], uint64_t da, uint64_t db, int scale_d) {{
+  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"
+               : {out}
+               : "l"(da), "l"(db), "r"(scale_d));
+}}
+"""
+
+
 def _wgmma_wrappers() -> str:
     """The wgmma shapes the kernels issue, as inline-PTX functions (their operand lists are long)."""
     d32 = ", ".join(f"%{i}" for i in range(32))
@@ -51,13 +66,7 @@ __device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64
                : {out32}
                : "l"(da), "l"(db), "r"(scale_d));
 }}
-__device__ __forceinline__ void wgmma_ss_n64_e4m3(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {{
-  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %34, 0;\\n"
-               "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {{{d32}}}, %32, %33, p, 1, 1;\\n}}\\n"
-               : {out32}
-               : "l"(da), "l"(db), "r"(scale_d));
-}}
-""" + _wgmma_rs(128) + _wgmma_rs(256)
+""" + _wgmma_ss_e4m3(64) + _wgmma_ss_e4m3(128) + _wgmma_rs(128) + _wgmma_rs(256)
 
 
 def source(**defines: int) -> str:
@@ -177,13 +186,16 @@ class MainSm90:
                              f"and gqa <= {QROWS} (max_q_len x gqa <= {QROWS} packed rows)")
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
-        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | dict(extra_defines or {})
+        # head_dim 128 streams 128-token tiles (P18: the per-tile softmax, not the bytes, bounds 64-token tiles)
+        wide = dict(BLOCK_N=128) if k8 and head_dim == 128 else {}
+        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | dict(extra_defines or {})
         self.k8 = k8
         if self.k8:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot, 64 row scales
-            raw = int(self.defines.get("K8_RAW_SLOTS", 4 * 256 // head_dim))
+            n = int(self.defines.get("BLOCK_N", BLOCK_N))
+            raw = int(self.defines.get("K8_RAW_SLOTS", 4 * 256 * 64 // (head_dim * n)))
             vstages = int(self.defines.get("K8_VSTAGES", STAGES))
-            self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * BLOCK_N * head_dim \
-                + vstages * BLOCK_N * head_dim * 2 + 2 * raw * 8 + QROWS * 4
+            self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * n * head_dim + vstages * n * head_dim * 2 \
+                + 2 * raw * 8 + QROWS * 4
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
