@@ -25,6 +25,8 @@ class Backend:
         vattn's reduce skips those (launch_reduce's skip_whole); else it writes partials only.
     piece_overhead_tiles: its main kernel's fixed cost per piece, in 64-token tiles of streaming, by which the
         balanced planner weighs pieces (None: vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
+    pdl: its main kernel lets the next kernel launch before it ends (griddepcontrol.launch_dependents): vattn's
+        reduce then goes as its programmatic dependent where that pays (launch_reduce's pdl).
     """
 
     name: str
@@ -34,6 +36,7 @@ class Backend:
     slots_per_sm: Callable = lambda ws: None
     writes_whole: bool = False
     piece_overhead_tiles: int | None = None
+    pdl: bool = False
 
 
 BACKENDS: list[Backend] = []  # dispatch order

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from vattn import launcher
 
@@ -480,6 +481,7 @@ def _reduce_kernel(
     # [T, Hq, D]
     out_ptr, stride_ot, stride_oh_out,
     G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_WHOLE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     ND: tl.constexpr = D // BLOCK_D
     hq = tl.program_id(0) // ND
@@ -491,11 +493,17 @@ def _reduce_kernel(
     n_q = tl.load(cu_q_ptr + b + 1) - q0
     p_first = tl.load(seq_part_start_ptr + b)
     p_last = tl.load(seq_part_start_ptr + b + 1)
+    if PDL:  # launched before the main kernel ends: its first program waits for it whatever it has to do, so
+        # that the reduce (which later work waits on) cannot end first
+        if tl.program_id(0) + tl.program_id(1) + tl.program_id(2) == 0:
+            gdc_wait()
     if j >= n_q:
         return
     if SKIP_WHOLE:  # a sequence of one piece: the main kernel wrote its rows
         if p_last - p_first == 1:
             return
+    if PDL:  # the partials are the main kernel's: wait for it (the indices above are the plan's, done before)
+        gdc_wait()
     h = hq // G
     row = j * G + hq % G
     m_i = tl.full([], float("-inf"), tl.float32)
@@ -526,7 +534,7 @@ def _reduce_kernel(
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                   block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
-                  skip_whole: bool = False) -> None:
+                  skip_whole: bool = False, pdl: bool = False) -> None:
     """Grid (Hq x D / block_d, max_q_len, B): one program per (output row, D chunk of block_d); absent
     tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0. skip_whole: the main
     kernel wrote the rows of every sequence of one piece itself (a Backend's writes_whole), so those
@@ -542,12 +550,23 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     sequence in 120 pieces among 63 one-piece ones 7.7 against 11.9, 16x35k 5.8 against 5.8; without it the
     whole row was slower (long-among-short 18.2 against 13.8, 16x35k 6.3 against 5.7). The batch is the
     slowest grid axis, so a long first sequence's programs start first instead of being spread over the
-    launch."""
+    launch.
+
+    pdl: allowed to launch as a programmatic dependent of the main kernel (Hopper's griddepcontrol), which
+    lets it launch near its end: the reduce's programs then start before the main kernel ends, and those with
+    nothing to merge (absent tokens; one-piece sequences with skip_whole) finish without waiting for it. The
+    main kernel must not write what they read (cu_seqlens_q, seq_part_start). Taken only for batches of at
+    least PDL_MIN_SEQUENCES (sequences x KV heads): on an H200 (benchmarks/NOTES.md P19) it saved 3.4 us of
+    18.9 on 64 x 24 tokens and 1.4 of 101.5 on 16x35k, but cost 3.6 us on 4x35k, whose programs each merge
+    33 pieces. Only on a CUDA device of sm_90 or later, not under the interpreter."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
-                                block_p=block_p, block_d=block_d, num_warps=num_warps, skip_whole=skip_whole)
+                                block_p=block_p, block_d=block_d, num_warps=num_warps, skip_whole=skip_whole,
+                                pdl=pdl)
     if launch is not None:
         launcher.kernel(_reduce_kernel).launch(*launch)
 
+
+PDL_MIN_SEQUENCES = 16  # launch_reduce's pdl: the smallest batch (sequences x KV heads) it is taken for
 
 # positions in reduce_launch_args' args of the tensors that change between calls (vattn.api's bindings)
 REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
@@ -555,12 +574,13 @@ REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
 
 def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                        block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
-                       skip_whole: bool = False):
+                       skip_whole: bool = False, pdl: bool = False):
     """(grid, args, kwargs) of the reduce kernel (launch_reduce's), or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
         return None
     head_dim = out.shape[2]
+    pdl = pdl and batch * o_part.shape[1] >= PDL_MIN_SEQUENCES
     block_d = min(block_d or (head_dim if skip_whole else 64), head_dim)
     num_warps = num_warps or max(1, block_d // 64)
     return (out.shape[1] * (head_dim // block_d), max_q_len, batch), (
@@ -569,4 +589,4 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1),
     ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole,
-            num_warps=num_warps)
+            num_warps=num_warps) | (dict(PDL=True, launch_pdl=True) if pdl else {})

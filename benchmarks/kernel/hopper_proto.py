@@ -31,7 +31,7 @@ def _plan_tensors(shape, slots: int, device: str):
 
 
 def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
-              reduce_variants: dict | None = None) -> dict:
+              reduce_variants: dict | None = None, chain: bool = False) -> dict:
     import torch
 
     import vattn
@@ -90,6 +90,9 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             torch.cuda.synchronize()
             rec[f"rel_err_reduce_{name}"], _ = harness.check(b.out, ref)
             rec[f"reduce_us_{name}"] = per(lambda: [red() for _ in range(b.replicas)])
+    if chain:  # the plan kernel, the first variant's main kernel and the reduce in one graph, with and without PDL
+        rec.update(chain_us(shape, b, ref, plan, next(iter(kernels.values())), o_part, lse_part, gqa, qlen,
+                            descriptors[0], replays))
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)
     rec.update({f"triton_{k}": v for k, v in times.items()})
@@ -97,6 +100,36 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     rec["triton_main_tbps"] = shape.kv_bytes / rec["triton_main_us"] / 1e6
     rec["device"] = torch.cuda.get_device_name(0)
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return rec
+
+
+def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
+             replays: int) -> dict:
+    """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path: the reduce
+    as a programmatic dependent of the main kernel (pdl) and as an ordinary launch (nopdl); each checked."""
+    import torch
+
+    from vattn import kernel as K
+    from vattn.hopper.backend import PIECE_OVERHEAD_TILES
+    from vattn.planner import plan_gpu
+
+    out_plan = dict(plan) | {"num_items": torch.zeros(1, dtype=torch.int32, device="cuda")}
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    lbo, sbo = descriptor
+    rec = {}
+    for name, pdl in (("pdl", True), ("nopdl", False)):
+        def call(r, pdl=pdl):
+            plan_gpu(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, slots=sm, mode="balanced", out=out_plan,
+                     overhead=PIECE_OVERHEAD_TILES)
+            kern.launch(*b.attention_args(r), out_plan, o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo)
+            K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
+                            skip_whole=True, pdl=pdl)
+
+        b.out.fill_(float("nan"))
+        call(0)
+        torch.cuda.synchronize()
+        rec[f"rel_err_chain_{name}"], rec[f"nan_chain_{name}"] = harness.check(b.out, ref)
+        rec[f"chain_us_{name}"] = harness.timed_graph(lambda: [call(r) for r in range(b.replicas)], replays) / b.replicas
     return rec
 
 
@@ -131,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reduce-variants", default="", help="vattn reduce launch shapes to check and time on the "
                     "first variant's partials: ';'-separated NAME:KWARG=INT,... (kernel.launch_reduce's block_p, "
                     "block_d, num_warps)")
+    ap.add_argument("--chain", action="store_true", help="also time plan + main + reduce in one graph, the reduce "
+                    "launched as a programmatic dependent and not (the first variant's kernel)")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
@@ -139,7 +174,8 @@ def main(argv=None) -> int:
     for shape in select(a.shapes):
         try:
             rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
-                            tuple(int(x) for x in a.slots_per_sm.split(",")), _variants(a.reduce_variants))
+                            tuple(int(x) for x in a.slots_per_sm.split(",")), _variants(a.reduce_variants),
+                            a.chain)
         except Exception as e:  # keep the other shapes' rows
             rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")
         records.append(rec)
@@ -153,7 +189,7 @@ def main(argv=None) -> int:
             continue
         errs = " ".join(f"{k[8:]}={v:.1e}" for k, v in r.items() if k.startswith("rel_err"))
         stages = " ".join(f"{k[15:]}={v:.1f}" for k, v in r.items() if k.startswith("hopper_main_us_"))
-        stages += "".join(f" {k}={v:.1f}" for k, v in r.items() if k.startswith("reduce_us_"))
+        stages += "".join(f" {k}={v:.1f}" for k, v in r.items() if k.startswith(("reduce_us_", "chain_us_")))
         best = r["hopper_main_us"]
         hopper = f"{best:12.1f} {r['hopper_main_tbps']:6.2f}" if best else f"{'-':>12s} {'-':>6s}"
         ratio = f"{r['triton_main_us'] / best:6.2f}" if best else f"{'-':>6s}"

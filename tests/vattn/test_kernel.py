@@ -533,3 +533,19 @@ def test_gpu_graph_replay_with_new_seq_lens_equals_eager(mode):
         eager_ws_out, _ = run_api(b, mode, max_q_len=8)
         assert torch.equal(static_out, eager_ws_out), new_lens
         _check(static_out, reference(b), kv)
+
+
+def test_reduce_goes_as_a_programmatic_dependent_only_for_batches_where_that_paid():
+    from vattn import kernel as K
+
+    def kwargs(batch, kv_heads, pdl=True):
+        o_part = torch.zeros(8, kv_heads, 4, 256)
+        out = torch.zeros(batch, 16, 256, dtype=torch.bfloat16)
+        cu = torch.arange(batch + 1, dtype=torch.int32)
+        return K.reduce_launch_args(o_part, torch.zeros(8, kv_heads, 4), torch.zeros(batch + 1, dtype=torch.int32),
+                                    cu, out, gqa=16 // kv_heads, max_q_len=1, skip_whole=True, pdl=pdl)[2]
+
+    assert kwargs(16, 1)["launch_pdl"] and kwargs(16, 1)["PDL"]  # 64 tiny sequences, 16x35k: it paid
+    assert kwargs(8, 2)["launch_pdl"]  # sequences x KV heads
+    assert "launch_pdl" not in kwargs(4, 1) and "PDL" not in kwargs(4, 1)  # 4x35k: it cost 3.6 us
+    assert "launch_pdl" not in kwargs(64, 1, pdl=False)

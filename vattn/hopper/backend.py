@@ -75,11 +75,11 @@ def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_
     bind_main(*args, softmax_scale, plan)(*args, out)
     ws = plan.workspace
     K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
-                    max_q_len=ws.max_q_len, skip_whole=True)
+                    max_q_len=ws.max_q_len, skip_whole=True, pdl=True)
 
 
 # A CTA's fixed cost, ~10 us (launch, the chains of dependent loads before Q and the first tile, the partial's
 # store), is ~8 of its 1.2 us tiles (benchmarks/NOTES.md P14): the balanced planner packs short sequences by it.
 PIECE_OVERHEAD_TILES = 8
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,
-                  piece_overhead_tiles=PIECE_OVERHEAD_TILES)
+                  piece_overhead_tiles=PIECE_OVERHEAD_TILES, pdl=True)

@@ -220,7 +220,7 @@ class MainSm90:
         launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out). Its ctypes
         parameters are made once; a call refills the tensors' addresses and strides and the caches' TMA maps.
         The kernel writes the partials, and out's rows of every sequence that is one piece (the reduce's
-        skip_whole)."""
+        skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch."""
         import torch
 
         P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float

@@ -213,6 +213,14 @@ struct Item {
   const int* bt_row;  // the sequence's page-table row
 };
 
+// Let the next kernel launch once every CTA has said so or ended, when it is a programmatic dependent (vattn's
+// reduce with pdl; otherwise a no-op): called when the CTA's tiles are done, not at its start, because the
+// reduce's programs that return at once would otherwise share the SMs with the whole main kernel (NOTES P19).
+// Those that need the partials wait for this grid themselves.
+__device__ __forceinline__ void next_kernel_may_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // false for an idle item (the padding of a fixed-size plan)
 __device__ __forceinline__ bool read_item(Item& it, int program, const int* __restrict__ work_order,
                                           const int* __restrict__ work_seq, const int* __restrict__ work_start,
@@ -601,6 +609,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     }
   }
 #endif
+  next_kernel_may_launch();
   store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
 }
 #endif  // HEAD_DIM == 256
@@ -907,6 +916,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   if (rw.l0 == 12345.f) lse_part[0] = o[0];
   return;
 #endif
+  next_kernel_may_launch();
   store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
 }
 #endif  // PAGE % 8 == 0
