@@ -144,7 +144,7 @@ def test_matches_reference(case, config, schedule):
     kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=SCHEDULES[schedule])
     out = torch.full_like(q, float("nan"))  # the kernel writes the rows of one-piece sequences, the reduce the rest
     kern.launch(q, k, v, tables, sl, cu_t, kd, vd, scale, plan, o_part, lse_part, out)
-    # as the Hopper backend runs it: the main kernel and the reduce as programmatic dependents
+    # as the Hopper backend runs it: the reduce as the main kernel's programmatic dependent
     K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=gqa, max_q_len=max_q, skip_whole=True,
                     pdl=True)
     ref = vattn.reference(q, k, v, tables, sl, cu_t, kd, vd, scale)

@@ -186,7 +186,7 @@ class MainSm90:
                              f"and gqa <= {QROWS} (max_q_len x gqa <= {QROWS} packed rows)")
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
-        # head_dim 128 streams 128-token tiles (P18: the per-tile softmax, not the bytes, bounds 64-token tiles)
+        # head_dim 128 streams 128-token tiles: its main kernel 5% faster than on 64 (benchmarks/NOTES.md P18)
         wide = dict(BLOCK_N=128) if k8 and head_dim == 128 else {}
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | dict(extra_defines or {})
         self.k8 = k8
