@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if re.match(r"(mi355x|h200)-tp\d+-c\d+\.yaml$", p.name))
 # The recipes that run a real sglang server on the H200 machines here (dummy weights, a local config).
-REAL_SERVER_RECIPES = [ROOT / "recipes" / n for n in ("h200-sglang-qwen3-hd256.yaml", "h200x4-sglang-tp2-concurrent.yaml")]
+REAL_SERVER_RECIPES = [ROOT / "recipes" / n for n in ("h200-sglang-qwen3-hd256.yaml", "h200-sglang-qwen3-hd256-hopper.yaml",
+                                                       "h200x4-sglang-tp2-concurrent.yaml")]
 POINTS = {"mi355x": {(2, 32), (4, 16), (2, 8), (4, 4)}, "h200": {(8, 32), (4, 16), (8, 8), (4, 4)}}
 
 # The MI355X reference's TP2 c32 server, flag for flag (DESIGN.md; configs/servers presets).
