@@ -220,3 +220,65 @@ def test_attention_runs_on_the_hopper_backend_when_registered():
         assert float((out.float() - ref).norm() / ref.norm()) < 5e-3
     finally:
         api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == backend.BACKEND.name))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("batch", [4, 24], ids=["ordinary-reduce", "dependent-reduce"])  # kernel.PDL_MIN_SEQUENCES
+def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch):
+    """vattn.plan + vattn.attention on the Hopper backend captured in one graph (the reduce launched as the main
+    kernel's programmatic dependent from 16 sequences on): replays on new lengths equal eager calls and the
+    reference, so neither launch reads what the other has not yet written."""
+    torch = _hopper_gpu()
+    import vattn
+    from vattn import api, kernel as K
+    from vattn.hopper import backend
+
+    assert (batch >= K.PDL_MIN_SEQUENCES) == (batch == 24)
+    api.register_backend(backend.BACKEND)
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        page, max_len = 16, 6000
+        pages = -(-max_len // page)
+        k = torch.randn(batch * pages + 1, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        v = torch.randn(batch * pages + 1, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        perm = torch.randperm(batch * pages, device="cuda", generator=gen).to(torch.int32)
+        b = dict(q=torch.randn(4 * batch, 16, 256, device="cuda", generator=gen).to(torch.bfloat16), k_cache=k,
+                 v_cache=v, block_tables=perm.view(batch, pages), seq_lens=torch.zeros(batch, dtype=torch.int32,
+                                                                                      device="cuda"),
+                 cu_seqlens_q=torch.arange(0, 4 * batch + 1, 4, dtype=torch.int32, device="cuda"),
+                 k_descale=torch.tensor([0.9], device="cuda"), v_descale=torch.tensor([1.1], device="cuda"))
+        ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
+                             q_dtype=torch.bfloat16, page_size=page, max_q_len=4, max_batch=batch)
+        lens = lambda seed: torch.randint(4, max_len, (batch,), generator=torch.Generator().manual_seed(seed),
+                                          dtype=torch.int32)
+        b["seq_lens"].copy_(lens(0))
+        out = torch.empty_like(b["q"])
+
+        def step():
+            pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=1, page_size=page, workspace=ws)
+            vattn.attention(**b, plan=pl, out=out)
+
+        step()  # binds the launches outside the capture
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            step()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for seed in (1, 2, 3):
+            b["seq_lens"].copy_(lens(seed))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            replayed = out.clone()
+            step()
+            torch.cuda.synchronize()
+            assert torch.equal(replayed, out), seed
+            ref = vattn.reference(**b, softmax_scale=256 ** -0.5)
+            assert float((replayed.float() - ref).norm() / ref.norm()) < 5e-3, seed
+        assert backend.BACKEND.name not in api.FAILED
+    finally:
+        api.BACKENDS.remove(backend.BACKEND)
