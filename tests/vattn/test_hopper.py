@@ -19,8 +19,9 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
 
 
 # the kernels: vattn_main_sm90 with S(i + 1) issued behind P(i).V (the default) or with FlashAttention-3's
-# overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap). One cubin holds both kernels.
-SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}}
+# overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap; k8cp: pages by cp.async, an
+# opt-in probe). One cubin holds both kernels.
+SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "k8cp": {"K8": 1, "K8_CPASYNC": 1}}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

@@ -125,9 +125,13 @@ def _driver() -> _Driver:
     return _Driver()
 
 
+def _flag(defines: dict, name: str) -> bool:
+    return str(defines.get(name, 0)) not in ("0", "")
+
+
 def _k8(defines: dict) -> bool:
     """K8=1 selects vattn_main_sm90_k8 (K read as e4m3 by the tensor cores, pages by TMA)."""
-    return str(defines.get("K8", 0)) not in ("0", "")
+    return _flag(defines, "K8")
 
 
 class TensorMaps:
@@ -227,7 +231,8 @@ class MainSm90:
         q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, cu_ptr, kd_ptr, vd_ptr, out_ptr = (P() for _ in range(9))  # per call
         out_st, out_sh = I64(), I64()  # out's token and head strides, per call (out=None: empty_like(q)'s)
         ptr = lambda t: P(t.data_ptr())
-        caches = [] if self.k8 else [
+        # the k8 kernel takes the caches by TMA map, and by address too with K8_CPASYNC
+        caches = [] if self.k8 and not _flag(self.defines, "K8_CPASYNC") else [
             k_ptr, I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
             v_ptr, I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2))]
         slots = [

@@ -652,6 +652,12 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #ifndef K8_VSTAGES
 #define K8_VSTAGES STAGES                 // fp16 V stages
 #endif
+// K8_CPASYNC=1 (opt-in, for measuring whether TMA's count of small copies bounds the stream): the copy warp's 32
+// lanes gather each tile with 16-byte cp.async instead of one thread's TMA copies (K written in the layout TMA's
+// 128-byte swizzle gives it), RAW_SLOTS - 1 tiles in flight
+#ifndef K8_CPASYNC
+#define K8_CPASYNC 0
+#endif
 // k8's named barriers: FULL_V(s) / EMPTY_V(s) per fp16 V stage, then the consumer warpgroup's own
 #define K8_BAR_FULL_V 1
 #define K8_BAR_EMPTY_V (1 + K8_VSTAGES)
@@ -691,6 +697,33 @@ __device__ __forceinline__ void issue_qk8(float (&sc)[BLOCK_N / 2], uint32_t qhi
   }
 }
 
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {  // src_bytes 0: zeros
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// K8_CPASYNC: one tile's K (16-byte chunks placed as swz8, which is where TMA's 128-byte swizzle puts them) and V
+// (plain rows) by the copy warp's 32 lanes; rows past the piece are zero-filled.
+__device__ __forceinline__ void copy_tile_cpasync(char* rk, const int (&pg)[TILE_PAGES], const uint8_t* __restrict__ k,
+                                                  const uint8_t* __restrict__ v, int64_t skp, int64_t sks, int64_t svp,
+                                                  int64_t svs, int64_t kh, int64_t vh, int ts, int end, int lane) {
+  constexpr int ROW_CHUNKS = HEAD_DIM / 16, PAGE_CHUNKS = PAGE * ROW_CHUNKS;
+#pragma unroll
+  for (int p = 0; p < TILE_PAGES; ++p) {
+    const uint8_t* kp = k + (int64_t)pg[p] * skp + kh;
+    const uint8_t* vp = v + (int64_t)pg[p] * svp + vh;
+#pragma unroll 4
+    for (int i = lane; i < PAGE_CHUNKS; i += 32) {
+      const int in_page = i / ROW_CHUNKS, c = (i % ROW_CHUNKS) * 16, row = p * PAGE + in_page;
+      const int bytes = ts + row < end ? 16 : 0;
+      cp_async16(rk + swz8(BLOCK_N, row, c), kp + in_page * sks + c, bytes);
+      cp_async16(rk + K8_TILE + row * HEAD_DIM + c, vp + in_page * svs + c, bytes);
+    }
+  }
+}
+
 __device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, int c0, int c1, int c2, int c3, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
@@ -708,6 +741,10 @@ __device__ __forceinline__ uint16_t float2_to_e4m3x2(float a, float b) {
 
 extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
     const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
+#if K8_CPASYNC
+    const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
+    const uint8_t* __restrict__ v, int64_t svp, int64_t svs, int64_t svh,
+#endif
     const int* __restrict__ bt, int64_t stride_bt, const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
     const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
     const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
@@ -741,7 +778,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
 
   if (tid == 0) {
     for (int r = 0; r < K8_RAW_SLOTS; ++r) {
-      mbar_init(&raw_full[r], 1);                 // the copying thread's expect_tx; the copies complete the bytes
+      mbar_init(&raw_full[r], K8_CPASYNC ? 32 : 1);  // TMA: the copying thread's expect_tx, and the copies' bytes;
+                                                      // cp.async: each lane once its copies have landed
       mbar_init(&raw_empty[r], K8_BAR_COUNT);     // every consumer thread (K read) and widening thread (V widened)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -754,6 +792,30 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   if (tid >= 128) {
     const int ptid = tid - 128;
     if (ptid < 32) {
+#if K8_CPASYNC
+      // ---------------- copy warp: its lanes gather every tile by cp.async ----------------
+      // A tile is handed over (each lane: its copies landed, made visible to wgmma's async proxy, arrive) once
+      // AHEAD younger tiles' copies are in flight behind it; the last AHEAD at the end.
+      constexpr int AHEAD = K8_RAW_SLOTS - 1;
+      int pg[TILE_PAGES];
+      load_pages(pg, bt_row, start, end);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
+        if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
+        copy_tile_cpasync(raw + r * 2 * K8_TILE, pg, k, v, skp, sks, svp, svs, h * skh, h * svh, ts, end, ptid);
+        cp_async_commit();
+        if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);
+        if (t >= AHEAD) {
+          cp_async_wait<AHEAD>();
+          fence_async_smem();
+          mbar_arrive(&raw_full[(t - AHEAD) % K8_RAW_SLOTS]);
+        }
+      }
+      cp_async_wait<0>();
+      fence_async_smem();
+      for (int t = max(0, n_tiles - AHEAD); t < n_tiles; ++t) mbar_arrive(&raw_full[t % K8_RAW_SLOTS]);
+      return;
+#else
       // ---------------- copy warp: one thread issues every tile's TMA copies ----------------
       if (ptid != 0) return;
       int pg[TILE_PAGES];
@@ -780,6 +842,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
         if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);  // used next round: its latency hides
       }
       return;
+#endif
     }
     // ---------------- widening warps: V e4m3 rows -> fp16 stages ----------------
     const int wtid = ptid - 32;
