@@ -794,22 +794,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
     if (ptid < 32) {
 #if K8_CPASYNC
       // ---------------- copy warp: its lanes gather every tile by cp.async ----------------
-      // A tile is handed over (each lane: its copies landed, made visible to wgmma's async proxy, arrive) once
-      // AHEAD younger tiles' copies are in flight behind it; the last AHEAD at the end.
+      // A tile is handed over (each lane: its copies landed, made visible to wgmma's async proxy, arrive) at the
+      // top of the iteration AHEAD tiles later, before that iteration waits for a free slot: its hand-over never
+      // waits on the consumer; the last AHEAD at the end.
       constexpr int AHEAD = K8_RAW_SLOTS - 1;
       int pg[TILE_PAGES];
       load_pages(pg, bt_row, start, end);
       for (int t = 0; t < n_tiles; ++t) {
         const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
+        if (t >= AHEAD) {  // tiles t - AHEAD .. t - 1 are in flight: the oldest is done once AHEAD - 1 remain
+          cp_async_wait<AHEAD - 1>();
+          fence_async_smem();
+          mbar_arrive(&raw_full[(t - AHEAD) % K8_RAW_SLOTS]);
+        }
         if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
         copy_tile_cpasync(raw + r * 2 * K8_TILE, pg, k, v, skp, sks, svp, svs, h * skh, h * svh, ts, end, ptid);
         cp_async_commit();
         if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);
-        if (t >= AHEAD) {
-          cp_async_wait<AHEAD>();
-          fence_async_smem();
-          mbar_arrive(&raw_full[(t - AHEAD) % K8_RAW_SLOTS]);
-        }
       }
       cp_async_wait<0>();
       fence_async_smem();
