@@ -19,16 +19,17 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
 
 
 # the kernels: vattn_main_sm90 with S(i + 1) issued behind P(i).V (the default) or with FlashAttention-3's
-# overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap; k8cp: pages by cp.async, an
-# opt-in probe). One cubin holds both kernels.
-SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "k8cp": {"K8": 1, "K8_CPASYNC": 1}}
+# overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap). One cubin holds both kernels.
+# PROBES: opt-in variants not yet run on a GPU (k8cp: the k8 kernel with pages by cp.async).
+SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}}
+PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES | PROBES))
 def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeypatch, schedule):
     monkeypatch.setattr(build, "CACHE", tmp_path)
-    cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | SCHEDULES[schedule])
+    cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | (SCHEDULES | PROBES)[schedule])
     report = build.ptxas_report(cubin).read_text()
     assert cubin.stat().st_size > 0
     assert report.count("Compiling entry function") == 2, report  # vattn_main_sm90 and vattn_main_sm90_k8
@@ -103,6 +104,18 @@ RUNS = [(case, "hd256-gqa16", sched) for case in sorted(CASES) for sched in sort
 @pytest.mark.timeout(180, method="thread")  # a kernel that deadlocks on its barriers blocks in C: end the process
 @pytest.mark.parametrize("case,config,schedule", RUNS)
 def test_matches_reference(case, config, schedule):
+    _check_against_reference(case, config, SCHEDULES[schedule])
+
+
+@pytest.mark.probe
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("probe", sorted(PROBES))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_probe_matches_reference(case, probe):
+    _check_against_reference(case, "hd256-gqa16", PROBES[probe])
+
+
+def _check_against_reference(case, config, defines):
     torch = _hopper_gpu()
     import vattn
     from vattn import kernel as K
@@ -142,7 +155,7 @@ def test_matches_reference(case, config, schedule):
     o_all = torch.full((width + 1, hkv, rows, d), float("nan"), device="cuda")
     lse_all = torch.full((width + 1, hkv, rows), float("nan"), device="cuda")
     o_part, lse_part = o_all[:width], lse_all[:width]
-    kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=SCHEDULES[schedule])
+    kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines)
     out = torch.full_like(q, float("nan"))  # the kernel writes the rows of one-piece sequences, the reduce the rest
     kern.launch(q, k, v, tables, sl, cu_t, kd, vd, scale, plan, o_part, lse_part, out)
     # as the Hopper backend runs it: the reduce as the main kernel's programmatic dependent
@@ -153,7 +166,7 @@ def test_matches_reference(case, config, schedule):
     assert not torch.isnan(out).any()
     assert torch.isnan(o_all[width]).all() and torch.isnan(lse_all[width]).all(), "stored past the partials"
     rel = ((out.float() - ref).norm() / ref.norm()).item()
-    assert rel < 5e-3, f"{case}, {config}, {schedule}: rel_err {rel:.2e}"
+    assert rel < 5e-3, f"{case}, {config}, {defines}: rel_err {rel:.2e}"
 
 
 # -- the backend (vattn.hopper.backend) -------------------------------------------------------------

@@ -247,7 +247,7 @@ class MainSm90:
         addresses = [ctypes.addressof(x) for x in slots] + ([None, None] if self.k8 else [])
         args = (ctypes.c_void_p * len(addresses))(*addresses)
         grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
-        fn, smem, k8, maps_kept = self.fn, self.smem, self.k8, self._maps
+        fn, smem, k8, maps_kept, by_address = self.fn, self.smem, self.k8, self._maps, bool(caches)
         layout = TensorMaps.layout_key(k_cache, v_cache)  # the caches' shapes and strides: the signature's
         launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
@@ -267,7 +267,7 @@ class MainSm90:
                         maps_kept.clear()
                     maps = maps_kept[key] = TensorMaps(k_cache, v_cache)
                 args[-2], args[-1] = maps.k, maps.v
-            else:
+            if by_address:
                 k_ptr.value, v_ptr.value = k_cache.data_ptr(), v_cache.data_ptr()
             check(launch_kernel(fn, *grid, THREADS, 1, 1, smem, ctypes.c_void_p(current()), args, None),
                   "cuLaunchKernel")
