@@ -245,6 +245,7 @@ def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch):
     reference, so neither launch reads what the other has not yet written."""
     torch = _hopper_gpu()
     import vattn
+    from benchmarks.kernel.harness import capture
     from vattn import api, kernel as K
     from vattn.hopper import backend
 
@@ -274,14 +275,7 @@ def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch):
             vattn.attention(**b, plan=pl, out=out)
 
         step()  # binds the launches outside the capture
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            step()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = capture(step)
         for seed in (1, 2, 3):
             b["seq_lens"].copy_(lens(seed))
             out.fill_(float("nan"))
