@@ -23,11 +23,15 @@ QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu (BLOCK_N: its default tile
 MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (vattn_main_sm90_k8): one per (K, V) cache pair
 
 
+def _accumulators(regs: int) -> tuple[str, str]:
+    """An m64nN wgmma's f32 accumulators (regs = N / 2 a thread): PTX operand list and in/out constraints."""
+    return ", ".join(f"%{i}" for i in range(regs)), ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+
+
 def _wgmma_rs(n: int) -> str:
-    """O += P.V for an N-wide O (N = head_dim): P from registers, V MN-major in shared memory."""
-    regs = n // 2  # a thread's f32 accumulators of an m64nN tile
-    d = ", ".join(f"%{i}" for i in range(regs))
-    out = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    """O += P.V for an N-wide O (N = head_dim): P (f16) from registers, V MN-major in shared memory."""
+    regs = n // 2
+    d, out = _accumulators(regs)
     a = ", ".join(f"%{regs + i}" for i in range(4))
     return f"""
 __device__ __forceinline__ void wgmma_rs_n{n}(float (&d)[{regs}], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -40,15 +44,15 @@ __device__ __forceinline__ void wgmma_rs_n{n}(float (&d)[{regs}], uint32_t a0, u
 """
 
 
-def _wgmma_ss_e4m3(n: int) -> str:
-    """S = Q.K^T for an N-token tile: e4m3 x e4m3, both operands K-major in shared memory."""
+def _wgmma_ss(name: str, n: int, k: int, types: str, imm: str) -> str:
+    """S = Q.K^T for an N-token tile, both operands K-major in shared memory; imm: the scale (and, for 16-bit
+    types, transpose) immediates."""
     regs = n // 2
-    d = ", ".join(f"%{i}" for i in range(regs))
-    out = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    d, out = _accumulators(regs)
     return f"""
-__device__ __forceinline__ void wgmma_ss_n{n}_e4m3(float (&d)[{regs}], uint64_t da, uint64_t db, int scale_d) {{
+__device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t da, uint64_t db, int scale_d) {{
   asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-               "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{d}}}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} {{{d}}}, %{regs}, %{regs + 1}, p, {imm};\\n}}\\n"
                : {out}
                : "l"(da), "l"(db), "r"(scale_d));
 }}
@@ -57,16 +61,9 @@ __device__ __forceinline__ void wgmma_ss_n{n}_e4m3(float (&d)[{regs}], uint64_t 
 
 def _wgmma_wrappers() -> str:
     """The wgmma shapes the kernels issue, as inline-PTX functions (their operand lists are long)."""
-    d32 = ", ".join(f"%{i}" for i in range(32))
-    out32 = ", ".join(f'"+f"(d[{i}])' for i in range(32))
-    return f"""
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {{
-  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %34, 0;\\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {{{d32}}}, %32, %33, p, 1, 1, 0, 0;\\n}}\\n"
-               : {out32}
-               : "l"(da), "l"(db), "r"(scale_d));
-}}
-""" + _wgmma_ss_e4m3(64) + _wgmma_ss_e4m3(128) + _wgmma_rs(128) + _wgmma_rs(256)
+    return (_wgmma_ss("wgmma_ss_n64", 64, 16, "f16.f16", "1, 1, 0, 0")
+            + "".join(_wgmma_ss(f"wgmma_ss_n{n}_e4m3", n, 32, "e4m3.e4m3", "1, 1") for n in (64, 128))
+            + _wgmma_rs(128) + _wgmma_rs(256))
 
 
 def source(**defines: int) -> str:
