@@ -16,12 +16,14 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
     assert "m64n256k16.f32.f16.f16 {%0," in src and "%127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1" in src
     assert "m64n128k16.f32.f16.f16 {%0," in src and "%63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1" in src
     assert "m64n128k32.f32.e4m3.e4m3 {%0," in src and "%63}, %64, %65, p, 1, 1" in src
+    assert "m64n64k16.f32.bf16.bf16 {%0," in src and "m64n256k16.f32.bf16.bf16 {%0," in src
 
 
 # the kernels: vattn_main_sm90 with S(i + 1) issued behind P(i).V (the default) or with FlashAttention-3's
-# overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap). One cubin holds both kernels.
-# PROBES: opt-in variants not yet run on a GPU (k8cp: the k8 kernel with pages by cp.async).
-SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}}
+# overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap). One cubin holds both kernels,
+# and with KV16 vattn_main_sm90_kv16 too (bf16 caches: K and V by TMA as the wgmmas read them).
+# PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20).
+SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "kv16": {"KV16": 1}}
 PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}}
 
 
@@ -32,8 +34,9 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeyp
     cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | (SCHEDULES | PROBES)[schedule])
     report = build.ptxas_report(cubin).read_text()
     assert cubin.stat().st_size > 0
-    assert report.count("Compiling entry function") == 2, report  # vattn_main_sm90 and vattn_main_sm90_k8
-    assert report.count("0 bytes spill stores, 0 bytes spill loads") == 2, report
+    kernels = 3 if schedule == "kv16" else 2  # vattn_main_sm90, vattn_main_sm90_k8 (and vattn_main_sm90_kv16)
+    assert report.count("Compiling entry function") == kernels, report
+    assert report.count("0 bytes spill stores, 0 bytes spill loads") == kernels, report
     # C7513: ptxas had to wait for each wgmma before the next instruction, which undoes the overlap
     assert "C7513" not in report and "serialized" not in report, report
 
@@ -66,10 +69,17 @@ def test_tma_map_layout_is_one_page_of_one_head_innermost_first():
     assert build.TensorMaps.layout(interleaved, 256)[1] == (256, 512, 16384)
 
 
+def test_tma_map_layout_of_a_bf16_cache_counts_elements_and_bytes():
+    torch = pytest.importorskip("torch")
+    cache = torch.zeros(10, 16, 2, 256, dtype=torch.bfloat16)
+    dims, strides, box = build.TensorMaps.layout(cache, 64)  # 64 head dims = one 128-byte swizzle row
+    assert dims == (256, 2, 16, 10) and strides == (512, 1024, 16384) and box == (64, 1, 16, 1)
+
+
 def test_tma_map_layout_refuses_what_tma_cannot_address():
     torch = pytest.importorskip("torch")
-    with pytest.raises(ValueError, match="one-byte elements"):
-        build.TensorMaps.layout(torch.zeros(4, 16, 1, 256, dtype=torch.bfloat16), 128)
+    with pytest.raises(ValueError, match="one- or two-byte elements"):
+        build.TensorMaps.layout(torch.zeros(4, 16, 1, 256, dtype=torch.float32), 128)
     odd = torch.zeros(4, 16, 1, 264, dtype=torch.float8_e4m3fn)[..., :200]  # strides of 264 bytes
     with pytest.raises(ValueError, match="multiples of 16"):
         build.TensorMaps.layout(odd, 128)
@@ -95,9 +105,11 @@ CASES = {
 # (head_dim, Hq, Hkv): the KERNEL.md configurations; max_q_len x GQA <= 64 rows of one CTA
 CONFIGS = {"hd256-gqa16": (256, 16, 1), "hd256-gqa8": (256, 8, 1), "hd128-gqa8": (128, 16, 2),
            "hd128-gqa4": (128, 8, 2)}
-# every schedule on the first configuration; the other configurations on the kernel the backend serves them with
+# every schedule on the first configuration; the other configurations on the kernels the backend serves them with
+# (k8 for e4m3 caches, kv16 for bf16)
 RUNS = [(case, "hd256-gqa16", sched) for case in sorted(CASES) for sched in sorted(SCHEDULES)] + [
-    (case, config, "k8") for case in sorted(CASES) for config in sorted(CONFIGS) if config != "hd256-gqa16"]
+    (case, config, sched) for case in sorted(CASES) for config in sorted(CONFIGS) if config != "hd256-gqa16"
+    for sched in ("k8", "kv16")]
 
 
 @pytest.mark.gpu
@@ -128,21 +140,30 @@ def _check_against_reference(case, config, defines):
     page = 16
     pages = [-(-n // page) for n in seq_lens]
     pool = sum(pages) + 7
-    k = (torch.randn(pool, page, hkv, d, device="cuda", generator=gen)).to(torch.float8_e4m3fn)
-    v = (torch.randn(pool, page, hkv, d, device="cuda", generator=gen)).to(torch.float8_e4m3fn)
+    bf16_kv = "KV16" in defines
+    kv_dtype = torch.bfloat16 if bf16_kv else torch.float8_e4m3fn
+    # NaN in every cache row no sequence holds (the spare pages, and each last page past its sequence): a kernel
+    # that loads whole pages must keep them out of the answer (p = 0 times NaN is NaN)
+    k = torch.full((pool, page, hkv, d), float("nan"), device="cuda")
+    v = torch.full((pool, page, hkv, d), float("nan"), device="cuda")
     perm = torch.randperm(pool, device="cuda", generator=gen).to(torch.int32)
     tables = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32, device="cuda")
     first = 0
     for b, n in enumerate(pages):
         tables[b, :n] = perm[first:first + n]
         first += n
+        for cache in (k, v):
+            rows = cache[tables[b, :n].long()].view(-1, hkv, d)
+            rows[:seq_lens[b]] = torch.randn(seq_lens[b], hkv, d, device="cuda", generator=gen)
+            cache[tables[b, :n].long()] = rows.view(n, page, hkv, d)
+    k, v = k.to(kv_dtype), v.to(kv_dtype)
     cu = [0]
     for n in q_lens:
         cu.append(cu[-1] + n)
     q = torch.randn(cu[-1], hq, d, device="cuda", generator=gen).to(torch.bfloat16)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
     cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")
-    kd, vd = torch.tensor([0.9], device="cuda"), torch.tensor([1.1], device="cuda")
+    kd, vd = (None, None) if bf16_kv else (torch.tensor([0.9], device="cuda"), torch.tensor([1.1], device="cuda"))
     scale = d ** -0.5
 
     lists = plan_python(seq_lens, q_lens, num_kv_heads=hkv, slots=132, mode="balanced")
@@ -196,8 +217,10 @@ def test_backend_declines_a_cpu_workspace():
 
 
 @pytest.mark.gpu
-def test_attention_runs_on_the_hopper_backend_when_registered():
+@pytest.mark.parametrize("kv_dtype", ["float8_e4m3fn", "bfloat16"])
+def test_attention_runs_on_the_hopper_backend_when_registered(kv_dtype):
     torch = _hopper_gpu()
+    kv_dtype = getattr(torch, kv_dtype)
     import vattn
     from vattn import api
     from vattn.hopper import backend
@@ -213,8 +236,8 @@ def test_attention_runs_on_the_hopper_backend_when_registered():
         gen = torch.Generator(device="cuda").manual_seed(1)
         seq_lens, q_lens = [5000, 77, 1], [4, 3, 1]
         pages = [-(-n // 16) for n in seq_lens]
-        k = torch.randn(sum(pages) + 1, 16, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        v = torch.randn(sum(pages) + 1, 16, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        k = torch.randn(sum(pages) + 1, 16, 1, 256, device="cuda", generator=gen).to(kv_dtype)
+        v = torch.randn(sum(pages) + 1, 16, 1, 256, device="cuda", generator=gen).to(kv_dtype)
         tables = torch.zeros(3, max(pages), dtype=torch.int32, device="cuda")
         first = 0
         for b, n in enumerate(pages):
@@ -225,7 +248,9 @@ def test_attention_runs_on_the_hopper_backend_when_registered():
                      seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
                      cu_seqlens_q=torch.tensor([0, 4, 7, 8], dtype=torch.int32, device="cuda"),
                      k_descale=torch.tensor([0.9], device="cuda"), v_descale=torch.tensor([1.1], device="cuda"))
-        ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
+        if kv_dtype == torch.bfloat16:
+            batch["k_descale"] = batch["v_descale"] = None
+        ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=kv_dtype,
                              q_dtype=torch.bfloat16, page_size=16, max_q_len=4, max_batch=3)
         pl = vattn.plan(batch["seq_lens"], batch["cu_seqlens_q"], num_kv_heads=1, page_size=16, workspace=ws)
         out = vattn.attention(**batch, plan=pl)

@@ -1,7 +1,7 @@
 """The Hopper kernel behind vattn.api's Backend dispatch, opt-in with VATTN_HOPPER=1 (vattn/switch.py; read
-when vattn is imported). It takes the calls its kernel covers: an sm_90 GPU, e4m3 KV with strides of whole
-16 bytes, bf16 Q, head_dim 256 or 128 and max_q_len x GQA <= 64 packed rows (one wgmma M: decode and narrower
-groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for one
+when vattn is imported). It takes the calls its kernels cover: an sm_90 GPU, e4m3 or bf16 KV with strides of
+whole 16 bytes, bf16 Q, head_dim 256 or 128 and max_q_len x GQA <= 64 packed rows (one wgmma M: decode and
+narrower groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for one
 CTA per SM (slots_per_sm). A build or launch failure falls back to Triton with one warning
 (vattn.api.attention)."""
 
@@ -31,9 +31,10 @@ def _covers(ws) -> bool:
     """What the workspace alone decides (the call's tensors add their dtypes and strides)."""
     import torch
 
-    # head_dim 128 only on the TMA kernel (pages of whole 8-row swizzle atoms), 256 also on pages of 4
-    page_ok = BLOCK_N % ws.page_size == 0 and ws.page_size % (4 if ws.head_dim == 256 else 8) == 0
-    return (ws.device.type == "cuda" and _is_sm90(ws.device) and ws.kv_dtype == torch.float8_e4m3fn
+    # the TMA kernels need pages of whole 8-row swizzle atoms; e4m3 at head_dim 256 also takes pages of 4
+    fp8 = ws.kv_dtype == torch.float8_e4m3fn
+    page_ok = BLOCK_N % ws.page_size == 0 and ws.page_size % (4 if fp8 and ws.head_dim == 256 else 8) == 0
+    return (ws.device.type == "cuda" and _is_sm90(ws.device) and ws.kv_dtype in (torch.float8_e4m3fn, torch.bfloat16)
             and ws.q_dtype == torch.bfloat16 and ws.head_dim in (128, 256) and page_ok
             and ws.gqa * ws.max_q_len <= QROWS)
 
@@ -42,8 +43,8 @@ def supports(ws, q, k_cache) -> bool:
     import torch
 
     # TMA (and the page-of-4 kernel's 16-byte loads) address the cache by any strides of whole 16 bytes
-    return (_covers(ws) and k_cache.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
-            and k_cache.stride(3) == 1 and all(st % 16 == 0 for st in k_cache.stride()[:3]))
+    return (_covers(ws) and k_cache.dtype == ws.kv_dtype and q.dtype == torch.bfloat16 and k_cache.stride(3) == 1
+            and all(st * k_cache.element_size() % 16 == 0 for st in k_cache.stride()[:3]))
 
 
 def slots_per_sm(ws) -> int | None:
@@ -51,18 +52,22 @@ def slots_per_sm(ws) -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(head_dim: int, gqa: int, page: int):
+def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool):
     from vattn.hopper.build import MainSm90
 
-    # pages of whole 8-row swizzle atoms take vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores:
-    # 1.3x the other kernel on 16x35k, benchmarks/NOTES.md); pages of 4 tokens vattn_main_sm90
-    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines={"K8": 1} if page % 8 == 0 else None)
+    # bf16 caches take vattn_main_sm90_kv16 (TMA pages straight into the wgmma layout); e4m3 caches on pages of
+    # whole 8-row swizzle atoms vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores: 1.3x the other
+    # kernel on 16x35k, benchmarks/NOTES.md), on pages of 4 tokens vattn_main_sm90
+    defines = {"KV16": 1} if bf16_kv else {"K8": 1} if page % 8 == 0 else None
+    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines)
 
 
 def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
               plan):
+    import torch
+
     ws = plan.workspace
-    return _kernel(ws.head_dim, ws.gqa, ws.page_size).bind(q, k_cache, v_cache, block_tables, seq_lens,
+    return _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16).bind(q, k_cache, v_cache, block_tables, seq_lens,
                                                            cu_seqlens_q, k_descale, v_descale, softmax_scale,
                                                            plan.tensors, ws.o_part, ws.lse_part)
 

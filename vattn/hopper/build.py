@@ -20,7 +20,7 @@ SOURCE = Path(__file__).with_name("main_sm90.cu")
 CACHE = Path(os.environ.get("VATTN_CACHE", Path.home() / ".cache" / "vattn"))
 THREADS = 256
 QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu (BLOCK_N: its default tile)
-MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (vattn_main_sm90_k8): one per (K, V) cache pair
+MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (the TMA kernels): one per (K, V) cache pair
 
 
 def _accumulators(regs: int) -> tuple[str, str]:
@@ -28,16 +28,17 @@ def _accumulators(regs: int) -> tuple[str, str]:
     return ", ".join(f"%{i}" for i in range(regs)), ", ".join(f'"+f"(d[{i}])' for i in range(regs))
 
 
-def _wgmma_rs(n: int) -> str:
-    """O += P.V for an N-wide O (N = head_dim): P (f16) from registers, V MN-major in shared memory."""
+def _wgmma_rs(n: int, dtype: str = "f16") -> str:
+    """O += P.V for an N-wide O (N = head_dim): P (f16 or bf16) from registers, V MN-major in shared memory."""
     regs = n // 2
     d, out = _accumulators(regs)
     a = ", ".join(f"%{regs + i}" for i in range(4))
+    name = f"wgmma_rs_n{n}" + ("_bf16" if dtype == "bf16" else "")
     return f"""
-__device__ __forceinline__ void wgmma_rs_n{n}(float (&d)[{regs}], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+__device__ __forceinline__ void {name}(float (&d)[{regs}], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint64_t db) {{
   asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"
-               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"
+               "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 1;\\n}}\\n"
                : {out}
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
 }}
@@ -62,8 +63,9 @@ __device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t da, uint64_t
 def _wgmma_wrappers() -> str:
     """The wgmma shapes the kernels issue, as inline-PTX functions (their operand lists are long)."""
     return (_wgmma_ss("wgmma_ss_n64", 64, 16, "f16.f16", "1, 1, 0, 0")
+            + _wgmma_ss("wgmma_ss_n64_bf16", 64, 16, "bf16.bf16", "1, 1, 0, 0")
             + "".join(_wgmma_ss(f"wgmma_ss_n{n}_e4m3", n, 32, "e4m3.e4m3", "1, 1") for n in (64, 128))
-            + _wgmma_rs(128) + _wgmma_rs(256))
+            + "".join(_wgmma_rs(n, t) for n in (128, 256) for t in ("f16", "bf16")))
 
 
 def source(**defines: int) -> str:
@@ -126,22 +128,30 @@ def _flag(defines: dict, name: str) -> bool:
     return str(defines.get(name, 0)) not in ("0", "")
 
 
-def _k8(defines: dict) -> bool:
-    """K8=1 selects vattn_main_sm90_k8 (K read as e4m3 by the tensor cores, pages by TMA)."""
-    return _flag(defines, "K8")
+def _kernel_name(defines: dict) -> str:
+    """KV16=1 selects vattn_main_sm90_kv16 (bf16 caches by TMA), K8=1 vattn_main_sm90_k8 (K read as e4m3 by the
+    tensor cores, pages by TMA), neither vattn_main_sm90."""
+    return "vattn_main_sm90_kv16" if _flag(defines, "KV16") else "vattn_main_sm90_k8" if _flag(defines, "K8") \
+        else "vattn_main_sm90"
 
 
 class TensorMaps:
-    """TMA descriptors (CUtensorMap, 128 bytes) of the K and V caches for vattn_main_sm90_k8, encoded with
-    cuTensorMapEncodeTiled: a 4-D map [num_pages, PAGE, Hkv, D] of bytes, one box = one page of one KV head;
-    K in 128-byte column boxes with the 128-byte swizzle (the fp8 wgmma's layout), V in whole unswizzled rows."""
+    """TMA descriptors (CUtensorMap, 128 bytes) of the K and V caches, encoded with cuTensorMapEncodeTiled: a 4-D
+    map [num_pages, PAGE, Hkv, D], one box = one page of one KV head. e4m3 caches (vattn_main_sm90_k8): K in
+    128-byte column boxes with the 128-byte swizzle (the fp8 wgmma's layout), V in whole unswizzled rows. bf16
+    caches (vattn_main_sm90_kv16): K and V alike in 64-column (128-byte) boxes with the 128-byte swizzle, the
+    layout of the 16-bit wgmma's operands."""
 
     def __init__(self, k_cache, v_cache):
         self._buf = ctypes.create_string_buffer(2 * 128 + 64)
         base = (ctypes.addressof(self._buf) + 63) & ~63  # CUtensorMap is 64-byte aligned
         self.k, self.v = base, base + 128
-        self._encode(self.k, k_cache, box_inner=128, swizzle=3)  # CU_TENSOR_MAP_SWIZZLE_128B
-        self._encode(self.v, v_cache, box_inner=k_cache.shape[3], swizzle=0)  # CU_TENSOR_MAP_SWIZZLE_NONE
+        region = 128 // k_cache.element_size()  # elements in a 128-byte swizzle row
+        self._encode(self.k, k_cache, box_inner=region, swizzle=3)  # CU_TENSOR_MAP_SWIZZLE_128B
+        if v_cache.element_size() == 1:
+            self._encode(self.v, v_cache, box_inner=v_cache.shape[3], swizzle=0)  # CU_TENSOR_MAP_SWIZZLE_NONE
+        else:
+            self._encode(self.v, v_cache, box_inner=region, swizzle=3)
 
     @staticmethod
     def layout_key(k_cache, v_cache) -> tuple:
@@ -150,15 +160,17 @@ class TensorMaps:
 
     @staticmethod
     def layout(t, box_inner: int) -> tuple:
-        """(dims, byte strides, box) of the 4-D map of cache t [num_pages, PAGE, Hkv, D] (one byte per element),
-        innermost first; ValueError, naming the cache's strides, where TMA cannot address it."""
+        """(dims in elements, byte strides, box) of the 4-D map of cache t [num_pages, PAGE, Hkv, D] (e4m3 or
+        bf16), innermost first; ValueError, naming the cache's strides, where TMA cannot address it."""
         pages, page, heads, dim = t.shape
-        if t.element_size() != 1 or t.stride(3) != 1:
-            raise ValueError(f"TMA map: cache dtype {t.dtype} strides {t.stride()}: needs one-byte elements (e4m3) "
-                             "with unit stride in head_dim")
-        strides = (t.stride(2), t.stride(1), t.stride(0))
+        size = t.element_size()
+        if size not in (1, 2) or t.stride(3) != 1:
+            raise ValueError(f"TMA map: cache dtype {t.dtype} strides {t.stride()}: needs one- or two-byte elements "
+                             "(e4m3, bf16) with unit stride in head_dim")
+        strides = (t.stride(2) * size, t.stride(1) * size, t.stride(0) * size)
         if any(st % 16 for st in strides) or t.data_ptr() % 16:
-            raise ValueError(f"TMA map: cache strides {t.stride()} (bytes) and its address must be multiples of 16")
+            raise ValueError(f"TMA map: cache strides {t.stride()} ({size}-byte elements) and its address must be "
+                             "whole multiples of 16 bytes")
         if page > 256 or box_inner > 256:
             raise ValueError(f"TMA map: page_size {page}: a box holds at most 256 rows")
         return (dim, heads, page, pages), strides, (box_inner, 1, page, 1)
@@ -170,28 +182,37 @@ class TensorMaps:
         dims, strides, box = (u64 * 4)(*dims), (u64 * 3)(*strides), (u32 * 4)(*box)
         ones = (u32 * 4)(1, 1, 1, 1)
         drv = _driver()
-        # CU_TENSOR_MAP_DATA_TYPE_UINT8, rank 4, no interleave, L2 promotion 256B, no out-of-bounds fill
-        drv.check(drv.lib.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), 0, 4, ctypes.c_void_p(t.data_ptr()), dims,
-                                                 strides, box, ones, 0, swizzle, 3, 0), "cuTensorMapEncodeTiled")
+        # CU_TENSOR_MAP_DATA_TYPE_UINT8 or _UINT16 (a copy needs no more), rank 4, no interleave, L2 promotion 256B,
+        # no out-of-bounds fill
+        drv.check(drv.lib.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), t.element_size() - 1, 4,
+                                                 ctypes.c_void_p(t.data_ptr()), dims, strides, box, ones, 0, swizzle,
+                                                 3, 0), "cuTensorMapEncodeTiled")
 
 
 class MainSm90:
-    """The loaded kernel for one compile-time shape (K8=1 in extra_defines: vattn_main_sm90_k8)."""
+    """The loaded kernel for one compile-time shape (extra_defines K8=1: vattn_main_sm90_k8, KV16=1:
+    vattn_main_sm90_kv16)."""
 
     def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None):
         import torch
 
-        k8 = _k8(extra_defines or {})
-        if head_dim not in ((128, 256) if k8 else (256,)) or not 1 <= gqa <= QROWS:
-            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa}: covers head_dim 256 (K8=1: 128 or 256) "
-                             f"and gqa <= {QROWS} (max_q_len x gqa <= {QROWS} packed rows)")
+        name = _kernel_name(extra_defines or {})
+        if head_dim not in ((256,) if name == "vattn_main_sm90" else (128, 256)) or not 1 <= gqa <= QROWS:
+            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa}: covers head_dim 256 (K8=1, KV16=1: 128 "
+                             f"or 256) and gqa <= {QROWS} (max_q_len x gqa <= {QROWS} packed rows)")
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
         # head_dim 128 streams 128-token tiles: its main kernel 5% faster than on 64 (benchmarks/NOTES.md P18)
-        wide = dict(BLOCK_N=128) if k8 and head_dim == 128 else {}
+        wide = dict(BLOCK_N=128) if name == "vattn_main_sm90_k8" and head_dim == 128 else {}
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | dict(extra_defines or {})
-        self.k8 = k8
-        if self.k8:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot, 64 row scales
+        self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
+        self.threads = THREADS
+        if name == "vattn_main_sm90_kv16":  # Q, bf16 K + V slots, 4 mbarriers a slot
+            tile = BLOCK_N * head_dim * 2
+            slots = int(self.defines.get("KV16_SLOTS", 128 * 1024 // (2 * tile)))
+            self.smem = 1024 + QROWS * head_dim * 2 + slots * 2 * tile + 4 * slots * 8
+            self.threads = 160  # the consumer warpgroup and the copy warp
+        elif self.tma:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot, 64 row scales
             n = int(self.defines.get("BLOCK_N", BLOCK_N))
             raw = int(self.defines.get("K8_RAW_SLOTS", 4 * 256 * 64 // (head_dim * n)))
             vstages = int(self.defines.get("K8_VSTAGES", STAGES))
@@ -205,8 +226,8 @@ class MainSm90:
         self._image = ctypes.create_string_buffer(image, len(image))
         self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
         drv.check(drv.lib.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
-        name = b"vattn_main_sm90_k8" if self.k8 else b"vattn_main_sm90"
-        drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, name), "cuModuleGetFunction")
+        drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, name.encode()),
+                  "cuModuleGetFunction")
         drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
 
     def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -228,8 +249,8 @@ class MainSm90:
         q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, cu_ptr, kd_ptr, vd_ptr, out_ptr = (P() for _ in range(9))  # per call
         out_st, out_sh = I64(), I64()  # out's token and head strides, per call (out=None: empty_like(q)'s)
         ptr = lambda t: P(t.data_ptr())
-        # the k8 kernel takes the caches by TMA map, and by address too with K8_CPASYNC
-        caches = [] if self.k8 and not _flag(self.defines, "K8_CPASYNC") else [
+        # the TMA kernels take the caches by tensor map (k8 with K8_CPASYNC by address too)
+        caches = [] if self.tma and not _flag(self.defines, "K8_CPASYNC") else [
             k_ptr, I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
             v_ptr, I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2))]
         slots = [
@@ -241,10 +262,11 @@ class MainSm90:
             ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), out_ptr, out_st, out_sh,
             I32(v_lbo), I32(v_sbo),
         ]
-        addresses = [ctypes.addressof(x) for x in slots] + ([None, None] if self.k8 else [])
+        addresses = [ctypes.addressof(x) for x in slots] + ([None, None] if self.tma else [])
         args = (ctypes.c_void_p * len(addresses))(*addresses)
         grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
-        fn, smem, k8, maps_kept, by_address = self.fn, self.smem, self.k8, self._maps, bool(caches)
+        fn, smem, threads, tma, maps_kept = self.fn, self.smem, self.threads, self.tma, self._maps
+        by_address = bool(caches)
         layout = TensorMaps.layout_key(k_cache, v_cache)  # the caches' shapes and strides: the signature's
         launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
@@ -256,7 +278,7 @@ class MainSm90:
             lens_ptr.value, cu_ptr.value = seq_lens.data_ptr(), cu_seqlens_q.data_ptr()
             kd_ptr.value = k_descale.data_ptr() if k_descale is not None else None
             vd_ptr.value = v_descale.data_ptr() if v_descale is not None else None
-            if k8:  # the two CUtensorMap parameters, passed by value: the slot holds their address
+            if tma:  # the two CUtensorMap parameters, passed by value: the slot holds their address
                 key = (k_cache.data_ptr(), v_cache.data_ptr(), layout)
                 maps = maps_kept.get(key)
                 if maps is None:  # one pair per layer's caches in a server; kept, as the caches are
@@ -266,7 +288,7 @@ class MainSm90:
                 args[-2], args[-1] = maps.k, maps.v
             if by_address:
                 k_ptr.value, v_ptr.value = k_cache.data_ptr(), v_cache.data_ptr()
-            check(launch_kernel(fn, *grid, THREADS, 1, 1, smem, ctypes.c_void_p(current()), args, None),
+            check(launch_kernel(fn, *grid, threads, 1, 1, smem, ctypes.c_void_p(current()), args, None),
                   "cuLaunchKernel")
 
         launch.keep = slots  # args holds their addresses only: they must live as long as the launch
