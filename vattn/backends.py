@@ -24,7 +24,8 @@ class Backend:
     writes_whole: its main kernel writes out's rows of every sequence that is one piece of the plan, and
         vattn's reduce skips those (launch_reduce's skip_whole); else it writes partials only.
     piece_overhead_tiles: its main kernel's fixed cost per piece, in 64-token tiles of streaming, by which the
-        balanced planner weighs pieces (None: vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
+        balanced planner weighs pieces, or a function of the workspace giving it (None:
+        vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
     pdl: its main kernel lets the next kernel launch before it ends (griddepcontrol.launch_dependents): vattn's
         reduce then goes as its programmatic dependent where that pays (launch_reduce's pdl).
     """
@@ -35,7 +36,7 @@ class Backend:
     bind_main: Callable | None = None
     slots_per_sm: Callable = lambda ws: None
     writes_whole: bool = False
-    piece_overhead_tiles: int | None = None
+    piece_overhead_tiles: int | Callable | None = None
     pdl: bool = False
 
 

@@ -91,7 +91,8 @@ class Workspace:
         self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
         planned = planned_backend(self)
         # balanced weighs each piece by the fixed cost of the kernel that will run it
-        self.piece_overhead = (planned and planned[0].piece_overhead_tiles) or PIECE_OVERHEAD_TILES
+        overhead = planned and planned[0].piece_overhead_tiles
+        self.piece_overhead = (overhead(self) if callable(overhead) else overhead) or PIECE_OVERHEAD_TILES
         self.slots = slots if slots is not None else self._measure_slots(planned)
         self._alloc()
         # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call

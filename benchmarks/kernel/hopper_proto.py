@@ -18,20 +18,20 @@ from benchmarks.kernel import harness
 from benchmarks.kernel.shapes import select
 
 
-def _plan_tensors(shape, slots: int, device: str):
+def _plan_tensors(shape, slots: int, device: str, overhead: int):
     import torch
 
-    from vattn.hopper.backend import PIECE_OVERHEAD_TILES
     from vattn.planner import plan_python
 
     lists = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=slots,
-                        mode="balanced", overhead=PIECE_OVERHEAD_TILES)  # the plan the Hopper backend makes
+                        mode="balanced", overhead=overhead)
     return {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device=device)
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
 
 
 def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
-              reduce_variants: dict | None = None, chain: bool = False) -> dict:
+              reduce_variants: dict | None = None, chain: bool = False, overhead: int | None = None) -> dict:
+    """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with)."""
     import torch
 
     import vattn
@@ -43,13 +43,15 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     gqa = shape.num_q_heads // shape.num_kv_heads
     qlen = max(shape.q_lens)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    plans = {spm: _plan_tensors(shape, spm * sm, "cuda") for spm in slots_per_sm}
+    if overhead is None:
+        overhead = _backend_overhead(shape)
+    plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead) for spm in slots_per_sm}
     plan = plans[slots_per_sm[0]]
     width = max(p["work_seq"].shape[0] for p in plans.values())
     o_part = torch.empty(width, shape.num_kv_heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
     lse_part = torch.empty(width, shape.num_kv_heads, 64, dtype=torch.float32, device="cuda")
     ref = b.reference()
-    rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width)
+    rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width, overhead=overhead)
 
     def reduce():
         K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
@@ -92,7 +94,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             rec[f"reduce_us_{name}"] = per(lambda: [red() for _ in range(b.replicas)])
     if chain:  # the plan kernel, the first variant's main kernel and the reduce in one graph, with and without PDL
         rec.update(chain_us(shape, b, ref, plan, next(iter(kernels.values())), o_part, lse_part, gqa, qlen,
-                            descriptors[0], replays))
+                            descriptors[0], replays, overhead))
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)
     rec.update({f"triton_{k}": v for k, v in times.items()})
@@ -103,14 +105,21 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     return rec
 
 
+def _backend_overhead(shape) -> int:
+    import torch
+
+    from vattn.hopper.backend import piece_overhead_tiles
+
+    return piece_overhead_tiles(torch.bfloat16 if shape.kv_dtype == "bf16" else torch.float8_e4m3fn)
+
+
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
-             replays: int) -> dict:
+             replays: int, overhead: int) -> dict:
     """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path: the reduce
     as a programmatic dependent of the main kernel (pdl) and as an ordinary launch (nopdl); each checked."""
     import torch
 
     from vattn import kernel as K
-    from vattn.hopper.backend import PIECE_OVERHEAD_TILES
     from vattn.planner import plan_gpu
 
     out_plan = dict(plan) | {"num_items": torch.zeros(1, dtype=torch.int32, device="cuda")}
@@ -120,7 +129,7 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     for name, pdl in (("pdl", True), ("nopdl", False)):
         def call(r, pdl=pdl):
             plan_gpu(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, slots=sm, mode="balanced", out=out_plan,
-                     overhead=PIECE_OVERHEAD_TILES)
+                     overhead=overhead)
             kern.launch(*b.attention_args(r), out_plan, o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo)
             K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
                             skip_whole=True, pdl=pdl)
@@ -166,6 +175,8 @@ def main(argv=None) -> int:
                     "block_d, num_warps)")
     ap.add_argument("--chain", action="store_true", help="also time plan + main + reduce in one graph, the reduce "
                     "launched as a programmatic dependent and not (the first variant's kernel)")
+    ap.add_argument("--overhead", type=int, default=None, help="the balanced plan's piece overhead in tiles "
+                    "(default: the Hopper backend's for the shape's KV dtype)")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
@@ -175,7 +186,7 @@ def main(argv=None) -> int:
         try:
             rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
                             tuple(int(x) for x in a.slots_per_sm.split(",")), _variants(a.reduce_variants),
-                            a.chain)
+                            a.chain, a.overhead)
         except Exception as e:  # keep the other shapes' rows
             rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")
         records.append(rec)

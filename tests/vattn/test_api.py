@@ -235,6 +235,27 @@ def test_a_workspace_plans_with_the_piece_overhead_of_the_backend_that_will_serv
             != plan_python(lens, q_lens, num_kv_heads=2, slots=32, mode="balanced").seq_part_start)
 
 
+def test_a_backend_may_give_its_piece_overhead_per_workspace(dev):
+    """piece_overhead_tiles as a function of the workspace (the Hopper backend's tiles differ by KV dtype): the
+    workspace plans with what it returns for that workspace."""
+    from vattn import api
+
+    seen = []
+
+    def overhead(w):
+        seen.append(w.head_dim)
+        return 5
+
+    fast = api.Backend("fake-hopper", lambda w, q, k: True, lambda *a: None, slots_per_sm=lambda w: 1,
+                       piece_overhead_tiles=overhead)
+    api.register_backend(fast)
+    try:
+        ws = ws_for(dev, head_dim=256, max_batch=16, slots=32)
+    finally:
+        api.BACKENDS.remove(fast)
+    assert ws.piece_overhead == 5 and seen == [256]
+
+
 def test_the_hopper_backend_plans_for_one_cta_per_sm_only_on_the_workspaces_it_covers():
     from vattn.hopper import backend
 

@@ -83,8 +83,14 @@ def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_
                     max_q_len=ws.max_q_len, skip_whole=True, pdl=True)
 
 
-# A CTA's fixed cost, ~10 us (launch, the chains of dependent loads before Q and the first tile, the partial's
-# store), is ~8 of its 1.2 us tiles (benchmarks/NOTES.md P14): the balanced planner packs short sequences by it.
-PIECE_OVERHEAD_TILES = 8
+def piece_overhead_tiles(kv_dtype) -> int:
+    """A CTA's fixed cost in its tiles, by which the balanced planner packs short sequences: ~10 us (launch, the
+    chains of dependent loads before Q and the first tile, the partial's store) is ~8 of the e4m3 kernel's 1.2 us
+    tiles (benchmarks/NOTES.md P14); a bf16 tile streams twice the bytes, so the same cost is about half as many."""
+    import torch
+
+    return 4 if kv_dtype == torch.bfloat16 else 8
+
+
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,
-                  piece_overhead_tiles=PIECE_OVERHEAD_TILES, pdl=True)
+                  piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype), pdl=True)

@@ -142,16 +142,17 @@ class TensorMaps:
     caches (vattn_main_sm90_kv16): K and V alike in 64-column (128-byte) boxes with the 128-byte swizzle, the
     layout of the 16-bit wgmma's operands."""
 
-    def __init__(self, k_cache, v_cache):
+    def __init__(self, k_cache, v_cache, l2_promotion: int = 3):
         self._buf = ctypes.create_string_buffer(2 * 128 + 64)
         base = (ctypes.addressof(self._buf) + 63) & ~63  # CUtensorMap is 64-byte aligned
         self.k, self.v = base, base + 128
         region = 128 // k_cache.element_size()  # elements in a 128-byte swizzle row
-        self._encode(self.k, k_cache, box_inner=region, swizzle=3)  # CU_TENSOR_MAP_SWIZZLE_128B
+        promo = dict(promotion=l2_promotion)  # CU_TENSOR_MAP_L2_PROMOTION_*: 0 none, 1 64B, 2 128B, 3 256B
+        self._encode(self.k, k_cache, box_inner=region, swizzle=3, **promo)  # CU_TENSOR_MAP_SWIZZLE_128B
         if v_cache.element_size() == 1:
-            self._encode(self.v, v_cache, box_inner=v_cache.shape[3], swizzle=0)  # CU_TENSOR_MAP_SWIZZLE_NONE
+            self._encode(self.v, v_cache, box_inner=v_cache.shape[3], swizzle=0, **promo)  # _SWIZZLE_NONE
         else:
-            self._encode(self.v, v_cache, box_inner=region, swizzle=3)
+            self._encode(self.v, v_cache, box_inner=region, swizzle=3, **promo)
 
     @staticmethod
     def layout_key(k_cache, v_cache) -> tuple:
@@ -176,17 +177,17 @@ class TensorMaps:
         return (dim, heads, page, pages), strides, (box_inner, 1, page, 1)
 
     @classmethod
-    def _encode(cls, addr: int, t, *, box_inner: int, swizzle: int) -> None:
+    def _encode(cls, addr: int, t, *, box_inner: int, swizzle: int, promotion: int) -> None:
         u64, u32 = ctypes.c_uint64, ctypes.c_uint32
         dims, strides, box = cls.layout(t, box_inner)
         dims, strides, box = (u64 * 4)(*dims), (u64 * 3)(*strides), (u32 * 4)(*box)
         ones = (u32 * 4)(1, 1, 1, 1)
         drv = _driver()
-        # CU_TENSOR_MAP_DATA_TYPE_UINT8 or _UINT16 (a copy needs no more), rank 4, no interleave, L2 promotion 256B,
-        # no out-of-bounds fill
+        # CU_TENSOR_MAP_DATA_TYPE_UINT8 or _UINT16 (a copy needs no more), rank 4, no interleave, no out-of-bounds
+        # fill
         drv.check(drv.lib.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), t.element_size() - 1, 4,
                                                  ctypes.c_void_p(t.data_ptr()), dims, strides, box, ones, 0, swizzle,
-                                                 3, 0), "cuTensorMapEncodeTiled")
+                                                 promotion, 0), "cuTensorMapEncodeTiled")
 
 
 class MainSm90:
@@ -268,6 +269,7 @@ class MainSm90:
         fn, smem, threads, tma, maps_kept = self.fn, self.smem, self.threads, self.tma, self._maps
         by_address = bool(caches)
         layout = TensorMaps.layout_key(k_cache, v_cache)  # the caches' shapes and strides: the signature's
+        promotion = int(self.defines.get("TMA_L2_PROMOTION", 3))  # a measurement knob of the maps, not of the source
         launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
         current = (lambda: raw_stream(device)) if raw_stream else (lambda: torch.cuda.current_stream(device).cuda_stream)
@@ -284,7 +286,7 @@ class MainSm90:
                 if maps is None:  # one pair per layer's caches in a server; kept, as the caches are
                     if len(maps_kept) >= MAPS_KEPT:
                         maps_kept.clear()
-                    maps = maps_kept[key] = TensorMaps(k_cache, v_cache)
+                    maps = maps_kept[key] = TensorMaps(k_cache, v_cache, promotion)
                 args[-2], args[-1] = maps.k, maps.v
             if by_address:
                 k_ptr.value, v_ptr.value = k_cache.data_ptr(), v_cache.data_ptr()
