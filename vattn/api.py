@@ -283,8 +283,7 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
         except Exception as exc:  # a kernel that cannot build: this signature goes to Triton from the start
             FAILED.add(backend.name)
             warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
-        reduce = _bound_reduce(plan, cu_seqlens_q, out, skip_whole=backend.writes_whole, pdl=backend.pdl,
-                               bf16_partials=backend.bf16_partials)
+        reduce = _bound_reduce(plan, cu_seqlens_q, out, skip_whole=backend.writes_whole, pdl=backend.pdl)
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:
@@ -349,16 +348,14 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
     return run
 
 
-def _bound_reduce(plan: Plan, cu_seqlens_q, out, *, skip_whole: bool = False, pdl: bool = False,
-                  bf16_partials: bool = False):
+def _bound_reduce(plan: Plan, cu_seqlens_q, out, *, skip_whole: bool = False, pdl: bool = False):
     """vattn's reduce for calls of one signature, bound once: reduce(cu_seqlens_q, out) (a no-op when there is
-    nothing to write); skip_whole and pdl as kernel.launch_reduce's; bf16_partials: it reads the workspace's
-    o_part_bf16."""
+    nothing to write); skip_whole and pdl as kernel.launch_reduce's."""
     from vattn import kernel as K
     from vattn import launcher
 
     ws = plan.workspace
-    red = K.reduce_launch_args(ws.o_part_bf16 if bf16_partials else ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
+    red = K.reduce_launch_args(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
                                gqa=ws.gqa, max_q_len=ws.max_q_len, skip_whole=skip_whole, pdl=pdl)
     if red is None:
         return lambda cu_seqlens_q, out: None

@@ -26,8 +26,6 @@ class Backend:
     piece_overhead_tiles: its main kernel's fixed cost per piece, in 64-token tiles of streaming, by which the
         balanced planner weighs pieces, or a function of the workspace giving it (None:
         vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
-    bf16_partials: its main kernel writes O's partials in bf16 (into Workspace.o_part_bf16), which vattn's reduce
-        then reads.
     pdl: its main kernel lets the next kernel launch before it ends (griddepcontrol.launch_dependents): vattn's
         reduce then goes as its programmatic dependent where that pays (launch_reduce's pdl).
     """
@@ -39,7 +37,6 @@ class Backend:
     slots_per_sm: Callable = lambda ws: None
     writes_whole: bool = False
     piece_overhead_tiles: int | Callable | None = None
-    bf16_partials: bool = False
     pdl: bool = False
 
 

@@ -472,7 +472,7 @@ def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
 
 @triton.jit
 def _reduce_kernel(
-    # [W, Hkv, QROWS, D] fp32 (bf16 from the Hopper kernels)
+    # [W, Hkv, QROWS, D] fp32
     o_part_ptr, stride_ow, stride_oh, stride_or,
     # [W, Hkv, QROWS] fp32
     lse_part_ptr, stride_lw, stride_lh,
@@ -518,7 +518,7 @@ def _reduce_kernel(
         lse = tl.load(lse_part_ptr + parts.to(tl.int64) * stride_lw + h * stride_lh + row,
                       mask=ok, other=float("-inf"))
         o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
-        o = tl.load(o_part_ptr + o_off, mask=ok[:, None], other=0.0).to(tl.float32)
+        o = tl.load(o_part_ptr + o_off, mask=ok[:, None], other=0.0)
         m_new = tl.maximum(m_i, tl.max(lse, axis=0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_safe)

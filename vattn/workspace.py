@@ -114,9 +114,6 @@ class Workspace:
         # O_part [W, Hkv, QROWS, D] fp32 (normalised), lse2_part [W, Hkv, QROWS] fp32
         self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, **f32)
         self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
-        # the same partials in bf16 (the first half of each fp32 row's bytes), for a backend that writes them so
-        # (Backend.bf16_partials): half the bytes between its main kernel and the reduce
-        self.o_part_bf16 = self.o_part.view(torch.bfloat16)[..., :self.head_dim]
 
     def _measure_slots(self, fast) -> int:
         if self.device.type != "cuda" or interpreting():

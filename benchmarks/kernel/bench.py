@@ -64,8 +64,7 @@ def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
 
     def reduce_all():
         for _ in range(b.replicas):
-            K.launch_reduce(ws.o_part_bf16 if backend.bf16_partials else ws.o_part, ws.lse_part,
-                            pl.tensors["seq_part_start"], b.cu, b.out, gqa=ws.gqa,
+            K.launch_reduce(ws.o_part, ws.lse_part, pl.tensors["seq_part_start"], b.cu, b.out, gqa=ws.gqa,
                             max_q_len=ws.max_q_len, skip_whole=backend.writes_whole)
 
     def full_all():

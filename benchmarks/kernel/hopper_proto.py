@@ -48,7 +48,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead) for spm in slots_per_sm}
     plan = plans[slots_per_sm[0]]
     width = max(p["work_seq"].shape[0] for p in plans.values())
-    o_part = torch.empty(width, shape.num_kv_heads, 64, shape.head_dim, dtype=torch.bfloat16, device="cuda")
+    o_part = torch.empty(width, shape.num_kv_heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
     lse_part = torch.empty(width, shape.num_kv_heads, 64, dtype=torch.float32, device="cuda")
     ref = b.reference()
     rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width, overhead=overhead)

@@ -173,7 +173,7 @@ def _check_against_reference(case, config, defines):
     # the workspace's partials hold max_q_len x GQA rows, fewer than the CTA's 64 when GQA or q_len is smaller:
     # one guard item past them must stay untouched
     rows = max_q * gqa
-    o_all = torch.full((width + 1, hkv, rows, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    o_all = torch.full((width + 1, hkv, rows, d), float("nan"), device="cuda")
     lse_all = torch.full((width + 1, hkv, rows), float("nan"), device="cuda")
     o_part, lse_part = o_all[:width], lse_all[:width]
     kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines)

@@ -146,30 +146,6 @@ def test_interp_reduce_merges_hundreds_of_pieces(block_d, skip_whole):
 
 
 @interp_only
-def test_interp_reduce_reads_bf16_partials_from_the_workspaces_view():
-    """The Hopper kernels write O's partials in bf16 into Workspace.o_part_bf16 (the first half of each fp32
-    row's bytes): the reduce on that view equals the reduce on the same values in fp32."""
-    import vattn
-    from vattn import kernel as K
-
-    ws = vattn.Workspace(head_dim=64, num_q_heads=4, num_kv_heads=2, kv_dtype=torch.bfloat16, q_dtype=torch.bfloat16,
-                         page_size=16, max_q_len=2, max_batch=2, device="cpu")
-    view = ws.o_part_bf16
-    assert view.shape == ws.o_part.shape and view.dtype == torch.bfloat16
-    assert view.untyped_storage().data_ptr() == ws.o_part.untyped_storage().data_ptr()
-    g = torch.Generator().manual_seed(5)
-    values = torch.randn(view.shape, generator=g).to(torch.bfloat16)
-    view.copy_(values)
-    lse = torch.randn(ws.lse_part.shape, generator=g) * 3
-    starts = torch.tensor([0, 3, 5], dtype=torch.int32)  # 3 pieces, then 2
-    cu = torch.tensor([0, 2, 3], dtype=torch.int32)
-    got, want = (torch.full((3, 4, 64), float("nan")) for _ in range(2))
-    K.launch_reduce(view, lse, starts, cu, got, gqa=2, max_q_len=2)
-    K.launch_reduce(values.float(), lse, starts, cu, want, gqa=2, max_q_len=2)
-    assert torch.allclose(got, want, atol=1e-6)
-
-
-@interp_only
 @pytest.mark.parametrize("mode", PLANNERS)
 @pytest.mark.parametrize("page_size,kv", [(16, "fp16"), (1, "fp8"), (64, "fp8")])
 def test_interp_api_all_planners(mode, page_size, kv):

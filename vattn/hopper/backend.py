@@ -69,7 +69,7 @@ def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     ws = plan.workspace
     return _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16).bind(q, k_cache, v_cache, block_tables, seq_lens,
                                                            cu_seqlens_q, k_descale, v_descale, softmax_scale,
-                                                           plan.tensors, ws.o_part_bf16, ws.lse_part)
+                                                           plan.tensors, ws.o_part, ws.lse_part)
 
 
 def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan,
@@ -79,7 +79,7 @@ def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
     bind_main(*args, softmax_scale, plan)(*args, out)
     ws = plan.workspace
-    K.launch_reduce(ws.o_part_bf16, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
+    K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
                     max_q_len=ws.max_q_len, skip_whole=True, pdl=True)
 
 
@@ -93,4 +93,4 @@ def piece_overhead_tiles(kv_dtype) -> int:
 
 
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,
-                  piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype), bf16_partials=True, pdl=True)
+                  piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype), pdl=True)

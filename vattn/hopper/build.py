@@ -207,9 +207,8 @@ class MainSm90:
         wide = dict(BLOCK_N=128) if name == "vattn_main_sm90_k8" and head_dim == 128 else {}
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | dict(extra_defines or {})
         self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
-        self.kv16 = name == "vattn_main_sm90_kv16"
         self.threads = THREADS
-        if self.kv16:  # Q, bf16 K + V slots, 4 mbarriers a slot
+        if name == "vattn_main_sm90_kv16":  # Q, bf16 K + V slots, 4 mbarriers a slot
             tile = BLOCK_N * head_dim * 2
             slots = int(self.defines.get("KV16_SLOTS", 128 * 1024 // (2 * tile)))
             self.smem = 1024 + QROWS * head_dim * 2 + slots * 2 * tile + 4 * slots * 8
@@ -243,14 +242,10 @@ class MainSm90:
         """The launch for calls of one signature (shapes, strides, the plan and its workspace):
         launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out). Its ctypes
         parameters are made once; a call refills the tensors' addresses and strides and the caches' TMA maps.
-        The kernel writes the partials (o_part bf16: a Workspace's o_part_bf16, or any bf16 [W, Hkv, rows, D]),
-        and out's rows of every sequence that is one piece (the reduce's skip_whole). Near its end each CTA lets
-        a programmatic dependent (vattn's reduce with pdl) launch."""
+        The kernel writes the partials, and out's rows of every sequence that is one piece (the reduce's
+        skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch."""
         import torch
 
-        if o_part.dtype != torch.bfloat16 or o_part.stride(3) != 1:
-            raise ValueError(f"o_part: got {o_part.dtype} strides {o_part.stride()}; the Hopper kernels write bf16 "
-                             "partials with unit stride in head_dim (Workspace.o_part_bf16)")
         P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
         q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, cu_ptr, kd_ptr, vd_ptr, out_ptr = (P() for _ in range(9))  # per call
         out_st, out_sh = I64(), I64()  # out's token and head strides, per call (out=None: empty_like(q)'s)
@@ -274,9 +269,7 @@ class MainSm90:
         fn, smem, threads, tma, maps_kept = self.fn, self.smem, self.threads, self.tma, self._maps
         by_address = bool(caches)
         layout = TensorMaps.layout_key(k_cache, v_cache)  # the caches' shapes and strides: the signature's
-        # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose
-        # boxes are 128-byte rows (16x35k-bf16 main 147.5 us against 150.3 at 256 B, NOTES P21), else 256 B
-        promotion = int(self.defines.get("TMA_L2_PROMOTION", 2 if self.kv16 else 3))
+        promotion = int(self.defines.get("TMA_L2_PROMOTION", 3))  # a measurement knob of the maps, not of the source
         launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
         current = (lambda: raw_stream(device)) if raw_stream else (lambda: torch.cuda.current_stream(device).cuda_stream)

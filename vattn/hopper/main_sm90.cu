@@ -1,6 +1,6 @@
-// vattn's main kernels on Hopper (sm_90a): one CTA per (KV head, work item) of vattn's plan, writing the
-// partials vattn's reduce merges (O normalised x v_descale, lse in log2 units), with O in bf16 where the Triton
-// main kernel writes fp32: half the bytes stored at each CTA's end and read by the reduce. Two kernels share the consumer's steps; the -D switches below pick a schedule.
+// vattn's main kernels on Hopper (sm_90a): one CTA per (KV head, work item) of vattn's plan, writing the same
+// partials (O normalised x v_descale, lse in log2 units) as the Triton main kernel, so vattn's reduce merges
+// them unchanged. Two kernels share the consumer's steps; the -D switches below pick a schedule.
 //
 // vattn_main_sm90 (warp roles; the Triton path runs everything in every warp and is issue-bound at 255 registers):
 //   warps 0-3  consumer warpgroup: S = Q.K^T and O += P.V on wgmma (fp16 operands, fp32 accumulators), the
@@ -387,12 +387,10 @@ __device__ __forceinline__ float2 row_sums(const Rows& rw) {
   return make_float2(l0, l1);
 }
 
-// The partial of this CTA: O normalised and times v_descale (bf16: at ~2^-9 a partial, the answer's rel_err moves
-// from 2.3e-3 to 2.9e-3 on 9 pieces, NOTES P22), lse in log2 units; a row that saw no key writes (O 0, lse -inf).
-// ob, lb: this (work item, KV head)'s O rows and lse values.
+// The partial of this CTA: O normalised and times v_descale, lse in log2 units; a row that saw no key writes
+// (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
 __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Rows& rw, const float* __restrict__ v_descale,
-                                              __nv_bfloat16* __restrict__ ob, int64_t sor, float* __restrict__ lb,
-                                              int lane) {
+                                              float* __restrict__ ob, int64_t sor, float* __restrict__ lb, int lane) {
   const int r0 = rw.r0, cq = rw.cq;
   const float2 l = row_sums(rw);
   const float vd = v_descale ? *v_descale : 1.f;
@@ -402,9 +400,8 @@ __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Ro
 #pragma unroll
   for (int j = 0; j < HEAD_DIM / 8; ++j) {
     int c = 8 * j + cq;
-    if (ok0) *reinterpret_cast<__nv_bfloat162*>(ob + r0 * sor + c) = __floats2bfloat162_rn(o[4 * j] * s0, o[4 * j + 1] * s0);
-    if (ok1)
-      *reinterpret_cast<__nv_bfloat162*>(ob + (r0 + 8) * sor + c) = __floats2bfloat162_rn(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
+    if (ok0) *reinterpret_cast<float2*>(ob + r0 * sor + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
+    if (ok1) *reinterpret_cast<float2*>(ob + (r0 + 8) * sor + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
   }
   if (lane % 4 == 0) {
     if (ok0) lb[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
@@ -435,7 +432,7 @@ __device__ __forceinline__ void store_out(const float (&o)[O_REGS], const Rows& 
 
 // The CTA's result: out itself when its piece is the whole sequence, else its partial.
 __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
-                                             const float* __restrict__ v_descale, __nv_bfloat16* __restrict__ o_part,
+                                             const float* __restrict__ v_descale, float* __restrict__ o_part,
                                              int64_t sow, int64_t soh, int64_t sor, float* __restrict__ lse_part,
                                              int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
                                              int64_t soh_out, int lane) {
@@ -508,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
     const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
     const int* __restrict__ work_part, const int* __restrict__ work_order,
-    __nv_bfloat16* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
+    float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
     float* __restrict__ lse_part, int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
     int64_t soh_out, int v_lbo, int v_sbo) {
   extern __shared__ __align__(1024) char smem_raw[];
@@ -782,7 +779,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
     const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
     const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
     const int* __restrict__ work_part, const int* __restrict__ work_order,
-    __nv_bfloat16* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
+    float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
     float* __restrict__ lse_part, int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
     int64_t soh_out, int v_lbo, int v_sbo,
     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
@@ -1056,7 +1053,7 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
     const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
     const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
     const int* __restrict__ work_part, const int* __restrict__ work_order,
-    __nv_bfloat16* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
+    float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
     float* __restrict__ lse_part, int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
     int64_t soh_out, int v_lbo, int v_sbo,
     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
