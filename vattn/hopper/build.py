@@ -207,8 +207,9 @@ class MainSm90:
         wide = dict(BLOCK_N=128) if name == "vattn_main_sm90_k8" and head_dim == 128 else {}
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | dict(extra_defines or {})
         self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
+        self.kv16 = name == "vattn_main_sm90_kv16"
         self.threads = THREADS
-        if name == "vattn_main_sm90_kv16":  # Q, bf16 K + V slots, 4 mbarriers a slot
+        if self.kv16:  # Q, bf16 K + V slots, 4 mbarriers a slot
             tile = BLOCK_N * head_dim * 2
             slots = int(self.defines.get("KV16_SLOTS", 128 * 1024 // (2 * tile)))
             self.smem = 1024 + QROWS * head_dim * 2 + slots * 2 * tile + 4 * slots * 8
@@ -269,7 +270,10 @@ class MainSm90:
         fn, smem, threads, tma, maps_kept = self.fn, self.smem, self.threads, self.tma, self._maps
         by_address = bool(caches)
         layout = TensorMaps.layout_key(k_cache, v_cache)  # the caches' shapes and strides: the signature's
-        promotion = int(self.defines.get("TMA_L2_PROMOTION", 3))  # a measurement knob of the maps, not of the source
+        # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose
+        # boxes are 128-byte rows (16x35k-bf16 main 146.4 / 148.1 us against 151.8 / 150.2 at 256 B, NOTES P21);
+        # 256 B for k8 (at 128 B bs20 took 371.5 us against 359.0)
+        promotion = int(self.defines.get("TMA_L2_PROMOTION", 2 if self.kv16 else 3))
         launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
         current = (lambda: raw_stream(device)) if raw_stream else (lambda: torch.cuda.current_stream(device).cuda_stream)
