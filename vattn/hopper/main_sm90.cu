@@ -1,6 +1,6 @@
 // vattn's main kernels on Hopper (sm_90a): one CTA per (KV head, work item) of vattn's plan, writing the same
 // partials (O normalised x v_descale, lse in log2 units) as the Triton main kernel, so vattn's reduce merges
-// them unchanged. Two kernels share the consumer's steps; the -D switches below pick a schedule.
+// them unchanged. Three kernels share the consumer's steps; the -D switches below pick a schedule.
 //
 // vattn_main_sm90 (warp roles; the Triton path runs everything in every warp and is issue-bound at 255 registers):
 //   warps 0-3  consumer warpgroup: S = Q.K^T and O += P.V on wgmma (fp16 operands, fp32 accumulators), the
@@ -10,8 +10,9 @@
 // The tiles go through a ring of STAGES shared-memory stages; named barriers hand each stage's K and V from
 // producer to consumer and back. OVERLAP=1: the consumer's FlashAttention-3 schedule (see there).
 // vattn_main_sm90_k8 (further below): K stays e4m3 for the tensor cores, pages arrive by TMA.
+// vattn_main_sm90_kv16 (KV16=1, last): bf16 caches, K and V by TMA straight into the wgmma layout.
 //
-// Compile-time shape (-D): HEAD_DIM 256 (vattn_main_sm90_k8 also 128), GQA (query heads per KV head), PAGE
+// Compile-time shape (-D): HEAD_DIM 256 (vattn_main_sm90_k8 and _kv16 also 128), GQA (query heads per KV head), PAGE
 // (tokens per page). A CTA holds QROWS = 64 packed rows (one wgmma M): row r is token r / GQA, head r % GQA
 // of the KV head's group, so max_q_len x GQA <= 64; rows of absent tokens are masked and never stored.
 // BLOCK_N (tokens per tile: 64; vattn_main_sm90_k8 at head_dim 128 also 128), STAGES.
