@@ -217,6 +217,16 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
 
 #endif  // HEAD_DIM == 256
 
+// The parameters every kernel takes after Q and its caches, in the order vattn/hopper/build.py's bind passes them:
+// the page table and lengths, the descales and scale, the plan's work items, the partials and out, V's descriptor.
+#define PLAN_AND_OUTPUT_PARAMS                                                                                        \
+  const int* __restrict__ bt, int64_t stride_bt, const int* __restrict__ seq_lens, const int* __restrict__ cu_q,     \
+      const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,                 \
+      const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,        \
+      const int* __restrict__ work_part, const int* __restrict__ work_order, float* __restrict__ o_part, int64_t sow, \
+      int64_t soh, int64_t sor, float* __restrict__ lse_part, int64_t slw, int64_t slh,                              \
+      __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo
+
 // One program's work item of vattn's plan (launch order work_order), and its sequence's lengths.
 struct Item {
   int start, end, kv_len, q0, n_q, n_tiles;
@@ -502,13 +512,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
     const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
     const uint8_t* __restrict__ v, int64_t svp, int64_t svs, int64_t svh,
-    const int* __restrict__ bt, int64_t stride_bt, const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
-    const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
-    const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
-    const int* __restrict__ work_part, const int* __restrict__ work_order,
-    float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
-    float* __restrict__ lse_part, int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
-    int64_t soh_out, int v_lbo, int v_sbo) {
+    PLAN_AND_OUTPUT_PARAMS) {
   extern __shared__ __align__(1024) char smem_raw[];
   // Rounded through an integer, so every access below is a generic LD/ST rather than LDS/STS: measured faster for
   // this kernel (16x35k page 16: 148.7 vs 331.4 us; page 64 alike; cause not found; benchmarks/NOTES.md)
@@ -776,13 +780,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
     const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
     const uint8_t* __restrict__ v, int64_t svp, int64_t svs, int64_t svh,
 #endif
-    const int* __restrict__ bt, int64_t stride_bt, const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
-    const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
-    const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
-    const int* __restrict__ work_part, const int* __restrict__ work_order,
-    float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
-    float* __restrict__ lse_part, int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
-    int64_t soh_out, int v_lbo, int v_sbo,
+    PLAN_AND_OUTPUT_PARAMS,
     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = align_1024(smem_raw);
@@ -1050,13 +1048,7 @@ __device__ __forceinline__ void zero_v_rows(char* v_tile, int rows_valid, int ti
 
 extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv16(
     const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
-    const int* __restrict__ bt, int64_t stride_bt, const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
-    const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,
-    const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,
-    const int* __restrict__ work_part, const int* __restrict__ work_order,
-    float* __restrict__ o_part, int64_t sow, int64_t soh, int64_t sor,
-    float* __restrict__ lse_part, int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
-    int64_t soh_out, int v_lbo, int v_sbo,
+    PLAN_AND_OUTPUT_PARAMS,
     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = align_1024(smem_raw);
