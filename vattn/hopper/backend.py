@@ -1,8 +1,8 @@
 """The Hopper kernel behind vattn.api's Backend dispatch, opt-in with VATTN_HOPPER=1 (vattn/switch.py; read
 when vattn is imported). It takes the calls its kernels cover: an sm_90 GPU, e4m3 or bf16 KV with strides of
 whole 16 bytes, bf16 Q, head_dim 256 or 128 and max_q_len x GQA <= 64 packed rows (one wgmma M: decode and
-narrower groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for one
-CTA per SM (slots_per_sm). A build or launch failure falls back to Triton with one warning
+narrower groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for
+one CTA per SM (slots_per_sm). A build or launch failure falls back to Triton with one warning
 (vattn.api.attention)."""
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     import torch
 
     ws = plan.workspace
-    return _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16).bind(q, k_cache, v_cache, block_tables, seq_lens,
-                                                           cu_seqlens_q, k_descale, v_descale, softmax_scale,
-                                                           plan.tensors, ws.o_part, ws.lse_part)
+    kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16)
+    return kernel.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                       plan.tensors, ws.o_part, ws.lse_part)
 
 
 def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan,
