@@ -37,6 +37,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     import vattn
     from benchmarks.kernel.bench import _time_planner, _workspace
     from vattn import kernel as K
+    from vattn.hopper.backend import piece_overhead_tiles
     from vattn.hopper.build import MainSm90
 
     b = batches.get(shape)
@@ -44,7 +45,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     qlen = max(shape.q_lens)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     if overhead is None:
-        overhead = _backend_overhead(shape)
+        overhead = piece_overhead_tiles(b.kv_dtype)
     plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead) for spm in slots_per_sm}
     plan = plans[slots_per_sm[0]]
     width = max(p["work_seq"].shape[0] for p in plans.values())
@@ -103,14 +104,6 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     rec["device"] = torch.cuda.get_device_name(0)
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return rec
-
-
-def _backend_overhead(shape) -> int:
-    import torch
-
-    from vattn.hopper.backend import piece_overhead_tiles
-
-    return piece_overhead_tiles(torch.bfloat16 if shape.kv_dtype == "bf16" else torch.float8_e4m3fn)
 
 
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,

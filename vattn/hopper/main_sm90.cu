@@ -1030,6 +1030,7 @@ static_assert(BLOCK_N == 64, "64-token tiles: K and V share one layout, the fp16
 #define KV16_SLOTS (128 * 1024 / (2 * KV16_TILE))  // 128 KB of K and V in flight per SM
 #endif
 #define KV16_THREADS 160  // the consumer warpgroup and the copy warp
+#define KV16_BAR_CONSUMER 1  // the consumer warpgroup's own named barrier
 #define KV16_SMEM (1024 + Q_BYTES + KV16_SLOTS * 2 * KV16_TILE + 4 * KV16_SLOTS * 8)
 static_assert(KV16_SMEM <= 227 * 1024, "shared memory of one CTA");
 
@@ -1043,7 +1044,7 @@ __device__ __forceinline__ void zero_v_rows(char* v_tile, int rows_valid, int ti
     *reinterpret_cast<uint4*>(v_tile + swz(BLOCK_N, row, c)) = make_uint4(0, 0, 0, 0);
   }
   fence_async_smem();  // generic-proxy stores, read next by wgmma (async proxy)
-  bar_sync(1, 128);
+  bar_sync(KV16_BAR_CONSUMER, 128);
 }
 
 extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv16(
@@ -1127,7 +1128,7 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
     }
   }
   fence_async_smem();
-  bar_sync(1, 128);
+  bar_sync(KV16_BAR_CONSUMER, 128);
 
   float qk_scale = softmax_scale * 1.4426950408889634f;  // logits in log2 units
   if (k_descale) qk_scale *= *k_descale;
