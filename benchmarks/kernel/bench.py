@@ -4,7 +4,8 @@
 - cold L2: the KV pool holds R >= 4 replicas of the batch (together >= 4 x the L2), each read
   through its own randomly permuted page table; one captured CUDA graph runs all R calls;
 - time = median over graph replays / R; plan, main and reduce are captured and timed
-  separately and together (us = plan + main + reduce in one graph);
+  separately and together (us = plan + main + reduce in one graph), and layer_us is the attention call
+  alone on a plan made before, as an engine runs each layer and as the peers are timed (peers/run.py);
 - each shape's output is checked against vattn.reference (rel Frobenius error).
 Bandwidth = KV bytes (sum L x Hkv x D x 2 x bytes per element) / time. The measurement itself
 (batches, timing, the check) is harness.py's, shared with the peers.
@@ -73,16 +74,21 @@ def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
                 do_plan()
             vattn.attention(*b.attention_args(r), plan=pl, out=b.out)
 
+    def layer_all():  # one layer's call: the batch's plan made once before, as the peers' plans are
+        for r in range(b.replicas):
+            vattn.attention(*b.attention_args(r), plan=pl, out=b.out)
+
     def per_replica(fn):
         return harness.timed_graph(fn, replays, b.device) / b.replicas
 
-    times = dict(main_us=per_replica(main_all), reduce_us=per_replica(reduce_all), us=per_replica(full_all))
+    times = dict(main_us=per_replica(main_all), reduce_us=per_replica(reduce_all), us=per_replica(full_all),
+                 layer_us=per_replica(layer_all))
     if on_gpu:
         times["plan_us"] = per_replica(lambda: [do_plan() for _ in range(b.replicas)])
     else:
         times["plan_us"] = harness.host_us(do_plan, 5, sync=False, warmup=False)
-    # the records' column order: us, plan, main, reduce
-    return {k: times[k] for k in ("us", "plan_us", "main_us", "reduce_us")}, do_plan
+    # the records' column order: us, plan, main, reduce, layer
+    return {k: times[k] for k in ("us", "plan_us", "main_us", "reduce_us", "layer_us")}, do_plan
 
 
 def bench_shape(shape: Shape, planners, batches: BatchCache, *, replays: int, config=None,

@@ -704,11 +704,15 @@ __device__ __forceinline__ uint32_t swz8(int rows, int row, int col) {
 }
 
 // S = (16 hi + lo).K^T: 8 k-steps of 32 head dims per part, both operands K-major in 128-byte regions.
+// K8_QPARTS=1 (a measurement switch, lossy): S = (16 hi).K^T alone, Q rounded to e4m3 once, as XQA and FA3 do
+#ifndef K8_QPARTS
+#define K8_QPARTS 2
+#endif
 #define wgmma_ss_e4m3 CAT(CAT(wgmma_ss_n, BLOCK_N), _e4m3)  // S = Q.K^T, N = BLOCK_N
 __device__ __forceinline__ void issue_qk8(float (&sc)[BLOCK_N / 2], uint32_t qhi_addr, uint32_t qlo_addr,
                                           uint32_t sk_addr) {
 #pragma unroll
-  for (int part = 0; part < 2; ++part) {
+  for (int part = 0; part < K8_QPARTS; ++part) {
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 32; ++kk) {
       uint32_t qoff = (kk / 4) * (QROWS * 128) + (kk % 4) * 32;
@@ -885,9 +889,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
       char* dst = sv + s * K8_VH;
 #ifndef PROFILE_NO_WIDEN  // timing only: V stages handed over as they are
       // a thread's vectors share one column (K8_WIDEN is a multiple of HEAD_DIM / 16); all its loads are
-      // issued before the first conversion
-      const int col = (wtid % (HEAD_DIM / 16)) * 16, row0 = wtid / (HEAD_DIM / 16);
-      constexpr int ROW_STEP = K8_WIDEN / (HEAD_DIM / 16), N_VEC = (BLOCK_N + ROW_STEP - 1) / ROW_STEP;
+      // issued before the first conversion. A warp covers R = 32 / G whole rows (G 16-byte columns a row). A
+      // 16-byte shared access serves one quarter warp a wavefront, so each quarter's 8 lanes take 8 distinct
+      // columns mod 128 bytes (its loads from the unswizzled e4m3 rows are conflict-free), and its lanes a and
+      // a + 4, whose fp16 chunks sit at the same place in their swizzle rows, take rows of opposite parity (the
+      // 128-byte swizzle then puts them in different banks: one row a quarter stored 2 lanes a bank)
+      constexpr int G = HEAD_DIM / 16, R = 32 / G;
+      const int wl = wtid % 32, quarter = wl / 8, a = wl % 8;
+      const int half = G == 16 ? quarter & 1 : 0, swap = G == 16 ? quarter >> 1 : quarter & 1,
+                pair = G == 16 ? 0 : quarter >> 1;
+      const int col = 16 * a + 128 * half, row0 = (wtid / 32) * R + 2 * pair + ((a >> 2) ^ swap);
+      constexpr int ROW_STEP = K8_WIDEN / G, N_VEC = (BLOCK_N + ROW_STEP - 1) / ROW_STEP;
+      static_assert(R % 2 == 0 && ROW_STEP % 2 == 0, "row pairs of opposite parity");
       uint4 x[N_VEC];
 #pragma unroll
       for (int j = 0; j < N_VEC; ++j) {

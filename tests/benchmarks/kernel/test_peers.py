@@ -180,8 +180,8 @@ def test_prewarm_builds_each_flashinfer_module_once(monkeypatch, capsys):
 
 def test_peer_table_names_the_best_peer_and_says_why_a_peer_has_no_time():
     base = dict(shape="16x35k", read_ceiling_tbps=4.5, rel_err=1e-3)
-    recs = [dict(base, impl="vattn", planner="balanced", us=150.0, tbps=1.9, kv_dtype="fp8"),
-            dict(base, impl="vattn", planner="fixed", us=145.0, tbps=1.97, kv_dtype="fp8"),
+    recs = [dict(base, impl="vattn", planner="balanced", us=150.0, tbps=1.9, kv_dtype="fp8", layer_us=140.0),
+            dict(base, impl="vattn", planner="fixed", us=145.0, tbps=1.97, kv_dtype="fp8", layer_us=140.0),
             dict(base, impl="flashinfer", us=207.0, tbps=1.39, kv_dtype="fp8"),
             dict(base, impl="flashinfer+plan", us=260.0, tbps=1.1, kv_dtype="fp8"),
             dict(base, impl="flashinfer_bf16", us=161.0, tbps=3.6, kv_dtype="bf16"),
@@ -189,13 +189,23 @@ def test_peer_table_names_the_best_peer_and_says_why_a_peer_has_no_time():
             dict(base, impl="sglang_triton", us=120.0, tbps=2.3, kv_dtype="fp8", rel_err=3.5e-2, within_tolerance=False)]
     text = peers.peer_table(recs)
     head, _, row = text.splitlines()
-    assert head == ("| shape | vattn (best planner) | flashinfer | flashinfer+plan | flashinfer_bf16 | fa3 | sglang_triton "
-                    "| best peer | vattn / best peer |")
-    assert row.startswith("| 16x35k | 145.0 (1.97, 44%; err 1e-03) fixed | 207.0 (1.39, 31%; err 1e-03) |")
+    assert head == ("| shape | vattn (best planner) | vattn per layer | flashinfer | flashinfer+plan | flashinfer_bf16 | fa3 "
+                    "| sglang_triton | best peer | vattn / best peer | per layer |")
+    assert row.startswith("| 16x35k | 145.0 (1.97, 44%; err 1e-03) fixed | 140.0 | 207.0 (1.39, 31%; err 1e-03) |")
     assert "| **wrong** rel_err 3.00e-01 > 0.02 |" in row
     assert "| 120.0 (2.30, 51%; err 4e-02 **over tolerance**) |" in row
-    # 161 / 145: +plan rows and peers over tolerance (the faster sglang here) never count as best
-    assert row.endswith("| flashinfer_bf16 (bf16) | 1.11x |")
+    # 161 / 145 with vattn's plan, 161 / 140 without: +plan rows and peers over tolerance (the faster sglang
+    # here) never count as best
+    assert row.endswith("| flashinfer_bf16 (bf16) | 1.11x | 1.15x |")
+
+
+def test_peer_table_without_a_per_layer_time_says_so():
+    base = dict(shape="4x35k", read_ceiling_tbps=4.5, rel_err=1e-3, kv_dtype="fp8")
+    recs = [dict(base, impl="vattn", planner="balanced", us=40.0, tbps=1.8),  # a record from before layer_us
+            dict(base, impl="flashinfer", us=60.0, tbps=1.2)]
+    row = peers.peer_table(recs).splitlines()[2]
+    assert row.startswith("| 4x35k | 40.0 (1.80, 40%; err 1e-03) balanced | - |")
+    assert row.endswith("| flashinfer (fp8) | 1.50x | - |")
 
 
 def test_a_peer_whose_graph_capture_fails_is_timed_eagerly_and_says_so(cpu_batch, capsys):
