@@ -179,6 +179,8 @@ class Kernel:
             params = fn.params
             self.names = tuple(p.name for p in params)
             self.constexpr = tuple(bool(p.is_constexpr) for p in params)
+            # a constexpr left out of kwargs takes its default, as in JITFunction.run
+            self.defaults = tuple(p.default if p.has_default else _MISSING for p in params)
             self.n_runtime = self.constexpr.count(False)
 
     # -- the normal path, and what it compiled --------------------------------------------------------
@@ -187,14 +189,15 @@ class Kernel:
 
     def full_args(self, args, kwargs) -> tuple | None:
         """Every parameter in order (constexprs at their places, as JITFunction.run passes them to the
-        launcher, which skips them), or None when args/kwargs do not name each one exactly once."""
+        launcher, which skips them; a defaulted one left out as its default), or None when args/kwargs do not
+        name each one exactly once."""
         if len(args) != self.n_runtime:
             return None
         it = iter(args)
         out = []
-        for name, is_c in zip(self.names, self.constexpr):
+        for name, is_c, default in zip(self.names, self.constexpr, self.defaults):
             if is_c:
-                v = kwargs.get(name, _MISSING)
+                v = kwargs.get(name, default)
                 if v is _MISSING:
                     return None
                 out.append(v)

@@ -137,6 +137,26 @@ def test_bound_launch_reads_live_pointers_and_keys_their_alignment(fake):
     assert kern.bind((x, 32, 0.5, y), dict(BLOCK=32), live=(0,)).key != b.key
 
 
+def test_a_constexpr_left_at_its_default_still_binds(fake):
+    # vattn's reduce leaves PDL (default False) out when it is not taken: that binding must take the fast path
+    # too (it fell to the normal path on every call, ~25 us of host time on an H200)
+    import triton
+
+    @triton.jit
+    def k2(x_ptr, n, BLOCK: "tl.constexpr", PDL: "tl.constexpr" = False):  # noqa: F821
+        pass
+
+    _, st = fake
+    kern = launcher.Kernel(k2)
+    x = _t(torch.float32)
+    b = kern.bind((x, 32), dict(BLOCK=64), live=(0,))
+    b.launch(3, 1, 1, x)
+    b.launch(3, 1, 1, x)
+    assert len(st["slow"]) == 1 and st["fast"] == [(3, 1, 1, 100, 7, (4, 1, 0), None, None, None, x.data_ptr(), 32,
+                                                     64, False)]
+    assert kern.bind((x, 32), dict(BLOCK=64, PDL=True), live=(0,)).key != b.key
+
+
 def test_fast_path_steps_aside(fake, monkeypatch):
     from triton import knobs
 
