@@ -778,7 +778,30 @@ __device__ __forceinline__ uint16_t float2_to_e4m3x2(float a, float b) {
   return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
+// K8_CTAS_PER_SM=2 (a prototype, head_dim 128 on 64-token tiles): two CTAs share an SM, so that one consumer's
+// softmax can run while the other's tensor work and copies do. 256 threads x 2 CTAs leave 128 registers a thread
+// at launch; the consumer warpgroup takes K8_CONSUMER_REGS of them and the copy and widening warps give back the
+// rest (setmaxnreg), as FlashAttention-3's warpgroups do
+#ifndef K8_CTAS_PER_SM
+#define K8_CTAS_PER_SM 1
+#endif
+#if K8_CTAS_PER_SM == 2
+#ifndef K8_CONSUMER_REGS
+#define K8_CONSUMER_REGS 200
+#endif
+#define K8_PRODUCER_REGS (256 - K8_CONSUMER_REGS)  // the two warpgroups share 2 x 128 registers a thread
+static_assert(K8_CONSUMER_REGS % 8 == 0 && K8_PRODUCER_REGS >= 24, "setmaxnreg: multiples of 8, at least 24");
+#endif
+__device__ __forceinline__ void take_registers(bool consumer) {
+#if K8_CTAS_PER_SM == 2
+  if (consumer)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(K8_CONSUMER_REGS));
+  else
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(K8_PRODUCER_REGS));
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(256, K8_CTAS_PER_SM) vattn_main_sm90_k8(
     const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
 #if K8_CPASYNC
     const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
@@ -819,6 +842,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   }
   __syncthreads();
 
+  take_registers(tid < 128);  // warpgroup-wide: before any of a warpgroup's threads returns
 #ifdef PROFILE_Q_ONLY  // timing only: the consumer's Q load and split, nothing after it
   if (tid >= 128) return;
 #endif
