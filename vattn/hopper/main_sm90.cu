@@ -301,6 +301,16 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* __re
   read_item_at(it, first, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt, stride_bt);
   return true;
 }
+// A 64-bit parameter made opaque to the compiler where an item loop uses it (ITEM_RANGE): otherwise it hoists
+// what it derives from the parameters (addresses, products of strides) out of the loop, and at head_dim 256 those
+// values spill (k8: 232 bytes, 48 with this)
+template <class T>
+__device__ __forceinline__ T opaque(T x) {
+#if ITEM_RANGE
+  asm volatile("" : "+l"(x));
+#endif
+  return x;
+}
 #define READ_ITEM(it, w) read_item_at(it, w, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt, stride_bt)
 // A role's loop over the CTA's items [first, last) (the first already in it), t0 counting the CTA's tiles before
 // each; without ITEM_RANGE the one item, t0 the constant 0: the code the one-item kernels always had
@@ -1083,7 +1093,7 @@ extern "C" __global__ void __launch_bounds__(256, K8_CTAS_PER_SM) vattn_main_sm9
   const int total = ITEM_RANGE ? cta_tiles(first, last, work_start, work_end) : it.n_tiles;
   FOR_EACH_ITEM(it, t0) {
     if (t0 > 0) bar_sync(K8_BAR_CONSUMER, 128);  // every warp is done with the item before: Q and row_scale are free
-    split_q(q, stride_qt, stride_qh, it.q0, it.n_q, h, warp, lane, sq_hi, sq_lo, row_scale);
+    split_q(opaque(q), opaque(stride_qt), opaque(stride_qh), it.q0, it.n_q, h, warp, lane, sq_hi, sq_lo, row_scale);
     fence_async_smem();
     bar_sync(K8_BAR_CONSUMER, 128);
 #ifdef PROFILE_Q_ONLY
@@ -1117,7 +1127,8 @@ extern "C" __global__ void __launch_bounds__(256, K8_CTAS_PER_SM) vattn_main_sm9
     return;
 #endif
     if (t0 + it.n_tiles == total) next_kernel_may_launch();
-    store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
+    store_result(o, rw, it, h, v_descale, opaque(o_part), opaque(sow), opaque(soh), opaque(sor), opaque(lse_part),
+                 opaque(slw), opaque(slh), opaque(out), opaque(sot), opaque(soh_out), lane);
   }
 }
 
