@@ -34,9 +34,9 @@ more than SEG_MAX pieces. Why not stream-K
 chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
 pieces has a smaller largest piece than the one-wave cap. (plan_streamk_python is that plan for kernels
-whose program runs a run of items: a prototype of the Hopper kernels, not one of PLANNERS.) An even split inside each sequence was tried and
-dropped: the cost model (processor sharing) ran it ~1% slower on the agentic batches, because
-pieces of unequal size across sequences leave a tail of few programs.
+whose program runs a run of items: a prototype of the Hopper kernels, not one of PLANNERS.) An even split
+inside each sequence was tried and dropped: the cost model (processor sharing) ran it ~1% slower on the
+agentic batches, because pieces of unequal size across sequences leave a tail of few programs.
 
 Bounds (they define W = max(B, SLOTS/Hkv) + B): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces;
 length_aware <= max(n_nonempty, SLOTS/Hkv); balanced <= max(n_nonempty, SLOTS/Hkv) + n_packed (a slot

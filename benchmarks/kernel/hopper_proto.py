@@ -42,6 +42,10 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     from vattn.hopper.backend import piece_overhead_tiles
     from vattn.hopper.build import MainSm90
 
+    first = next(iter(variants.values()))
+    if (reduce_variants or chain) and str(first.get("ITEM_RANGE", 0)) == "1":
+        raise ValueError("--reduce-variants and --chain run the first variant on balanced's plan: list a build "
+                         "without ITEM_RANGE=1 first")
     b = batches.get(shape)
     gqa = shape.num_q_heads // shape.num_kv_heads
     qlen = max(shape.q_lens)
