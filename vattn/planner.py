@@ -46,6 +46,7 @@ may get up to SLOTS/Hkv pieces, so the reduce must loop over a sequence's rows (
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 # The planner names, everywhere (API, cost model, switch, bench). Their order is the plan kernel's MODE id.
@@ -254,7 +255,7 @@ def plan_streamk_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads:
     programs, total = slot_budget(num_kv_heads, slots), sum(tiles)
     bounds = [c * total // programs for c in range(programs + 1)]  # program c: tiles bounds[c] .. bounds[c+1]-1
     seq, start, end, first = [], [], [], []
-    seq_first = [sum(tiles[:b]) for b in range(len(tiles))]  # each sequence's first tile, end to end
+    seq_first = [0, *itertools.accumulate(tiles)][:-1]  # each sequence's first tile, end to end
     b = 0
     for c in range(programs):
         first.append(len(seq))
@@ -270,9 +271,7 @@ def plan_streamk_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads:
                 end.append(min(int(seq_lens[k]), e * KV_TILE))
             k += 1
     n = len(seq)
-    part_start = [0]
-    for k in range(len(tiles)):
-        part_start.append(part_start[-1] + seq.count(k))
+    part_start = [0, *itertools.accumulate(seq.count(k) for k in range(len(tiles)))]
     width = max_work_items(len(seq_lens), num_kv_heads, slots)
     assert n <= width, f"stream-K made {n} items > W={width}"  # at most C + B - 1
     pad = width - n

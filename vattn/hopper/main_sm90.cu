@@ -946,9 +946,6 @@ extern "C" __global__ void __launch_bounds__(256, K8_CTAS_PER_SM) vattn_main_sm9
   int first, last;
   cta_items(first, last, blockIdx.y, work_order, work_seq);
   if (first >= last) return;  // an idle program of a fixed-size plan (whole CTA: no barrier is left waiting)
-#if !ITEM_RANGE
-  last = first + 1;  // as cta_items says, in a form the compiler sees: the items' loops below run once
-#endif
   Item it;  // the CTA's first item (its only one without ITEM_RANGE)
   READ_ITEM(it, first);
   const int tid = threadIdx.x;
