@@ -33,10 +33,9 @@ equals length_aware whenever SEG_MAX does not bind, and beats it when one long r
 more than SEG_MAX pieces. Why not stream-K
 chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
-pieces has a smaller largest piece than the one-wave cap. (plan_streamk_python is that plan for kernels
-whose program runs a run of items: a prototype of the Hopper kernels, not one of PLANNERS.) An even split
-inside each sequence was tried and dropped: the cost model (processor sharing) ran it ~1% slower on the
-agentic batches, because pieces of unequal size across sequences leave a tail of few programs.
+pieces has a smaller largest piece than the one-wave cap. An even split inside each sequence was tried and
+dropped: the cost model (processor sharing) ran it ~1% slower on the agentic batches, because
+pieces of unequal size across sequences leave a tail of few programs.
 
 Bounds (they define W = max(B, SLOTS/Hkv) + B): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces;
 length_aware <= max(n_nonempty, SLOTS/Hkv); balanced <= max(n_nonempty, SLOTS/Hkv) + n_packed (a slot
@@ -46,7 +45,6 @@ may get up to SLOTS/Hkv pieces, so the reduce must loop over a sequence's rows (
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
 # The planner names, everywhere (API, cost model, switch, bench). Their order is the plan kernel's MODE id.
@@ -238,46 +236,6 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
         num_items=[n],
         work_order=order + [-1] * pad,
     )
-
-
-def plan_streamk_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int) -> PlanLists:
-    """Stream-K, a prototype for kernels that run a range of items per program (the Hopper kernels built with
-    ITEM_RANGE=1; benchmarks.kernel.hopper_proto): C = SLOTS/Hkv programs each take an equal share of the
-    batch's KV tiles laid end to end (shares differ by at most one tile), cut at sequence boundaries into
-    items. Program c runs items work_order[c] .. work_order[c + 1] - 1, so work_order has W + 1 entries
-    (num_items from C on). Items are in sequence and KV order, so seq_part_start holds as for the other
-    planners. Against balanced, a uniform batch of B sequences whose SLOTS/Hkv is no multiple of B keeps every
-    program busy (16 x 35k on 132 SMs: 128 programs of 68.4 tiles become 132 of 66.3), for up to C + B - 1
-    items, each paying a piece's fixed cost."""
-    _check_positive(num_kv_heads=num_kv_heads, slots=slots)
-    _check_lens(seq_lens, q_lens)
-    tiles = [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
-    programs, total = slot_budget(num_kv_heads, slots), sum(tiles)
-    bounds = [c * total // programs for c in range(programs + 1)]  # program c: tiles bounds[c] .. bounds[c+1]-1
-    seq, start, end, first = [], [], [], []
-    seq_first = [0, *itertools.accumulate(tiles)][:-1]  # each sequence's first tile, end to end
-    b = 0
-    for c in range(programs):
-        first.append(len(seq))
-        lo, hi = bounds[c], bounds[c + 1]
-        while b < len(tiles) and seq_first[b] + tiles[b] <= lo:  # sequences wholly before this share
-            b += 1
-        k = b
-        while lo < hi and k < len(tiles) and seq_first[k] < hi:  # (lo == hi: an empty share, tiles < programs)
-            if tiles[k]:
-                s, e = max(lo, seq_first[k]) - seq_first[k], min(hi, seq_first[k] + tiles[k]) - seq_first[k]
-                seq.append(k)
-                start.append(s * KV_TILE)
-                end.append(min(int(seq_lens[k]), e * KV_TILE))
-            k += 1
-    n = len(seq)
-    part_start = [0, *itertools.accumulate(seq.count(k) for k in range(len(tiles)))]
-    width = max_work_items(len(seq_lens), num_kv_heads, slots)
-    assert n <= width, f"stream-K made {n} items > W={width}"  # at most C + B - 1
-    pad = width - n
-    return PlanLists(work_seq=seq + [-1] * pad, work_start=start + [0] * pad, work_end=end + [0] * pad,
-                     work_part=list(range(n)) + [-1] * pad, seq_part_start=part_start, num_items=[n],
-                     work_order=first + [n] * (width + 1 - programs))
 
 
 # -- GPU planners: one single-program Triton launch, fixed-size outputs, no host sync ---------------

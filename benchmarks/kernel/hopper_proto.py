@@ -18,15 +18,13 @@ from benchmarks.kernel import harness
 from benchmarks.kernel.shapes import select
 
 
-def _plan_tensors(shape, slots: int, device: str, overhead: int, streamk: bool = False):
-    """balanced's plan, or with streamk the stream-K prototype's (for builds with ITEM_RANGE=1)."""
+def _plan_tensors(shape, slots: int, device: str, overhead: int):
     import torch
 
-    from vattn.planner import plan_python, plan_streamk_python
+    from vattn.planner import plan_python
 
-    args = (list(shape.seq_lens), list(shape.q_lens))
-    lists = plan_streamk_python(*args, num_kv_heads=shape.num_kv_heads, slots=slots) if streamk else \
-        plan_python(*args, num_kv_heads=shape.num_kv_heads, slots=slots, mode="balanced", overhead=overhead)
+    lists = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=slots,
+                        mode="balanced", overhead=overhead)
     return {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device=device)
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
 
@@ -42,10 +40,6 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     from vattn.hopper.backend import piece_overhead_tiles
     from vattn.hopper.build import MainSm90
 
-    first = next(iter(variants.values()))
-    if (reduce_variants or chain) and str(first.get("ITEM_RANGE", 0)) == "1":
-        raise ValueError("--reduce-variants and --chain run the first variant on balanced's plan: list a build "
-                         "without ITEM_RANGE=1 first")
     b = batches.get(shape)
     gqa = shape.num_q_heads // shape.num_kv_heads
     qlen = max(shape.q_lens)
@@ -54,15 +48,13 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         overhead = piece_overhead_tiles(b.kv_dtype)
     plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead) for spm in slots_per_sm}
     plan = plans[slots_per_sm[0]]
-    # builds with ITEM_RANGE=1 run the stream-K prototype's plan (a program runs a range of items)
-    sk_plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead, streamk=True) for spm in slots_per_sm}
-    width = max(p["work_seq"].shape[0] for p in [*plans.values(), *sk_plans.values()])
+    width = max(p["work_seq"].shape[0] for p in plans.values())
     o_part = torch.empty(width, shape.num_kv_heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
     lse_part = torch.empty(width, shape.num_kv_heads, 64, dtype=torch.float32, device="cuda")
     ref = b.reference()
     rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width, overhead=overhead)
 
-    def reduce(plan=plan):
+    def reduce():
         K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
                         skip_whole=True)
 
@@ -70,23 +62,22 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     kernels = {}
     for name, defines in variants.items():
         kern = kernels[name] = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
-        vplans = sk_plans if str(defines.get("ITEM_RANGE", 0)) == "1" else plans
 
-        def hopper(r, v_lbo, v_sbo, plan=vplans[slots_per_sm[0]]):
+        def hopper(r, v_lbo, v_sbo, plan=plan):
             kern.launch(*b.attention_args(r), plan, o_part, lse_part, b.out, v_lbo=v_lbo, v_sbo=v_sbo)
 
         for lbo, sbo in descriptors:  # which reading of the MN-major V descriptor is right shows here
             o_part.fill_(float("nan"))
             b.out.fill_(float("nan"))  # the kernel writes the rows of one-piece sequences itself
             hopper(0, lbo, sbo)
-            reduce(vplans[slots_per_sm[0]])
+            reduce()
             torch.cuda.synchronize()
             rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
         lbo, sbo = descriptors[0]
         rec[f"hopper_main_us_{name}"] = per(lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
         for spm in slots_per_sm[1:]:  # the same build on a plan for more CTAs than SMs (timed only)
             rec[f"hopper_main_us_{name}@{spm}perSM"] = per(
-                lambda: [hopper(r, lbo, sbo, vplans[spm]) for r in range(b.replicas)])
+                lambda: [hopper(r, lbo, sbo, plans[spm]) for r in range(b.replicas)])
     rec["hopper_main_us"] = best_main_us(rec, variants, descriptors[0], shape.kv_dtype)
     rec["hopper_reduce_us"] = per(lambda: [reduce() for _ in range(b.replicas)])
     if reduce_variants:  # the reduce's launch shapes, on the first variant's partials (checked, then timed)

@@ -22,13 +22,9 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
 # the kernels: vattn_main_sm90 with S(i + 1) issued behind P(i).V (the default) or with FlashAttention-3's
 # overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap). One cubin holds both kernels,
 # and with KV16 vattn_main_sm90_kv16 too (bf16 caches: K and V by TMA as the wgmmas read them).
-# PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20;
-# k8x2: head_dim 128 on 64-token tiles, two CTAs an SM, registers moved to the consumer by setmaxnreg).
+# PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20).
 SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "kv16": {"KV16": 1}}
 PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}}
-TWO_CTAS = {"K8": 1, "BLOCK_N": 64, "K8_RAW_SLOTS": 3, "K8_CTAS_PER_SM": 2}
-# ITEM_RANGE=1: a CTA runs a run of consecutive items (the stream-K prototype's plan, vattn.planner)
-ITEM_RANGES = {"k8": {"K8": 1, "ITEM_RANGE": 1}, "kv16": {"KV16": 1, "ITEM_RANGE": 1}}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -61,35 +57,6 @@ def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monke
     report = build.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "C7513" not in report, report
-
-
-# the item loop's consumer spills a few values at head_dim 256 (k8 48 bytes, kv16 24, in its per-item prologue,
-# not its tile loop; none at 128): a known defect of the prototype (benchmarks/NOTES.md), which a fix turns
-# into a pass
-SPILLS = pytest.mark.xfail(strict=True, reason="ITEM_RANGE's consumer spills at head_dim 256 (benchmarks/NOTES.md)")
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("head_dim", [pytest.param(256, marks=SPILLS), 128])
-@pytest.mark.parametrize("kernel", sorted(ITEM_RANGES))
-def test_item_range_builds_without_spills(tmp_path, monkeypatch, kernel, head_dim):
-    monkeypatch.setattr(build, "CACHE", tmp_path)
-    defines = dict(HEAD_DIM=head_dim, GQA=16, PAGE=16) | ITEM_RANGES[kernel] | (
-        dict(BLOCK_N=128) if kernel == "k8" and head_dim == 128 else {})
-    report = build.ptxas_report(build.compile_cubin(defines)).read_text()
-    name = "vattn_main_sm90_" + kernel
-    assert f"entry function '{name}'" in report, report
-    props = report.split(f"Function properties for {name}")[1].split("ptxas info    : Used")[0]
-    assert "0 bytes spill stores, 0 bytes spill loads" in props and "C7513" not in report, report
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_two_ctas_an_sm_launch_at_128_registers_without_spills(tmp_path, monkeypatch):
-    # 2 x 256 threads fit 64 K registers at 128 each; the consumer's code then runs on setmaxnreg's 192, which
-    # ptxas allocates per region: spills would show if it did not (the one-CTA build takes 168)
-    monkeypatch.setattr(build, "CACHE", tmp_path)
-    report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=128, GQA=8, PAGE=16) | TWO_CTAS)).read_text()
-    assert "Used 128 registers" in report and "0 bytes spill stores, 0 bytes spill loads" in report, report
 
 
 def test_tma_map_layout_is_one_page_of_one_head_innermost_first():
@@ -160,28 +127,11 @@ def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
 
 
-@pytest.mark.probe
-@pytest.mark.timeout(180, method="thread")
-@pytest.mark.parametrize("config", ["hd128-gqa8", "hd128-gqa4"])
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_two_ctas_an_sm_match_reference(case, config):
-    _check_against_reference(case, config, TWO_CTAS, slots=2 * 132)  # a plan for two CTAs on each of 132 SMs
-
-
-@pytest.mark.probe
-@pytest.mark.timeout(180, method="thread")
-@pytest.mark.parametrize("kernel", sorted(ITEM_RANGES))
-@pytest.mark.parametrize("config", sorted(CONFIGS))
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_item_ranges_match_reference(case, config, kernel):
-    _check_against_reference(case, config, ITEM_RANGES[kernel], streamk=True)
-
-
-def _check_against_reference(case, config, defines, slots=132, streamk=False):
+def _check_against_reference(case, config, defines):
     torch = _hopper_gpu()
     import vattn
     from vattn import kernel as K
-    from vattn.planner import plan_python, plan_streamk_python
+    from vattn.planner import plan_python
 
     seq_lens, q_lens = CASES[case]
     d, hq, hkv = CONFIGS[config]
@@ -216,8 +166,7 @@ def _check_against_reference(case, config, defines, slots=132, streamk=False):
     kd, vd = (None, None) if bf16_kv else (torch.tensor([0.9], device="cuda"), torch.tensor([1.1], device="cuda"))
     scale = d ** -0.5
 
-    lists = plan_streamk_python(seq_lens, q_lens, num_kv_heads=hkv, slots=slots) if streamk else \
-        plan_python(seq_lens, q_lens, num_kv_heads=hkv, slots=slots, mode="balanced")
+    lists = plan_python(seq_lens, q_lens, num_kv_heads=hkv, slots=132, mode="balanced")
     plan = {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device="cuda")
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
     width = plan["work_seq"].shape[0]

@@ -1,12 +1,10 @@
 """Planners: hand-worked cases for each mode, then invariants over random batches (CPU only)."""
-import dataclasses
 import random
 
 import pytest
 
 from vattn.planner import (
-    KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python,
-    plan_streamk_python, slot_budget,
+    KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
 )
 from vattn.planner import _smallest_cap  # the one-wave cap, which balanced's is held against
 
@@ -184,29 +182,6 @@ def test_invariants(mode):
 
 def tiles_of(a, e):
     return -(-(e - a) // KV_TILE)
-
-
-def test_streamk_gives_each_program_an_equal_run_of_items():
-    for lens, qs, hkv, slots in CASES:
-        p = plan_streamk_python(lens, qs, num_kv_heads=hkv, slots=slots)
-        n, programs, width = p.num_items[0], slot_budget(hkv, slots), max_work_items(len(lens), hkv, slots)
-        # work_order: program c's items [work_order[c], work_order[c + 1]), then num_items to W + 1 entries
-        order = p.work_order
-        assert len(order) == width + 1 and order[0] == 0 and order[programs:] == [n] * (width + 1 - programs)
-        assert all(order[c] <= order[c + 1] for c in range(programs))
-        shares = [sum(tiles_of(p.work_start[w], p.work_end[w]) for w in range(order[c], order[c + 1]))
-                  for c in range(programs)]
-        assert max(shares) - min(shares) <= 1, (lens, qs, hkv, slots)  # equal shares of the tiles end to end
-        assert n <= programs + len(lens) - 1 or n == 0
-        # the other planners' structure (every position once, rows contiguous per sequence), work_order aside
-        check_structure(dataclasses.replace(p, work_order=list(range(n)) + [-1] * (width - n)), lens, qs, hkv, slots)
-
-
-def test_streamk_hand_worked():
-    # 16 x 35k on 132 programs: 8750 tiles, 66 or 67 a program; each sequence crosses into 9 items
-    p = plan_streamk_python([35000] * 16, [4] * 16, num_kv_heads=1, slots=132)
-    assert p.num_items == [144] and p.seq_part_start[:3] == [0, 9, 18]
-    assert p.work_order[:3] == [0, 1, 2] and p.pieces()[:2] == [(0, 0, 66 * 64), (0, 66 * 64, 132 * 64)]
 
 
 def test_fixed_counts():

@@ -231,8 +231,6 @@ class MainSm90:
         drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, name.encode()),
                   "cuModuleGetFunction")
         drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
-        if int(self.defines.get("K8_CTAS_PER_SM", 1)) > 1:  # two CTAs an SM need the whole carveout as shared memory
-            drv.check(drv.lib.cuFuncSetAttribute(self.fn, 9, 100), "cuFuncSetAttribute(shared memory carveout)")
 
     def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                softmax_scale, plan_tensors, o_part, lse_part, out, *, v_lbo: int = 8192, v_sbo: int = 1024) -> None:

@@ -242,43 +242,21 @@ __device__ __forceinline__ void next_kernel_may_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// ITEM_RANGE=1 (a prototype, the TMA kernels): a CTA runs the consecutive items work_order[y] ..
-// work_order[y + 1] - 1 in turn, on one ring of slots, so that a plan can give each CTA an equal share of the
-// batch's tiles across sequence boundaries (vattn.planner.plan_streamk_python; hopper_proto runs ITEM_RANGE builds
-// on it). Otherwise a CTA runs the item work_order[y].
-#ifndef ITEM_RANGE
-#define ITEM_RANGE 0
-#endif
-
-// The CTA's items [first, last): empty for an idle program (the padding of a fixed-size plan).
-__device__ __forceinline__ void cta_items(int& first, int& last, int program, const int* __restrict__ work_order,
-                                          const int* __restrict__ work_seq) {
-#if ITEM_RANGE
-  first = work_order[program];
-  last = work_order[program + 1];
-#elif defined(PROFILE_NO_ORDER)  // timing only (right where work_order is the identity): one dependent load less
-  first = program;
-  last = work_seq[program] < 0 ? program : program + 1;
-#else
-  first = work_order[program];
-  last = first < 0 ? first : first + 1;
-#endif
-}
-
-// The CTA's tiles over all its items.
-__device__ __forceinline__ int cta_tiles(int first, int last, const int* __restrict__ work_start,
-                                         const int* __restrict__ work_end) {
-  int n = 0;
-  for (int w = first; w < last; ++w) n += (work_end[w] - work_start[w] + BLOCK_N - 1) / BLOCK_N;
-  return n;
-}
-
-__device__ __forceinline__ void read_item_at(Item& it, int w, const int* __restrict__ work_seq,
-                                             const int* __restrict__ work_start, const int* __restrict__ work_end,
-                                             const int* __restrict__ work_part, const int* __restrict__ seq_lens,
-                                             const int* __restrict__ cu_q, const int* __restrict__ bt,
-                                             int64_t stride_bt) {
+// false for an idle item (the padding of a fixed-size plan)
+__device__ __forceinline__ bool read_item(Item& it, int program, const int* __restrict__ work_order,
+                                          const int* __restrict__ work_seq, const int* __restrict__ work_start,
+                                          const int* __restrict__ work_end, const int* __restrict__ work_part,
+                                          const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
+                                          const int* __restrict__ bt, int64_t stride_bt) {
+#ifdef PROFILE_NO_ORDER  // timing only (right where work_order is the identity): one dependent load less
+  const int w = program;
   const int seq = work_seq[w];
+  if (seq < 0) return false;
+#else
+  const int w = work_order[program];
+  if (w < 0) return false;
+  const int seq = work_seq[w];
+#endif
   it.start = work_start[w];
   it.end = work_end[w];
   it.part = work_part[w];
@@ -287,40 +265,8 @@ __device__ __forceinline__ void read_item_at(Item& it, int w, const int* __restr
   it.n_q = cu_q[seq + 1] - it.q0;
   it.n_tiles = (it.end - it.start + BLOCK_N - 1) / BLOCK_N;
   it.bt_row = bt + (int64_t)seq * stride_bt;
-}
-
-// The CTA's one item (vattn_main_sm90, which takes no ITEM_RANGE plan); false for an idle program.
-__device__ __forceinline__ bool read_item(Item& it, int program, const int* __restrict__ work_order,
-                                          const int* __restrict__ work_seq, const int* __restrict__ work_start,
-                                          const int* __restrict__ work_end, const int* __restrict__ work_part,
-                                          const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
-                                          const int* __restrict__ bt, int64_t stride_bt) {
-  int first, last;
-  cta_items(first, last, program, work_order, work_seq);
-  if (first >= last) return false;
-  read_item_at(it, first, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt, stride_bt);
   return true;
 }
-// A 64-bit parameter made opaque to the compiler where an item loop uses it (ITEM_RANGE): otherwise it hoists
-// what it derives from the parameters (addresses, products of strides) out of the loop, and at head_dim 256 those
-// values spill (k8: 232 bytes, 48 with this)
-template <class T>
-__device__ __forceinline__ T opaque(T x) {
-#if ITEM_RANGE
-  asm volatile("" : "+l"(x));
-#endif
-  return x;
-}
-#define READ_ITEM(it, w) read_item_at(it, w, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt, stride_bt)
-// A role's loop over the CTA's items [first, last) (the first already in it), t0 counting the CTA's tiles before
-// each; without ITEM_RANGE the one item, t0 the constant 0: the code the one-item kernels always had
-#if ITEM_RANGE
-#define FOR_EACH_ITEM(it, t0) \
-  _Pragma("unroll 1") for (int w_ = first, t0 = 0; w_ < last; t0 += it.n_tiles, ++w_) \
-    if (w_ > first && (READ_ITEM(it, w_), false)) {} else
-#else
-#define FOR_EACH_ITEM(it, t0) if (constexpr int t0 = 0; true)
-#endif
 
 // ---------------- the consumer's per-tile steps ----------------
 // This thread's accumulator rows (wgmma's m64 layout): r0 = warp * 16 + lane / 4 and r0 + 8; columns
@@ -832,14 +778,161 @@ __device__ __forceinline__ uint16_t float2_to_e4m3x2(float a, float b) {
   return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
 
-// An item's Q tile split into e4m3 parts in shared memory, and each row's scale: warp w takes rows 16w .. 16w + 15, a lane 8 head dims of a row (LPR lanes a
-// row, RPL rows a load); the rows' loads are issued together (one memory latency, not 16), and so are their
-// amax reductions across the row's lanes (independent shuffles a step). The prologue's time is its chain of
-// dependent loads (work item, cu_q, Q), not this arithmetic: the reductions row after row measured the same
-// (PROFILE_Q_ONLY, NOTES P14)
-__device__ __forceinline__ void split_q(const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
-                                        int q0, int n_q, int h, int warp, int lane, char* sq_hi, char* sq_lo,
-                                        float* row_scale) {
+extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
+    const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
+#if K8_CPASYNC
+    const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
+    const uint8_t* __restrict__ v, int64_t svp, int64_t svs, int64_t svh,
+#endif
+    PLAN_AND_OUTPUT_PARAMS,
+    const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  char* smem = align_1024(smem_raw);
+  char* sq_hi = smem;
+  char* sq_lo = sq_hi + K8_Q;
+  char* raw = sq_lo + K8_Q;                                  // slot r: K at r * 2 * K8_TILE, V right after it
+  char* sv = raw + K8_RAW_SLOTS * 2 * K8_TILE;               // K8_VSTAGES fp16 V tiles
+  uint64_t* raw_full = reinterpret_cast<uint64_t*>(sv + K8_VSTAGES * K8_VH);
+  uint64_t* raw_empty = raw_full + K8_RAW_SLOTS;
+  float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
+
+  const int h = blockIdx.x;
+  Item it;
+  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,
+                 stride_bt))
+    return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
+  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;
+  const int* bt_row = it.bt_row;
+  const int tid = threadIdx.x;
+#ifdef PROFILE_EMPTY  // timing only: the launch and the work item's loads, nothing else
+  if (it.end < 0) lse_part[0] = 0.f;  // keeps the item's loads
+  return;
+#endif
+
+  if (tid == 0) {
+    for (int r = 0; r < K8_RAW_SLOTS; ++r) {
+      mbar_init(&raw_full[r], K8_CPASYNC ? 32 : 1);  // TMA: the copying thread's expect_tx, and the copies' bytes;
+                                                      // cp.async: each lane once its copies have landed
+      mbar_init(&raw_empty[r], K8_BAR_COUNT);     // every consumer thread (K read) and widening thread (V widened)
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+#ifdef PROFILE_Q_ONLY  // timing only: the consumer's Q load and split, nothing after it
+  if (tid >= 128) return;
+#endif
+  if (tid >= 128) {
+    const int ptid = tid - 128;
+    if (ptid < 32) {
+#if K8_CPASYNC
+      // ---------------- copy warp: its lanes gather every tile by cp.async ----------------
+      // A tile is handed over (each lane: its copies landed, made visible to wgmma's async proxy, arrive) at the
+      // top of the iteration AHEAD tiles later, before that iteration waits for a free slot: its hand-over never
+      // waits on the consumer; the last AHEAD at the end.
+      constexpr int AHEAD = K8_RAW_SLOTS - 1;
+      int pg[TILE_PAGES];
+      load_pages(pg, bt_row, start, end);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
+        if (t >= AHEAD) {  // tiles t - AHEAD .. t - 1 are in flight: the oldest is done once AHEAD - 1 remain
+          cp_async_wait<AHEAD - 1>();
+          fence_async_smem();
+          mbar_arrive(&raw_full[(t - AHEAD) % K8_RAW_SLOTS]);
+        }
+        if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
+        copy_tile_cpasync(raw + r * 2 * K8_TILE, pg, k, v, skp, sks, svp, svs, h * skh, h * svh, ts, end, ptid);
+        cp_async_commit();
+        if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);
+      }
+      cp_async_wait<0>();
+      fence_async_smem();
+      for (int t = max(0, n_tiles - AHEAD); t < n_tiles; ++t) mbar_arrive(&raw_full[t % K8_RAW_SLOTS]);
+      return;
+#else
+      // ---------------- copy warp: one thread issues every tile's TMA copies ----------------
+      if (ptid != 0) return;
+      int pg[TILE_PAGES];
+      load_pages(pg, bt_row, start, end);
+      for (int t = 0; t < n_tiles; ++t) {
+        const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
+        if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
+        const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
+#ifdef PROFILE_NO_LOAD  // timing only: the slots are handed over unfilled (no DRAM traffic)
+        mbar_arrive(&raw_full[r]);
+        continue;
+#endif
+        mbar_expect_tx(&raw_full[r], pages * PAGE * HEAD_DIM * 2);
+        char* rk = raw + r * 2 * K8_TILE;
+#pragma unroll
+        for (int p = 0; p < TILE_PAGES; ++p) {
+          if (p < pages) {
+#pragma unroll
+            for (int g = 0; g < HEAD_DIM / 128; ++g)
+              tma_load_4d(rk + g * (BLOCK_N * 128) + p * PAGE * 128, &tmap_k, g * 128, h, 0, pg[p], &raw_full[r]);
+            tma_load_4d(rk + K8_TILE + p * PAGE * HEAD_DIM, &tmap_v, 0, h, 0, pg[p], &raw_full[r]);
+          }
+        }
+        if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);  // used next round: its latency hides
+      }
+      return;
+#endif
+    }
+    // ---------------- widening warps: V e4m3 rows -> fp16 stages ----------------
+    const int wtid = ptid - 32;
+    for (int i = 0; i < n_tiles; ++i) {
+      const int r = i % K8_RAW_SLOTS, s = i % K8_VSTAGES;
+      const int rows_valid = min(BLOCK_N, end - (start + i * BLOCK_N));
+      mbar_wait(&raw_full[r], (i / K8_RAW_SLOTS) & 1);
+      if (i >= K8_VSTAGES) bar_sync(K8_BAR_EMPTY_V + s, K8_BAR_COUNT);  // P(i - K8_VSTAGES).V is done with stage s
+      const char* src = raw + r * 2 * K8_TILE + K8_TILE;
+      char* dst = sv + s * K8_VH;
+#ifndef PROFILE_NO_WIDEN  // timing only: V stages handed over as they are
+      // a thread's vectors share one column (K8_WIDEN is a multiple of HEAD_DIM / 16); all its loads are
+      // issued before the first conversion. A warp covers R = 32 / G whole rows (G 16-byte columns a row). A
+      // 16-byte shared access serves one quarter warp a wavefront, so each quarter's 8 lanes take 8 distinct
+      // columns mod 128 bytes (its loads from the unswizzled e4m3 rows are conflict-free), and its lanes a and
+      // a + 4, whose fp16 chunks sit at the same place in their swizzle rows, take rows of opposite parity (the
+      // 128-byte swizzle then puts them in different banks: one row a quarter stored 2 lanes a bank)
+      constexpr int G = HEAD_DIM / 16, R = 32 / G;
+      const int wl = wtid % 32, quarter = wl / 8, a = wl % 8;
+      const int half = G == 16 ? quarter & 1 : 0, swap = G == 16 ? quarter >> 1 : quarter & 1,
+                pair = G == 16 ? 0 : quarter >> 1;
+      const int col = 16 * a + 128 * half, row0 = (wtid / 32) * R + 2 * pair + ((a >> 2) ^ swap);
+      constexpr int ROW_STEP = K8_WIDEN / G, N_VEC = (BLOCK_N + ROW_STEP - 1) / ROW_STEP;
+      static_assert(R % 2 == 0 && ROW_STEP % 2 == 0, "row pairs of opposite parity");
+      uint4 x[N_VEC];
+#pragma unroll
+      for (int j = 0; j < N_VEC; ++j) {
+        const int row = row0 + j * ROW_STEP;  // rows past the piece: zeros (never an e4m3 NaN pattern)
+        x[j] = row < rows_valid ? *reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < N_VEC; ++j) {
+        const int row = row0 + j * ROW_STEP;
+        if (row < BLOCK_N) {
+          uint4 lo, hi;
+          widen16(x[j], lo, hi);
+          char* sub = dst + (row / SUB_N) * (SUB_N * HEAD_DIM * 2);  // issue_pv's sub-tiles of 64 rows
+          *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col)) = lo;
+          *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col + 8)) = hi;
+        }
+      }
+#endif
+      mbar_arrive(&raw_empty[r]);
+      fence_async_smem();  // generic-proxy stores, read next by wgmma (async proxy)
+      bar_arrive(K8_BAR_FULL_V + s, K8_BAR_COUNT);
+    }
+    return;
+  }
+
+  // ---------------- consumer warpgroup ----------------
+  const int warp = tid / 32, lane = tid % 32;
+  // Q split into e4m3 parts: warp w takes rows 16w .. 16w + 15, a lane 8 head dims of a row (LPR lanes a
+  // row, RPL rows a load); the rows' loads are issued together (one memory latency, not 16), and so are their
+  // amax reductions across the row's lanes (independent shuffles a step). The prologue's time is its chain of
+  // dependent loads (work item, cu_q, Q), not this arithmetic: the reductions row after row measured the same
+  // (PROFILE_Q_ONLY, NOTES P14)
   constexpr int LPR = HEAD_DIM / 8, RPL = 32 / LPR, NLD = 16 / RPL;
   const int sub = lane / LPR, c = (lane % LPR) * 8;
   uint4 qraw[NLD];
@@ -899,234 +992,38 @@ __device__ __forceinline__ void split_q(const __nv_bfloat16* __restrict__ q, int
     *reinterpret_cast<uint2*>(sq_lo + swz8(QROWS, r, c)) = make_uint2(lw[0], lw[1]);
     if (lane % LPR == 0) row_scale[r] = qs / 16.f;
   }
-}
-
-// K8_CTAS_PER_SM=2 (a prototype, head_dim 128 on 64-token tiles): two CTAs share an SM, so that one consumer's
-// softmax can run while the other's tensor work and copies do. 256 threads x 2 CTAs leave 128 registers a thread
-// at launch; the consumer warpgroup takes K8_CONSUMER_REGS of them and the copy and widening warps give back the
-// rest (setmaxnreg), as FlashAttention-3's warpgroups do
-#ifndef K8_CTAS_PER_SM
-#define K8_CTAS_PER_SM 1
-#endif
-#if K8_CTAS_PER_SM == 2
-#ifndef K8_CONSUMER_REGS
-#define K8_CONSUMER_REGS 192  // 200 spills 16 bytes in the widening at 56 (ptxas allocates per setmaxnreg region)
-#endif
-#define K8_PRODUCER_REGS (256 - K8_CONSUMER_REGS)  // the two warpgroups share 2 x 128 registers a thread
-static_assert(K8_CONSUMER_REGS % 8 == 0 && K8_PRODUCER_REGS >= 24, "setmaxnreg: multiples of 8, at least 24");
-#endif
-__device__ __forceinline__ void take_registers(bool consumer) {
-#if K8_CTAS_PER_SM == 2
-  if (consumer)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(K8_CONSUMER_REGS));
-  else
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(K8_PRODUCER_REGS));
-#endif
-}
-
-extern "C" __global__ void __launch_bounds__(256, K8_CTAS_PER_SM) vattn_main_sm90_k8(
-    const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
-#if K8_CPASYNC
-    const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
-    const uint8_t* __restrict__ v, int64_t svp, int64_t svs, int64_t svh,
-#endif
-    PLAN_AND_OUTPUT_PARAMS,
-    const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
-  extern __shared__ __align__(1024) char smem_raw[];
-  char* smem = align_1024(smem_raw);
-  char* sq_hi = smem;
-  char* sq_lo = sq_hi + K8_Q;
-  char* raw = sq_lo + K8_Q;                                  // slot r: K at r * 2 * K8_TILE, V right after it
-  char* sv = raw + K8_RAW_SLOTS * 2 * K8_TILE;               // K8_VSTAGES fp16 V tiles
-  uint64_t* raw_full = reinterpret_cast<uint64_t*>(sv + K8_VSTAGES * K8_VH);
-  uint64_t* raw_empty = raw_full + K8_RAW_SLOTS;
-  float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
-
-  const int h = blockIdx.x;
-  int first, last;
-  cta_items(first, last, blockIdx.y, work_order, work_seq);
-  if (first >= last) return;  // an idle program of a fixed-size plan (whole CTA: no barrier is left waiting)
-  Item it;  // the CTA's first item (its only one without ITEM_RANGE)
-  READ_ITEM(it, first);
-  const int tid = threadIdx.x;
-#ifdef PROFILE_EMPTY  // timing only: the launch and the work item's loads, nothing else
-  if (it.end < 0) lse_part[0] = 0.f;  // keeps the item's loads
+  fence_async_smem();
+  bar_sync(K8_BAR_CONSUMER, 128);
+#ifdef PROFILE_Q_ONLY
+  if (row_scale[tid % 64] == 12345.f) lse_part[0] = 0.f;
   return;
 #endif
 
-  if (tid == 0) {
-    for (int r = 0; r < K8_RAW_SLOTS; ++r) {
-      mbar_init(&raw_full[r], K8_CPASYNC ? 32 : 1);  // TMA: the copying thread's expect_tx, and the copies' bytes;
-                                                      // cp.async: each lane once its copies have landed
-      mbar_init(&raw_empty[r], K8_BAR_COUNT);     // every consumer thread (K read) and widening thread (V widened)
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-
-  take_registers(tid < 128);  // warpgroup-wide: before any of a warpgroup's threads returns
-#ifdef PROFILE_Q_ONLY  // timing only: the consumer's Q load and split, nothing after it
-  if (tid >= 128) return;
-#endif
-  if (tid >= 128) {
-    const int ptid = tid - 128;
-    if (ptid < 32) {
-#if K8_CPASYNC
-      // ---------------- copy warp: its lanes gather every tile by cp.async ----------------
-      // A tile is handed over (each lane: its copies landed, made visible to wgmma's async proxy, arrive) at the
-      // top of the iteration AHEAD tiles later, before that iteration waits for a free slot: its hand-over never
-      // waits on the consumer; the last AHEAD at the end.
-      static_assert(!ITEM_RANGE, "the cp.async probe runs one item a CTA");
-      constexpr int AHEAD = K8_RAW_SLOTS - 1;
-      const int start = it.start, end = it.end, n_tiles = it.n_tiles;
-      const int* bt_row = it.bt_row;
-      int pg[TILE_PAGES];
-      load_pages(pg, bt_row, start, end);
-      for (int t = 0; t < n_tiles; ++t) {
-        const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
-        if (t >= AHEAD) {  // tiles t - AHEAD .. t - 1 are in flight: the oldest is done once AHEAD - 1 remain
-          cp_async_wait<AHEAD - 1>();
-          fence_async_smem();
-          mbar_arrive(&raw_full[(t - AHEAD) % K8_RAW_SLOTS]);
-        }
-        if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
-        copy_tile_cpasync(raw + r * 2 * K8_TILE, pg, k, v, skp, sks, svp, svs, h * skh, h * svh, ts, end, ptid);
-        cp_async_commit();
-        if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);
-      }
-      cp_async_wait<0>();
-      fence_async_smem();
-      for (int t = max(0, n_tiles - AHEAD); t < n_tiles; ++t) mbar_arrive(&raw_full[t % K8_RAW_SLOTS]);
-      return;
-#else
-      // ---------------- copy warp: one thread issues every tile's TMA copies ----------------
-      // the CTA's tile t = t0 + i goes to slot t % K8_RAW_SLOTS
-      if (ptid != 0) return;
-      FOR_EACH_ITEM(it, t0) {
-        const int start = it.start, end = it.end;
-        int pg[TILE_PAGES];
-        load_pages(pg, it.bt_row, start, end);
-        for (int i = 0; i < it.n_tiles; ++i) {
-          const int t = t0 + i, r = t % K8_RAW_SLOTS, ts = start + i * BLOCK_N;
-          if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
-          const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
-#ifdef PROFILE_NO_LOAD  // timing only: the slots are handed over unfilled (no DRAM traffic)
-          mbar_arrive(&raw_full[r]);
-          continue;
-#endif
-          mbar_expect_tx(&raw_full[r], pages * PAGE * HEAD_DIM * 2);
-          char* rk = raw + r * 2 * K8_TILE;
-#pragma unroll
-          for (int p = 0; p < TILE_PAGES; ++p) {
-            if (p < pages) {
-#pragma unroll
-              for (int g = 0; g < HEAD_DIM / 128; ++g)
-                tma_load_4d(rk + g * (BLOCK_N * 128) + p * PAGE * 128, &tmap_k, g * 128, h, 0, pg[p], &raw_full[r]);
-              tma_load_4d(rk + K8_TILE + p * PAGE * HEAD_DIM, &tmap_v, 0, h, 0, pg[p], &raw_full[r]);
-            }
-          }
-          if (i + 1 < it.n_tiles) load_pages(pg, it.bt_row, ts + BLOCK_N, end);  // used next round: its latency hides
-        }
-      }
-      return;
-#endif
-    }
-    // ---------------- widening warps: V e4m3 rows -> fp16 stages ----------------
-    const int wtid = ptid - 32;
-    FOR_EACH_ITEM(it, t0) {
-      for (int i = 0; i < it.n_tiles; ++i) {
-        const int t = t0 + i, r = t % K8_RAW_SLOTS, s = t % K8_VSTAGES;
-        const int rows_valid = min(BLOCK_N, it.end - (it.start + i * BLOCK_N));
-        mbar_wait(&raw_full[r], (t / K8_RAW_SLOTS) & 1);
-        if (t >= K8_VSTAGES) bar_sync(K8_BAR_EMPTY_V + s, K8_BAR_COUNT);  // P(t - K8_VSTAGES).V is done with stage s
-        const char* src = raw + r * 2 * K8_TILE + K8_TILE;
-        char* dst = sv + s * K8_VH;
-#ifndef PROFILE_NO_WIDEN  // timing only: V stages handed over as they are
-        // a thread's vectors share one column (K8_WIDEN is a multiple of HEAD_DIM / 16); all its loads are
-        // issued before the first conversion. A warp covers R = 32 / G whole rows (G 16-byte columns a row). A
-        // 16-byte shared access serves one quarter warp a wavefront, so each quarter's 8 lanes take 8 distinct
-        // columns mod 128 bytes (its loads from the unswizzled e4m3 rows are conflict-free), and its lanes a and
-        // a + 4, whose fp16 chunks sit at the same place in their swizzle rows, take rows of opposite parity (the
-        // 128-byte swizzle then puts them in different banks: one row a quarter stored 2 lanes a bank)
-        constexpr int G = HEAD_DIM / 16, R = 32 / G;
-        const int wl = wtid % 32, quarter = wl / 8, a = wl % 8;
-        const int half = G == 16 ? quarter & 1 : 0, swap = G == 16 ? quarter >> 1 : quarter & 1,
-                  pair = G == 16 ? 0 : quarter >> 1;
-        const int col = 16 * a + 128 * half, row0 = (wtid / 32) * R + 2 * pair + ((a >> 2) ^ swap);
-        constexpr int ROW_STEP = K8_WIDEN / G, N_VEC = (BLOCK_N + ROW_STEP - 1) / ROW_STEP;
-        static_assert(R % 2 == 0 && ROW_STEP % 2 == 0, "row pairs of opposite parity");
-        uint4 x[N_VEC];
-#pragma unroll
-        for (int j = 0; j < N_VEC; ++j) {
-          const int row = row0 + j * ROW_STEP;  // rows past the piece: zeros (never an e4m3 NaN pattern)
-          x[j] = row < rows_valid ? *reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int j = 0; j < N_VEC; ++j) {
-          const int row = row0 + j * ROW_STEP;
-          if (row < BLOCK_N) {
-            uint4 lo, hi;
-            widen16(x[j], lo, hi);
-            char* sub = dst + (row / SUB_N) * (SUB_N * HEAD_DIM * 2);  // issue_pv's sub-tiles of 64 rows
-            *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col)) = lo;
-            *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col + 8)) = hi;
-          }
-        }
-#endif
-        mbar_arrive(&raw_empty[r]);
-        fence_async_smem();  // generic-proxy stores, read next by wgmma (async proxy)
-        bar_arrive(K8_BAR_FULL_V + s, K8_BAR_COUNT);
-      }
-    }
-    return;
-  }
-
-  // ---------------- consumer warpgroup ----------------
-  const int warp = tid / 32, lane = tid % 32;
   float qk_scale = softmax_scale * 1.4426950408889634f;  // logits in log2 units
   if (k_descale) qk_scale *= *k_descale;
+  const int r0 = warp * 16 + lane / 4;
+  Rows rw = rows_of(warp, lane, it, qk_scale * row_scale[r0], qk_scale * row_scale[r0 + 8]);
+  float o[O_REGS];
+#pragma unroll
+  for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
   const uint32_t qhi_addr = smem_u32(sq_hi), qlo_addr = smem_u32(sq_lo), raw_addr = smem_u32(raw),
                  sv_addr = smem_u32(sv);
-  const int total = ITEM_RANGE ? cta_tiles(first, last, work_start, work_end) : it.n_tiles;
-  FOR_EACH_ITEM(it, t0) {
-    if (t0 > 0) bar_sync(K8_BAR_CONSUMER, 128);  // every warp is done with the item before: Q and row_scale are free
-    split_q(opaque(q), opaque(stride_qt), opaque(stride_qh), it.q0, it.n_q, h, warp, lane, sq_hi, sq_lo, row_scale);
-    fence_async_smem();
-    bar_sync(K8_BAR_CONSUMER, 128);
-#ifdef PROFILE_Q_ONLY
-    if (row_scale[tid % 64] == 12345.f) lse_part[0] = 0.f;
-    return;
-#endif
-    const int r0 = warp * 16 + lane / 4;
-    Rows rw = rows_of(warp, lane, it, qk_scale * row_scale[r0], qk_scale * row_scale[r0 + 8]);
-    float o[O_REGS];
-#pragma unroll
-    for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
-    // the CTA's tile t0 + i: K in raw slot (t0 + i) % K8_RAW_SLOTS, which the copy thread refills once this
-    // warpgroup and the widening warps have both arrived on its raw_empty barrier; V in fp16 stage
-    // (t0 + i) % K8_VSTAGES
-    auto v_free = [&](int i) {
-      if (t0 + i + K8_VSTAGES < total) bar_arrive(K8_BAR_EMPTY_V + (t0 + i) % K8_VSTAGES, K8_BAR_COUNT);
-    };
-    overlap_loop<true, false>(
-        o, rw, it.start, it.n_tiles, v_lbo, v_sbo,
-        [&](int i) { mbar_wait(&raw_full[(t0 + i) % K8_RAW_SLOTS], ((t0 + i) / K8_RAW_SLOTS) & 1); },
-        [&](float (&sc)[BLOCK_N / 2], int i) {
-          issue_qk8(sc, qhi_addr, qlo_addr, raw_addr + ((t0 + i) % K8_RAW_SLOTS) * 2 * K8_TILE);
-        },
-        [&](int i) { mbar_arrive(&raw_empty[(t0 + i) % K8_RAW_SLOTS]); },
-        [&](int i) { bar_sync(K8_BAR_FULL_V + (t0 + i) % K8_VSTAGES, K8_BAR_COUNT); },
-        v_free,
-        [&](int i) { return sv_addr + ((t0 + i) % K8_VSTAGES) * K8_VH; });
-    v_free(it.n_tiles - 1);  // the loop leaves its last V stage to the caller: a next item's tiles reuse it
+  // K(i) is read from raw slot i % K8_RAW_SLOTS, which the copy thread refills once this warpgroup and the
+  // widening warps have both arrived on its raw_empty barrier
+  overlap_loop<true, false>(
+      o, rw, start, n_tiles, v_lbo, v_sbo,
+      [&](int i) { mbar_wait(&raw_full[i % K8_RAW_SLOTS], (i / K8_RAW_SLOTS) & 1); },
+      [&](float (&sc)[BLOCK_N / 2], int i) { issue_qk8(sc, qhi_addr, qlo_addr, raw_addr + (i % K8_RAW_SLOTS) * 2 * K8_TILE); },
+      [&](int i) { mbar_arrive(&raw_empty[i % K8_RAW_SLOTS]); },
+      [&](int i) { bar_sync(K8_BAR_FULL_V + i % K8_VSTAGES, K8_BAR_COUNT); },
+      [&](int i) { if (i + K8_VSTAGES < n_tiles) bar_arrive(K8_BAR_EMPTY_V + i % K8_VSTAGES, K8_BAR_COUNT); },
+      [&](int i) { return sv_addr + (i % K8_VSTAGES) * K8_VH; });
 #ifdef PROFILE_NO_PARTIAL  // timing only: no partial written
-    if (rw.l0 == 12345.f) lse_part[0] = o[0];
-    return;
+  if (rw.l0 == 12345.f) lse_part[0] = o[0];
+  return;
 #endif
-    if (t0 + it.n_tiles == total) next_kernel_may_launch();
-    store_result(o, rw, it, h, v_descale, opaque(o_part), opaque(sow), opaque(soh), opaque(sor), opaque(lse_part),
-                 opaque(slw), opaque(slh), opaque(out), opaque(sot), opaque(soh_out), lane);
-  }
+  next_kernel_may_launch();
+  store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
 }
 
 // ======================= vattn_main_sm90_kv16: bf16 caches, no widening (KV16=1) =======================
@@ -1177,11 +1074,11 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
   uint64_t* empty_v = empty_k + KV16_SLOTS;
 
   const int h = blockIdx.x;
-  int first, last;
-  cta_items(first, last, blockIdx.y, work_order, work_seq);
-  if (first >= last) return;  // an idle program of a fixed-size plan (whole CTA: no barrier is left waiting)
-  Item it;  // the CTA's first item (its only one without ITEM_RANGE)
-  READ_ITEM(it, first);
+  Item it;
+  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,
+                 stride_bt))
+    return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
+  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;
   const int tid = threadIdx.x;
 
   if (tid == 0) {
@@ -1197,90 +1094,77 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
 
   if (tid >= 128) {
     // ---------------- copy thread: K and V of each tile by TMA, straight into the wgmma layout ----------------
-    // the CTA's tile t = t0 + i goes to slot t % KV16_SLOTS
     if (tid != 128) return;
     constexpr int REGIONS = HEAD_DIM / 64;
-    FOR_EACH_ITEM(it, t0) {
-      const int start = it.start, end = it.end;
-      int pg[TILE_PAGES];
-      load_pages(pg, it.bt_row, start, end);
-      for (int i = 0; i < it.n_tiles; ++i) {
-        const int t = t0 + i, r = t % KV16_SLOTS, ts = start + i * BLOCK_N, phase = ((t / KV16_SLOTS) - 1) & 1;
-        const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
-        char* rk = slots + r * 2 * KV16_TILE;
+    int pg[TILE_PAGES];
+    load_pages(pg, it.bt_row, start, end);
+    for (int t = 0; t < n_tiles; ++t) {
+      const int r = t % KV16_SLOTS, ts = start + t * BLOCK_N, phase = ((t / KV16_SLOTS) - 1) & 1;
+      const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
+      char* rk = slots + r * 2 * KV16_TILE;
 #pragma unroll
-        for (int kv = 0; kv < 2; ++kv) {  // K(t) as soon as S(t - KV16_SLOTS) has read its slot, V(t) after P.V
-          uint64_t* full = kv ? &full_v[r] : &full_k[r];
-          if (t >= KV16_SLOTS) mbar_wait(kv ? &empty_v[r] : &empty_k[r], phase);
-          mbar_expect_tx(full, pages * PAGE * HEAD_DIM * 2);
+      for (int kv = 0; kv < 2; ++kv) {  // K(t) as soon as S(t - KV16_SLOTS) has read its slot, V(t) after P.V
+        uint64_t* full = kv ? &full_v[r] : &full_k[r];
+        if (t >= KV16_SLOTS) mbar_wait(kv ? &empty_v[r] : &empty_k[r], phase);
+        mbar_expect_tx(full, pages * PAGE * HEAD_DIM * 2);
 #pragma unroll
-          for (int p = 0; p < TILE_PAGES; ++p) {
-            if (p < pages) {
+        for (int p = 0; p < TILE_PAGES; ++p) {
+          if (p < pages) {
 #pragma unroll
-              for (int g = 0; g < REGIONS; ++g)
-                tma_load_4d(rk + kv * KV16_TILE + g * (BLOCK_N * 128) + p * PAGE * 128, kv ? &tmap_v : &tmap_k,
-                            g * 64, h, 0, pg[p], full);
-            }
+            for (int g = 0; g < REGIONS; ++g)
+              tma_load_4d(rk + kv * KV16_TILE + g * (BLOCK_N * 128) + p * PAGE * 128, kv ? &tmap_v : &tmap_k,
+                          g * 64, h, 0, pg[p], full);
           }
         }
-        if (i + 1 < it.n_tiles) load_pages(pg, it.bt_row, ts + BLOCK_N, end);  // used next round: its latency hides
       }
+      if (t + 1 < n_tiles) load_pages(pg, it.bt_row, ts + BLOCK_N, end);  // used next round: its latency hides
     }
     return;
   }
 
   // ---------------- consumer warpgroup ----------------
   const int warp = tid / 32, lane = tid % 32;
+  {  // Q tile [QROWS, HEAD_DIM] as it is (bf16), in the swizzled layout; every load issued before the first store
+    constexpr int PER_THREAD = QROWS * HEAD_DIM / 8 / 128;
+    uint4 qv[PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+      const int vec = j * 128 + tid, r = vec / (HEAD_DIM / 8), c = (vec % (HEAD_DIM / 8)) * 8, tok = r / GQA;
+      qv[j] = tok < n_q ? *reinterpret_cast<const uint4*>(q + (int64_t)(q0 + tok) * stride_qt +
+                                                          (int64_t)(h * GQA + r % GQA) * stride_qh + c)
+                        : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < PER_THREAD; ++j) {
+      const int vec = j * 128 + tid, r = vec / (HEAD_DIM / 8), c = (vec % (HEAD_DIM / 8)) * 8;
+      *reinterpret_cast<uint4*>(sq + swz(QROWS, r, c)) = qv[j];
+    }
+  }
+  fence_async_smem();
+  bar_sync(KV16_BAR_CONSUMER, 128);
+
   float qk_scale = softmax_scale * 1.4426950408889634f;  // logits in log2 units
   if (k_descale) qk_scale *= *k_descale;
+  Rows rw = rows_of(warp, lane, it, qk_scale, qk_scale);
+  float o[O_REGS];
+#pragma unroll
+  for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
   const uint32_t sq_addr = smem_u32(sq), slots_addr = smem_u32(slots);
-  const int total = ITEM_RANGE ? cta_tiles(first, last, work_start, work_end) : it.n_tiles;
-  FOR_EACH_ITEM(it, t0) {
-    if (t0 > 0) bar_sync(KV16_BAR_CONSUMER, 128);  // every warp is done with the item before: Q is free
-    {  // Q tile [QROWS, HEAD_DIM] as it is (bf16), in the swizzled layout; every load issued before the first store
-      constexpr int PER_THREAD = QROWS * HEAD_DIM / 8 / 128;
-      uint4 qv[PER_THREAD];
-#pragma unroll
-      for (int j = 0; j < PER_THREAD; ++j) {
-        const int vec = j * 128 + tid, r = vec / (HEAD_DIM / 8), c = (vec % (HEAD_DIM / 8)) * 8, tok = r / GQA;
-        qv[j] = tok < it.n_q ? *reinterpret_cast<const uint4*>(q + (int64_t)(it.q0 + tok) * stride_qt +
-                                                               (int64_t)(h * GQA + r % GQA) * stride_qh + c)
-                             : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int j = 0; j < PER_THREAD; ++j) {
-        const int vec = j * 128 + tid, r = vec / (HEAD_DIM / 8), c = (vec % (HEAD_DIM / 8)) * 8;
-        *reinterpret_cast<uint4*>(sq + swz(QROWS, r, c)) = qv[j];
-      }
-    }
-    fence_async_smem();
-    bar_sync(KV16_BAR_CONSUMER, 128);
-
-    Rows rw = rows_of(warp, lane, it, qk_scale, qk_scale);
-    float o[O_REGS];
-#pragma unroll
-    for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
-    const int n_tiles = it.n_tiles, last_rows = it.end - (it.start + (n_tiles - 1) * BLOCK_N);  // of the last tile
-    // the CTA's tile t0 + i in slot (t0 + i) % KV16_SLOTS
-    auto v_free = [&](int i) { mbar_arrive(&empty_v[(t0 + i) % KV16_SLOTS]); };
-    overlap_loop<true, true>(
-        o, rw, it.start, n_tiles, v_lbo, v_sbo,
-        [&](int i) { mbar_wait(&full_k[(t0 + i) % KV16_SLOTS], ((t0 + i) / KV16_SLOTS) & 1); },
-        [&](float (&sc)[BLOCK_N / 2], int i) {
-          issue_qk<true>(sc, sq_addr, slots_addr + ((t0 + i) % KV16_SLOTS) * 2 * KV16_TILE);
-        },
-        [&](int i) { mbar_arrive(&empty_k[(t0 + i) % KV16_SLOTS]); },
-        [&](int i) {
-          mbar_wait(&full_v[(t0 + i) % KV16_SLOTS], ((t0 + i) / KV16_SLOTS) & 1);
-          if (i == n_tiles - 1 && last_rows < BLOCK_N)
-            zero_v_rows(slots + ((t0 + i) % KV16_SLOTS) * 2 * KV16_TILE + KV16_TILE, last_rows, tid);
-        },
-        v_free,
-        [&](int i) { return slots_addr + ((t0 + i) % KV16_SLOTS) * 2 * KV16_TILE + KV16_TILE; });
-    if (t0 + n_tiles < total) v_free(n_tiles - 1);  // the loop leaves its last V slot: the next item's tiles reuse it
-    if (t0 + n_tiles == total) next_kernel_may_launch();
-    store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
-  }
+  const int last_rows = end - (start + (n_tiles - 1) * BLOCK_N);  // valid rows of the last tile
+  overlap_loop<true, true>(
+      o, rw, start, n_tiles, v_lbo, v_sbo,
+      [&](int i) { mbar_wait(&full_k[i % KV16_SLOTS], (i / KV16_SLOTS) & 1); },
+      [&](float (&sc)[BLOCK_N / 2], int i) { issue_qk<true>(sc, sq_addr, slots_addr + (i % KV16_SLOTS) * 2 * KV16_TILE); },
+      [&](int i) { mbar_arrive(&empty_k[i % KV16_SLOTS]); },
+      [&](int i) {
+        mbar_wait(&full_v[i % KV16_SLOTS], (i / KV16_SLOTS) & 1);
+        if (i == n_tiles - 1 && last_rows < BLOCK_N)
+          zero_v_rows(slots + (i % KV16_SLOTS) * 2 * KV16_TILE + KV16_TILE, last_rows, tid);
+      },
+      [&](int i) { mbar_arrive(&empty_v[i % KV16_SLOTS]); },
+      [&](int i) { return slots_addr + (i % KV16_SLOTS) * 2 * KV16_TILE + KV16_TILE; });
+  next_kernel_may_launch();
+  store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
 }
 #endif  // KV16
 #endif  // PAGE % 8 == 0
