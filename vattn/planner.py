@@ -33,7 +33,8 @@ equals length_aware whenever SEG_MAX does not bind, and beats it when one long r
 more than SEG_MAX pieces. Why not stream-K
 chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
-pieces has a smaller largest piece than the one-wave cap. An even split inside each sequence was tried and
+pieces has a smaller largest piece than the one-wave cap. (A Hopper build whose CTAs ran runs of stream-K
+items was 19-23% slower on the H200: benchmarks/NOTES.md P29, P30.) An even split inside each sequence was tried and
 dropped: the cost model (processor sharing) ran it ~1% slower on the agentic batches, because
 pieces of unequal size across sequences leave a tail of few programs.
 
