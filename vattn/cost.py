@@ -11,6 +11,10 @@ sequence). The H200 profile is fitted to benchmarks/h200-vattn.json; `python -m
 benchmarks.kernel.cost_check --check-cycles RUN_DIR` compares it with a kernel-in-the-loop run's
 measured calls.
 
+vattn_hopper: vattn with VATTN_HOPPER=1. The calls its kernels cover (vattn.hopper.backend.covers_shape) run
+the same model with the profile's `vattn_hopper` figures, planned as that backend plans (one CTA per SM, its
+piece overhead), on its kernel paths (hopper_path); every other call is vattn's Triton path, as on the GPU.
+
 baseline: the engine's default kernel, fitted as fixed_us + KV bytes / tbps (or + work / rate) per
 (kv_dtype, phase) from measured tables; profiles cite each figure's source.
 """
@@ -21,7 +25,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vattn.planner import KV_TILE, PLANNERS, plan_splits
+from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
 PHASES = ("verify", "decode", "any")  # decode: every live sequence has q_len 1; any: one fit for both
@@ -45,6 +49,9 @@ class VattnModel:
     dot_tflops: dict[str, float] = field(default_factory=dict)
     slot_sharing: str = "device"  # "device" | "sm": what programs share (see _makespan_us)
     reduce_piece_us: float = 0.0  # per partial of the most-split sequence (the reduce loops over them)
+    reduce_seq_us: float = 0.0  # per split sequence x KV head (the reduce's programs: Hopper's reduce skips whole ones)
+    # Without dot_tflops every path is bytes-bound at its path_tbps (the Hopper kernels' paths: they always compute
+    # 64 packed rows, so their rows cost the same on every batch)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class HardwareProfile:
     vattn: VattnModel
     baseline: str  # name of the default entry in `baselines` (what vattn replaces)
     baselines: dict[str, tuple[BaselineEntry, ...]]
+    vattn_hopper: VattnModel | None = None  # vattn with VATTN_HOPPER=1 (module docstring); None: not modelled
 
     @property
     def slots(self) -> int:
@@ -91,6 +99,12 @@ def _build(raw: dict, source: str) -> tuple[HardwareProfile, dict | None]:
         vattn = VattnModel(**vraw)
     except TypeError as e:
         raise ValueError(f"{source}.vattn: {e}") from None
+    hopper = None
+    if "vattn_hopper" in raw:
+        try:
+            hopper = VattnModel(**raw["vattn_hopper"])
+        except TypeError as e:
+            raise ValueError(f"{source}.vattn_hopper: {e}") from None
     baselines = {}
     for name, entries in _need(raw, "baselines", source).items():
         try:
@@ -105,7 +119,7 @@ def _build(raw: dict, source: str) -> tuple[HardwareProfile, dict | None]:
         name=str(_need(raw, "name", source)), device=str(_need(raw, "device", source)),
         sms=int(_need(raw, "sms", source)), slots_per_sm=int(_need(raw, "slots_per_sm", source)),
         read_ceiling_tbps=float(_need(raw, "read_ceiling_tbps", source)), vattn=vattn,
-        baseline=str(_need(raw, "baseline", source)), baselines=baselines)
+        baseline=str(_need(raw, "baseline", source)), baselines=baselines, vattn_hopper=hopper)
     if prof.baseline not in baselines:
         raise ValueError(f"{source}.baseline: got {prof.baseline!r}; allowed: {', '.join(baselines)}")
     return prof, calibration
@@ -218,14 +232,27 @@ def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int) -> tuple[str, in
     return ("fp8x2" if rows >= 64 else "fp8to16"), rows
 
 
-def _wave_bytes_per_us(v: VattnModel, q_lens, gqa: int, kv_dtype: str, page_size: int, head_dim: int) -> float:
-    if not v.dot_tflops:
+def hopper_path(kv_dtype: str, head_dim: int, page_size: int) -> tuple[str, int]:
+    """(path, packed rows) of the Hopper kernel that takes a covered call (vattn.hopper.backend._kernel): bf16
+    caches kv16, e4m3 on pages of 8-row atoms k8 (its head_dim 128 build apart), pages of 4 the older kernel;
+    all of them compute 64 packed rows."""
+    if kv_dtype == "bf16":
+        return "kv16", 64
+    if page_size % 8:
+        return "sm90_page4", 64
+    return ("k8" if head_dim == 256 else "k8_hd128"), 64
+
+
+def _wave_bytes_per_us(v: VattnModel, path: str, rows: int, kv_dtype: str, page_size: int) -> float:
+    if not v.path_tbps:
         return v.wave_tbps * 1e6 * v.page_efficiency[page_size]
-    path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim)
-    if path not in v.dot_tflops or path not in v.path_tbps:
+    known = v.dot_tflops or v.path_tbps
+    if path not in v.path_tbps or path not in known:
         raise ValueError(f"kernel path: {path} ({rows} rows, {kv_dtype} cache) has no path_tbps/dot_tflops in "
-                         f"the profile; it knows {sorted(v.dot_tflops)}")
+                         f"the profile; it knows {sorted(known)}")
     wave = v.path_tbps[path] * 1e6 * v.page_efficiency[page_size]
+    if not v.dot_tflops:  # bytes-bound paths
+        return wave
     return 1 / (1 / wave + 2 * rows / (KV_BYTES[kv_dtype] * v.dot_tflops[path] * 1e6))
 
 
@@ -233,14 +260,21 @@ def _plan_us(v: VattnModel, planner: str) -> float:
     return v.plan_us[planner] if isinstance(v.plan_us, dict) else v.plan_us
 
 
-def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size) -> float:
-    v = prof.vattn
+def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size, *, hopper=False) -> float:
+    if hopper:  # planned as vattn.hopper.backend plans: one CTA per SM, its own piece overhead
+        from vattn.hopper.backend import piece_overhead_tiles
+
+        v, slots, overhead = prof.vattn_hopper, prof.sms, piece_overhead_tiles(kv_dtype)
+        path, rows = hopper_path(kv_dtype, head_dim, page_size)
+    else:
+        v, slots, overhead = prof.vattn, prof.slots, PIECE_OVERHEAD_TILES
+        path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim)
     if page_size not in v.page_efficiency:
         raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
-    splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=prof.slots, mode=planner)
-    wave = _wave_bytes_per_us(v, q_lens, gqa, kv_dtype, page_size, head_dim)  # bytes/us with every slot busy
+    splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=slots, mode=planner, overhead=overhead)
+    wave = _wave_bytes_per_us(v, path, rows, kv_dtype, page_size)  # bytes/us with every slot busy
     token_bytes = head_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
-    latency = v.piece_latency_us * wave / prof.slots  # a prologue costs its slot's fair share of time
+    latency = v.piece_latency_us * wave / slots  # a prologue costs its slot's fair share of time
     runs, reduce_bytes = [], 0
     batch = zip(splits, seq_lens, q_lens)
     if planner == "balanced":  # its work_order: split sequences' pieces launch first
@@ -257,9 +291,11 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
             runs.append((seg_tokens * token_bytes + extra, pieces - 1))
         runs.append(((L - (pieces - 1) * seg_tokens) * token_bytes + extra, 1))
     sms = prof.sms if v.slot_sharing == "sm" else None
-    makespan = _makespan_us(runs, hkv, prof.slots, wave, v.slot_boost, sms) if runs else 0.0
+    makespan = _makespan_us(runs, hkv, slots, wave, v.slot_boost, sms) if runs else 0.0
     most_pieces = max((pieces for pieces, _ in splits), default=0)
-    reduce_us = v.reduce_fixed_us + reduce_bytes / (v.reduce_tbps * 1e6) + v.reduce_piece_us * most_pieces
+    split_seqs = hkv * sum(1 for pieces, _ in splits if pieces > 1)
+    reduce_us = (v.reduce_fixed_us + reduce_bytes / (v.reduce_tbps * 1e6) + v.reduce_piece_us * most_pieces
+                 + v.reduce_seq_us * split_seqs)
     return _plan_us(v, planner) + 3 * v.launch_us + makespan + reduce_us
 
 
@@ -286,7 +322,8 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
                          kv_dtype: str, page_size: int) -> float:
     """Time (us) of ONE attention layer call for this batch.
 
-    impl: "vattn" (with `planner`), "baseline" (the profile's default engine path) or a baseline's name.
+    impl: "vattn" (with `planner`), "vattn_hopper" (vattn with VATTN_HOPPER=1, module docstring), "baseline"
+    (the profile's default engine path) or a baseline's name.
     planner: one of PLANNERS (ignored by baselines). kv_dtype: fp8 (= fp8_e4m3), bf16 or fp16.
     """
     if kv_dtype not in KV_BYTES:
@@ -295,12 +332,21 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: got {value!r}; must be an int >= 1")
     kv_dtype = "fp8" if kv_dtype == "fp8_e4m3" else kv_dtype
-    if impl == "vattn":
+    if impl in ("vattn", "vattn_hopper"):
         if planner not in PLANNERS:
             raise ValueError(f"planner: got {planner!r}; allowed: {', '.join(PLANNERS)}")
+        hopper = impl == "vattn_hopper"
+        if hopper:
+            from vattn.hopper.backend import covers_shape
+
+            if profile.vattn_hopper is None:
+                raise ValueError(f"impl: got 'vattn_hopper'; profile {profile.name} has no vattn_hopper model "
+                                 "(configs/hardware/h200.yaml has one)")
+            hopper = covers_shape(kv_dtype, head_dim, page_size, max(q_lens, default=1) * gqa)
         return _predict_vattn(seq_lens, q_lens, planner, profile, num_kv_heads, head_dim, gqa, kv_dtype,
-                              page_size)
+                              page_size, hopper=hopper)
     name = profile.baseline if impl == "baseline" else impl
     if name not in profile.baselines:
-        raise ValueError(f"impl: got {impl!r}; allowed: vattn, baseline, {', '.join(profile.baselines)}")
+        raise ValueError(f"impl: got {impl!r}; allowed: vattn, vattn_hopper, baseline, "
+                         f"{', '.join(profile.baselines)}")
     return _predict_baseline(seq_lens, q_lens, name, profile, num_kv_heads, head_dim, gqa, kv_dtype)

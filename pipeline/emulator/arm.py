@@ -19,18 +19,19 @@ class Arm:
     """The kernel settings an engine reads from its environment (the A/B switch)."""
 
     vattn: bool
-    impl: str       # "vattn" | "baseline"
+    impl: str       # "vattn" | "vattn_hopper" (VATTN_HOPPER=1: vattn.cost's Hopper model) | "baseline"
     planner: str    # split planner used by `impl`
     flip_rate: float = 0.0   # PERTURB_ENV's value while vattn serves, else 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Arm":
-        """VATTN off: the baseline kernel with its fixed split (VATTN_PLAN is not read); on (unset
-        included, as in sglang): vattn with VATTN_PLAN's planner."""
+        """VATTN off: the baseline kernel with its fixed split (VATTN_PLAN and VATTN_HOPPER are not read); on
+        (unset included, as in sglang): vattn with VATTN_PLAN's planner, on its Hopper kernels with VATTN_HOPPER=1."""
         try:
             if not switch.enabled(env):
                 return cls(vattn=False, impl="baseline", planner="fixed")
-            return cls(vattn=True, impl="vattn", planner=switch.plan_mode(env), flip_rate=perturb_rate(env))
+            impl = "vattn_hopper" if switch.hopper(env) else "vattn"
+            return cls(vattn=True, impl=impl, planner=switch.plan_mode(env), flip_rate=perturb_rate(env))
         except ValueError as e:
             raise ConfigError(f"env {e}") from None
 

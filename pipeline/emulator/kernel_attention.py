@@ -262,6 +262,6 @@ class KernelAttention:
         return self.timer.time_us(seq_lens, q_lens)
 
     def info(self) -> dict[str, Any]:
-        return {"attention": self.name, "kernel": {"impl": "vattn", "planner": self.arm.planner,
+        return {"attention": self.name, "kernel": {"impl": self.arm.impl, "planner": self.arm.planner,
                                                    **self.timer.info()},
                 **{k: v for k, v in self.predictor.info().items() if k != "attention"}}

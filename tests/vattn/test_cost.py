@@ -113,6 +113,49 @@ def test_h200_vattn_fits_the_bench(planner):
     assert not bad, bad
 
 
+HOPPER_RECORDS = (("h200-peers.json", "2026-12-01 session 11 run"),  # runs S and T: every KERNEL.md shape
+                  ("h200-hopper-k8.json", "2026-12-01 session 11: VATTN_HOPPER=1, tiny batch and long among short"))
+
+
+def hopper_records():
+    """vattn's rows of the one-run peer table and the session's small batches, all VATTN_HOPPER=1 balanced."""
+    rows = []
+    for name, run in HOPPER_RECORDS:
+        rows += [r for r in json.loads((BENCH.parent / name).read_text())
+                 if r.get("run", "").startswith(run) and r["impl"] == "vattn"]
+    assert len(rows) == 20 and {r["planner"] for r in rows} == {"balanced"}
+    return rows
+
+
+def test_h200_vattn_hopper_fits_its_bench_rows():
+    # every row the Hopper kernels served within 5% (the fit's worst: 3.8%); q8 (128 packed rows) and page 1
+    # took the Triton path on the GPU, and take the Triton model here
+    from vattn.hopper.backend import covers_shape
+
+    bad, served = [], 0
+    for r in hopper_records():
+        lens, qs = bench_batch(r)
+        shape = dict(num_kv_heads=r["num_kv_heads"], head_dim=r["head_dim"], gqa=r["gqa"], kv_dtype=r["kv_dtype"],
+                     page_size=r["page_size"])
+        got = predict_attention_us(lens, qs, impl="vattn_hopper", planner="balanced", profile=H200, **shape)
+        if not covers_shape(r["kv_dtype"], r["head_dim"], r["page_size"], max(qs) * r["gqa"]):
+            assert got == predict_attention_us(lens, qs, impl="vattn", planner="balanced", profile=H200, **shape)
+            continue
+        served += 1
+        if not within(got, r["us"], 0.05):
+            bad.append((r["shape"], round(got, 1), round(r["us"], 1)))
+    assert not bad, bad
+    assert served == 18
+
+
+def test_vattn_hopper_needs_a_profile_that_models_it():
+    assert MI355X.vattn_hopper is None
+    with pytest.raises(ValueError, match=r"impl: got 'vattn_hopper'; profile mi355x has no vattn_hopper model"):
+        predict([35_000] * 16, 4, HD256, impl="vattn_hopper", profile=MI355X)
+    # on the H200 the Hopper path is the faster one, as measured (16x35k: 98.6 against 131.6 us)
+    assert predict([35_000] * 16, 4, HD256, impl="vattn_hopper") < 0.8 * predict([35_000] * 16, 4, HD256)
+
+
 def test_h200_kernel_paths_follow_the_default_config():
     # vattn.kernel.default_config: split-Q fp8 from 64 packed rows (K-major at 16 rows and hd256), fp8
     # widened otherwise, bf16 as stored
@@ -221,7 +264,7 @@ def test_profile_errors(tmp_path):
         load_profile("h100", PROFILES)
     with pytest.raises(ValueError, match=r"profile: got 'h200', a name; pass profiles_dir to look it up"):
         load_profile("h200")
-    with pytest.raises(ValueError, match=r"impl: got 'fa3'; allowed: vattn, baseline, flashinfer, sglang_triton"):
+    with pytest.raises(ValueError, match=r"impl: got 'fa3'; allowed: vattn, vattn_hopper, baseline, flashinfer, sglang_triton"):
         predict([10], 4, HD256, impl="fa3")
     with pytest.raises(ValueError, match=r"planner: got 'lean'; allowed: fixed, length_aware, balanced"):
         predict([10], 4, HD256, planner="lean")

@@ -27,16 +27,22 @@ def _is_sm90(device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+def covers_shape(kv_dtype: str, head_dim: int, page_size: int, rows: int) -> bool:
+    """The shapes the kernels take, by the cache's dtype ("fp8" for e4m3, "bf16"), head_dim, page size and packed
+    rows (max_q_len x GQA); pure Python, shared with the cost model (vattn.cost). The TMA kernels need pages of
+    whole 8-row swizzle atoms; e4m3 at head_dim 256 also takes pages of 4."""
+    fp8 = kv_dtype == "fp8"
+    page_ok = BLOCK_N % page_size == 0 and page_size % (4 if fp8 and head_dim == 256 else 8) == 0
+    return kv_dtype in ("fp8", "bf16") and head_dim in (128, 256) and page_ok and rows <= QROWS
+
+
 def _covers(ws) -> bool:
     """What the workspace alone decides (the call's tensors add their dtypes and strides)."""
     import torch
 
-    # the TMA kernels need pages of whole 8-row swizzle atoms; e4m3 at head_dim 256 also takes pages of 4
-    fp8 = ws.kv_dtype == torch.float8_e4m3fn
-    page_ok = BLOCK_N % ws.page_size == 0 and ws.page_size % (4 if fp8 and ws.head_dim == 256 else 8) == 0
-    return (ws.device.type == "cuda" and _is_sm90(ws.device) and ws.kv_dtype in (torch.float8_e4m3fn, torch.bfloat16)
-            and ws.q_dtype == torch.bfloat16 and ws.head_dim in (128, 256) and page_ok
-            and ws.gqa * ws.max_q_len <= QROWS)
+    kv = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}.get(ws.kv_dtype)
+    return (ws.device.type == "cuda" and _is_sm90(ws.device) and kv is not None and ws.q_dtype == torch.bfloat16
+            and covers_shape(kv, ws.head_dim, ws.page_size, ws.gqa * ws.max_q_len))
 
 
 def supports(ws, q, k_cache) -> bool:
@@ -87,10 +93,9 @@ def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_
 def piece_overhead_tiles(kv_dtype) -> int:
     """A CTA's fixed cost in its tiles, by which the balanced planner packs short sequences: ~10 us (launch, the
     chains of dependent loads before Q and the first tile, the partial's store) is ~8 of the e4m3 kernel's 1.2 us
-    tiles (benchmarks/NOTES.md P14); a bf16 tile streams twice the bytes, so the same cost is about half as many."""
-    import torch
-
-    return 4 if kv_dtype == torch.bfloat16 else 8
+    tiles (benchmarks/NOTES.md P14); a bf16 tile streams twice the bytes, so the same cost is about half as many.
+    kv_dtype: a torch dtype, or the cost model's name ("fp8", "bf16")."""
+    return 4 if str(kv_dtype) in ("torch.bfloat16", "bf16") else 8
 
 
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,

@@ -77,6 +77,20 @@ def test_arm_from_env():
         Arm.from_env({"VATTN": "maybe"})
     with pytest.raises(ConfigError, match=r"env VATTN_PLAN: got 'greedy'; allowed: fixed, length_aware"):
         Arm.from_env({"VATTN": "1", "VATTN_PLAN": "greedy"})
+    assert Arm.from_env({"VATTN": "1", "VATTN_HOPPER": "1"}) == Arm(vattn=True, impl="vattn_hopper", planner="balanced")
+    assert Arm.from_env({"VATTN": "0", "VATTN_HOPPER": "1"}).impl == "baseline"
+    with pytest.raises(ConfigError, match=r"env VATTN_HOPPER: got 'fast'; allowed: 0 or 1"):
+        Arm.from_env({"VATTN": "1", "VATTN_HOPPER": "fast"})
+
+
+def test_the_model_times_the_hopper_kernels_when_the_arm_asks_for_them():
+    # VATTN_HOPPER=1 in an arm's env: the emulator's attention time is vattn.cost's Hopper model, not the
+    # Triton path's (before, the switch was read by the real backend only, and the emulator ignored it)
+    cfg = config_from_argv([])
+    lens, qs = [35_000] * 16, [4] * 16
+    triton = make_attention(cfg, Arm.from_env({"VATTN": "1"})).layer_us(lens, qs)
+    hopper = make_attention(cfg, Arm.from_env({"VATTN": "1", "VATTN_HOPPER": "1"})).layer_us(lens, qs)
+    assert hopper < 0.8 * triton
 
 
 def test_unset_vattn_means_on_as_in_sglang():
