@@ -260,7 +260,8 @@ def _plan_us(v: VattnModel, planner: str) -> float:
     return v.plan_us[planner] if isinstance(v.plan_us, dict) else v.plan_us
 
 
-def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size, *, hopper=False) -> float:
+def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size, *,
+                   hopper: bool = False) -> float:
     if hopper:  # planned as vattn.hopper.backend plans: one CTA per SM, its own piece overhead
         from vattn.hopper.backend import piece_overhead_tiles
 
@@ -342,6 +343,7 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
             if profile.vattn_hopper is None:
                 raise ValueError(f"impl: got 'vattn_hopper'; profile {profile.name} has no vattn_hopper model "
                                  "(configs/hardware/h200.yaml has one)")
+            # the batch's packed rows stand for the workspace's (max_q_len x GQA), by which the backend decides
             hopper = covers_shape(kv_dtype, head_dim, page_size, max(q_lens, default=1) * gqa)
         return _predict_vattn(seq_lens, q_lens, planner, profile, num_kv_heads, head_dim, gqa, kv_dtype,
                               page_size, hopper=hopper)

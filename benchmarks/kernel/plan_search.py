@@ -54,9 +54,10 @@ def main(argv=None) -> int:
     records = [run_shape(shape, a.device) for shape in select(a.shapes)]
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
-    for r in records:
-        print(f"{r['shape']:20s} " + " ".join(f"{n}:{r[f'plan_us_ncand{n}']:.2f}" + ("" if r[f"matches_plan_python_ncand{n}"]
-                                                                             else "(WRONG)") for n in WIDTHS))
+    for r in records:  # us a launch by width; a plan that differs from plan_python is marked
+        cells = [f"{n}:{r[f'plan_us_ncand{n}']:.2f}" + ("" if r[f"matches_plan_python_ncand{n}"] else "(WRONG)")
+                 for n in WIDTHS]
+        print(f"{r['shape']:20s} " + " ".join(cells))
     return 0 if all(v for r in records for k, v in r.items() if k.startswith("matches")) else 1
 
 
