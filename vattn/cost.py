@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vattn.hopper.backend import covers_shape, piece_overhead_tiles
 from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
@@ -263,8 +264,6 @@ def _plan_us(v: VattnModel, planner: str) -> float:
 def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size, *,
                    hopper: bool = False) -> float:
     if hopper:  # planned as vattn.hopper.backend plans: one CTA per SM, its own piece overhead
-        from vattn.hopper.backend import piece_overhead_tiles
-
         v, slots, overhead = prof.vattn_hopper, prof.sms, piece_overhead_tiles(kv_dtype)
         path, rows = hopper_path(kv_dtype, head_dim, page_size)
     else:
@@ -336,15 +335,11 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
     if impl in ("vattn", "vattn_hopper"):
         if planner not in PLANNERS:
             raise ValueError(f"planner: got {planner!r}; allowed: {', '.join(PLANNERS)}")
-        hopper = impl == "vattn_hopper"
-        if hopper:
-            from vattn.hopper.backend import covers_shape
-
-            if profile.vattn_hopper is None:
-                raise ValueError(f"impl: got 'vattn_hopper'; profile {profile.name} has no vattn_hopper model "
-                                 "(configs/hardware/h200.yaml has one)")
-            # the batch's packed rows stand for the workspace's (max_q_len x GQA), by which the backend decides
-            hopper = covers_shape(kv_dtype, head_dim, page_size, max(q_lens, default=1) * gqa)
+        if impl == "vattn_hopper" and profile.vattn_hopper is None:
+            raise ValueError(f"impl: got 'vattn_hopper'; profile {profile.name} has no vattn_hopper model "
+                             "(configs/hardware/h200.yaml has one)")
+        # the batch's packed rows stand for the workspace's (max_q_len x GQA), by which the backend decides
+        hopper = impl == "vattn_hopper" and covers_shape(kv_dtype, head_dim, page_size, max(q_lens, default=1) * gqa)
         return _predict_vattn(seq_lens, q_lens, planner, profile, num_kv_heads, head_dim, gqa, kv_dtype,
                               page_size, hopper=hopper)
     name = profile.baseline if impl == "baseline" else impl
