@@ -459,17 +459,21 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 // left it. Commit groups retire in order, so `wait_group 1` right after a commit waits for all but that one.
 // The kernel's hand-over: k_ready(i) waits until tile i's K is in shared memory, issue_s(sc, i) issues S(i)
 // (uncommitted), k_free(i) hands its K back; v_ready(i) / v_free(i) the same for its V at v_addr(i): fp16, or
-// bf16 with BF16 (P is packed to match).
-template <bool LAZY, bool BF16, class KReady, class IssueS, class KFree, class VReady, class VFree, class VAddr>
+// bf16 with BF16 (P is packed to match). The loop runs the piece's tiles first, first + step, ... (two consumer
+// warpgroups: every other tile each, STEP 2); the hand-overs take the tile's index in the piece.
+template <bool LAZY, bool BF16, int STEP = 1, class KReady, class IssueS, class KFree, class VReady, class VFree,
+          class VAddr>
 __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int start, int n_tiles, int v_lbo, int v_sbo,
                                              KReady k_ready, IssueS issue_s, KFree k_free, VReady v_ready,
-                                             VFree v_free, VAddr v_addr) {
+                                             VFree v_free, VAddr v_addr, int first = 0) {
   float sc[BLOCK_N / 2];
   uint32_t pa[BLOCK_N / 4];
   float alpha0 = 1.f, alpha1 = 1.f;
   if (n_tiles == 0) return;
+  if (STEP > 1 && n_tiles <= first) return;  // (STEP 1 starts at tile 0: the one-consumer kernels' code as it was)
+  if (STEP == 1) first = 0;
 #ifdef PROFILE_NO_CONSUME  // timing only: the hand-overs without the consumer's math (the producer alone)
-  for (int i = 0; i < n_tiles; ++i) {
+  for (int i = first; i < n_tiles; i += STEP) {
     k_ready(i);
     k_free(i);
     v_ready(i);
@@ -477,32 +481,33 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   }
   return;
 #endif
-  k_ready(0);
+  k_ready(first);
   wg_fence();
-  issue_s(sc, 0);
+  issue_s(sc, first);
   wg_commit();
   wg_wait0();
-  k_free(0);
-  softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start);
+  k_free(first);
+  softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + first * BLOCK_N);
   pack_p<BF16>(sc, pa);
-  for (int i = 1; i < n_tiles; ++i) {
+  for (int i = first + STEP; i < n_tiles; i += STEP) {
     k_ready(i);
     wg_fence();
     issue_s(sc, i);
     wg_commit();
     rescale_o<LAZY>(o, alpha0, alpha1);
-    v_ready(i - 1);
-    issue_pv<BF16>(o, pa, v_addr(i - 1), v_lbo, v_sbo);
-    wg_wait1();  // S(i) is complete (P(i - 1).V runs on): K(i) is free
+    v_ready(i - STEP);
+    issue_pv<BF16>(o, pa, v_addr(i - STEP), v_lbo, v_sbo);
+    wg_wait1();  // S(i) is complete (P(i - STEP).V runs on): K(i) is free
     k_free(i);
     softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
-    wg_wait0();  // P(i - 1).V is complete: V(i - 1) and the A fragments are free
-    v_free(i - 1);
+    wg_wait0();  // P(i - STEP).V is complete: V(i - STEP) and the A fragments are free
+    v_free(i - STEP);
     pack_p<BF16>(sc, pa);
   }
+  const int last = STEP == 1 ? n_tiles - 1 : first + (n_tiles - 1 - first) / STEP * STEP;  // this loop's last tile
   rescale_o<LAZY>(o, alpha0, alpha1);
-  v_ready(n_tiles - 1);
-  issue_pv<BF16>(o, pa, v_addr(n_tiles - 1), v_lbo, v_sbo);
+  v_ready(last);
+  issue_pv<BF16>(o, pa, v_addr(last), v_lbo, v_sbo);
   wg_wait0();
 }
 
@@ -668,8 +673,25 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // Shared memory (D = HEAD_DIM, N = BLOCK_N): Q hi and lo (2 x 64 x D bytes), K8_RAW_SLOTS e4m3 slots of K and V
 // (2 x N x D), K8_VSTAGES fp16 V stages (N x D x 2). hd256: 32 + 4 x 32 + 2 x 32 KB; hd128 with 128-token tiles:
 // 16 + 4 x 32 + 2 x 32 KB.
+// K8_CONSUMERS=2 (head_dim 128; opt-in while it is measured): two consumer warpgroups, warps 0-3 on the piece's
+// even tiles and warps 8-11 on its odd ones, each with its own running max, sums and O. Head_dim 128's consumer
+// is bound per tile by its dependent chain, not by a pipe (benchmarks/NOTES.md P31): this keeps two chains in
+// flight without halving the tile. Each fp16 V stage then serves one warpgroup. At the end the second hands its
+// state to the first through shared memory (K8_MERGE_FLOATS), and the first merges and stores. Shared memory
+// takes 3 e4m3 slots instead of 4, and setmaxnreg moves registers from the copy and widening warps to the
+// consumers (a CTA of 384 threads starts at 168 a thread).
+#ifndef K8_CONSUMERS
+#define K8_CONSUMERS 1
+#endif
+#define K8_THREADS (128 * (1 + K8_CONSUMERS))
+// 128 x 104 + 256 x 200 = 384 x 168, the registers the CTA starts with. ptxas: no spills; the widening warps spill
+// at 88 (their loads in flight), the consumers serialise their wgmmas at 176
+#define K8_PRODUCER_REGS 104
+#define K8_CONSUMER_REGS 200
+#define K8_MERGE_FLOATS (K8_CONSUMERS > 1 ? (O_REGS + 4) * 128 : 0)  // O, m0, m1, l0, l1 of each thread
+static_assert(K8_CONSUMERS == 1 || (K8_CONSUMERS == 2 && HEAD_DIM == 128), "a second consumer at head_dim 128");
 #ifndef K8_RAW_SLOTS
-#define K8_RAW_SLOTS (4 * 256 * 64 / (HEAD_DIM * BLOCK_N))  // 128 KB of K and V in flight per SM
+#define K8_RAW_SLOTS (K8_CONSUMERS > 1 ? 3 : 4 * 256 * 64 / (HEAD_DIM * BLOCK_N))  // 128 KB of K and V in flight
 #endif
 #ifndef K8_VSTAGES
 #define K8_VSTAGES STAGES                 // fp16 V stages
@@ -684,13 +706,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 #define K8_BAR_FULL_V 1
 #define K8_BAR_EMPTY_V (1 + K8_VSTAGES)
 #define K8_BAR_CONSUMER (1 + 2 * K8_VSTAGES)
+#define K8_BAR_MERGE (2 + 2 * K8_VSTAGES)  // K8_CONSUMERS=2: the second warpgroup's state is in shared memory
+static_assert(K8_CONSUMERS == 1 || K8_VSTAGES == 2, "two consumers: one fp16 V stage each");
 #define K8_TILE (BLOCK_N * HEAD_DIM)      // one e4m3 K or V tile
 #define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
 #define K8_VH (BLOCK_N * HEAD_DIM * 2)    // one fp16 V stage
 #define K8_WIDEN 96                       // widening threads (warps 5-7)
 #define K8_BAR_COUNT (128 + K8_WIDEN)     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
 static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one column");
-#define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 + QROWS * 4)
+#define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 + QROWS * 4 \
+                 + K8_MERGE_FLOATS * 4)
+static_assert(K8_SMEM <= 227 * 1024, "shared memory of one CTA");
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
 // a page must be whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary): other page sizes build
 // vattn_main_sm90 alone
@@ -778,7 +804,30 @@ __device__ __forceinline__ uint16_t float2_to_e4m3x2(float a, float b) {
   return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
+// The second consumer warpgroup's running state (this thread's column t of other: O, then m0, m1, l0, l1) merged
+// into the first's: both are relative to their own running max, so each is rescaled to the larger. A row that saw
+// no key in either keeps O 0 and l 0 (exp2(-inf - -inf) would be NaN).
+__device__ __forceinline__ void merge_consumer_state(float (&o)[O_REGS], Rows& rw, const float* __restrict__ other,
+                                                     int t) {
+  const float mb0 = other[O_REGS * 128 + t], mb1 = other[(O_REGS + 1) * 128 + t];
+  const float lb0 = other[(O_REGS + 2) * 128 + t], lb1 = other[(O_REGS + 3) * 128 + t];
+  const float m0 = fmaxf(rw.m0, mb0), m1 = fmaxf(rw.m1, mb1);
+  const float sa0 = m0 == -INFINITY ? 0.f : fast_exp2(rw.m0 - m0), sb0 = m0 == -INFINITY ? 0.f : fast_exp2(mb0 - m0);
+  const float sa1 = m1 == -INFINITY ? 0.f : fast_exp2(rw.m1 - m1), sb1 = m1 == -INFINITY ? 0.f : fast_exp2(mb1 - m1);
+#pragma unroll
+  for (int j = 0; j < HEAD_DIM / 8; ++j) {
+    o[4 * j] = o[4 * j] * sa0 + other[(4 * j) * 128 + t] * sb0;
+    o[4 * j + 1] = o[4 * j + 1] * sa0 + other[(4 * j + 1) * 128 + t] * sb0;
+    o[4 * j + 2] = o[4 * j + 2] * sa1 + other[(4 * j + 2) * 128 + t] * sb1;
+    o[4 * j + 3] = o[4 * j + 3] * sa1 + other[(4 * j + 3) * 128 + t] * sb1;
+  }
+  rw.l0 = rw.l0 * sa0 + lb0 * sb0;
+  rw.l1 = rw.l1 * sa1 + lb1 * sb1;
+  rw.m0 = m0;
+  rw.m1 = m1;
+}
+
+extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
 #if K8_CPASYNC
     const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
@@ -795,6 +844,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   uint64_t* raw_full = reinterpret_cast<uint64_t*>(sv + K8_VSTAGES * K8_VH);
   uint64_t* raw_empty = raw_full + K8_RAW_SLOTS;
   float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
+#if K8_CONSUMERS > 1
+  float* merge = row_scale + QROWS;  // the second consumer warpgroup's state at the end
+#endif
 
   const int h = blockIdx.x;
   Item it;
@@ -820,9 +872,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
   __syncthreads();
 
 #ifdef PROFILE_Q_ONLY  // timing only: the consumer's Q load and split, nothing after it
-  if (tid >= 128) return;
+  if (tid >= 128 && (K8_CONSUMERS == 1 || tid < 256)) return;
 #endif
-  if (tid >= 128) {
+  if (tid >= 128 && (K8_CONSUMERS == 1 || tid < 256)) {
+#if K8_CONSUMERS > 1
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(K8_PRODUCER_REGS));
+#endif
     const int ptid = tid - 128;
     if (ptid < 32) {
 #if K8_CPASYNC
@@ -926,74 +981,81 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
     return;
   }
 
-  // ---------------- consumer warpgroup ----------------
-  const int warp = tid / 32, lane = tid % 32;
+  // ---------------- consumer warpgroup(s) ----------------
+#if K8_CONSUMERS > 1
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(K8_CONSUMER_REGS));
+#endif
+  // the consumer warpgroup (threads 0-127, then 256-383) and the thread in it
+  const int wg = K8_CONSUMERS > 1 ? tid / 256 : 0, ctid = K8_CONSUMERS > 1 ? tid % 128 : tid;
+  const int warp = ctid / 32, lane = tid % 32;
   // Q split into e4m3 parts: warp w takes rows 16w .. 16w + 15, a lane 8 head dims of a row (LPR lanes a
   // row, RPL rows a load); the rows' loads are issued together (one memory latency, not 16), and so are their
   // amax reductions across the row's lanes (independent shuffles a step). The prologue's time is its chain of
   // dependent loads (work item, cu_q, Q), not this arithmetic: the reductions row after row measured the same
   // (PROFILE_Q_ONLY, NOTES P14)
-  constexpr int LPR = HEAD_DIM / 8, RPL = 32 / LPR, NLD = 16 / RPL;
-  const int sub = lane / LPR, c = (lane % LPR) * 8;
-  uint4 qraw[NLD];
+  if (wg == 0) {
+    constexpr int LPR = HEAD_DIM / 8, RPL = 32 / LPR, NLD = 16 / RPL;
+    const int sub = lane / LPR, c = (lane % LPR) * 8;
+    uint4 qraw[NLD];
 #pragma unroll
-  for (int rr = 0; rr < NLD; ++rr) {
-    const int r = warp * 16 + rr * RPL + sub, tok = r / GQA;
-    qraw[rr] = tok < n_q ? *reinterpret_cast<const uint4*>(q + (int64_t)(q0 + tok) * stride_qt +
-                                                            (int64_t)(h * GQA + r % GQA) * stride_qh + c)
-                         : make_uint4(0, 0, 0, 0);
-  }
-  float row_amax[NLD];
-#pragma unroll
-  for (int rr = 0; rr < NLD; ++rr) {
-    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&qraw[rr]);
-    float m = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(b[j]);
-      m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+    for (int rr = 0; rr < NLD; ++rr) {
+      const int r = warp * 16 + rr * RPL + sub, tok = r / GQA;
+      qraw[rr] = tok < n_q ? *reinterpret_cast<const uint4*>(q + (int64_t)(q0 + tok) * stride_qt +
+                                                              (int64_t)(h * GQA + r % GQA) * stride_qh + c)
+                           : make_uint4(0, 0, 0, 0);
     }
-    row_amax[rr] = m;
-  }
+    float row_amax[NLD];
 #pragma unroll
-  for (int off = LPR / 2; off > 0; off >>= 1) {  // within the row's aligned group of LPR lanes
+    for (int rr = 0; rr < NLD; ++rr) {
+      const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&qraw[rr]);
+      float m = 0.f;
 #pragma unroll
-    for (int rr = 0; rr < NLD; ++rr) row_amax[rr] = fmaxf(row_amax[rr], __shfl_xor_sync(0xffffffff, row_amax[rr], off));
-  }
-#pragma unroll
-  for (int rr = 0; rr < NLD; ++rr) {
-    const int r = warp * 16 + rr * RPL + sub;
-    float x[8];
-    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&qraw[rr]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float2 f = __bfloat1622float2(b[j]);
-      x[2 * j] = f.x;
-      x[2 * j + 1] = f.y;
-    }
-    const float amax = row_amax[rr];
-    const float qs = amax > 0.f ? amax / 28.f : 1.f, inv = 1.f / qs;
-    uint32_t hw[2], lw[2];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float y0 = x[2 * j] * inv, y1 = x[2 * j + 1] * inv;
-      const float2 hf = e4m3x2_to_float2(float2_to_e4m3x2(y0, y1));
-      const uint16_t hi16 = float2_to_e4m3x2(16.f * hf.x, 16.f * hf.y);
-      const uint16_t lo = float2_to_e4m3x2(16.f * (y0 - hf.x), 16.f * (y1 - hf.y));
-      if (j % 2 == 0) {
-        hw[j / 2] = hi16;
-        lw[j / 2] = lo;
-      } else {
-        hw[j / 2] |= (uint32_t)hi16 << 16;
-        lw[j / 2] |= (uint32_t)lo << 16;
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(b[j]);
+        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
       }
+      row_amax[rr] = m;
     }
-    *reinterpret_cast<uint2*>(sq_hi + swz8(QROWS, r, c)) = make_uint2(hw[0], hw[1]);
-    *reinterpret_cast<uint2*>(sq_lo + swz8(QROWS, r, c)) = make_uint2(lw[0], lw[1]);
-    if (lane % LPR == 0) row_scale[r] = qs / 16.f;
+#pragma unroll
+    for (int off = LPR / 2; off > 0; off >>= 1) {  // within the row's aligned group of LPR lanes
+#pragma unroll
+      for (int rr = 0; rr < NLD; ++rr) row_amax[rr] = fmaxf(row_amax[rr], __shfl_xor_sync(0xffffffff, row_amax[rr], off));
+    }
+#pragma unroll
+    for (int rr = 0; rr < NLD; ++rr) {
+      const int r = warp * 16 + rr * RPL + sub;
+      float x[8];
+      const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&qraw[rr]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float2 f = __bfloat1622float2(b[j]);
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+      const float amax = row_amax[rr];
+      const float qs = amax > 0.f ? amax / 28.f : 1.f, inv = 1.f / qs;
+      uint32_t hw[2], lw[2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float y0 = x[2 * j] * inv, y1 = x[2 * j + 1] * inv;
+        const float2 hf = e4m3x2_to_float2(float2_to_e4m3x2(y0, y1));
+        const uint16_t hi16 = float2_to_e4m3x2(16.f * hf.x, 16.f * hf.y);
+        const uint16_t lo = float2_to_e4m3x2(16.f * (y0 - hf.x), 16.f * (y1 - hf.y));
+        if (j % 2 == 0) {
+          hw[j / 2] = hi16;
+          lw[j / 2] = lo;
+        } else {
+          hw[j / 2] |= (uint32_t)hi16 << 16;
+          lw[j / 2] |= (uint32_t)lo << 16;
+        }
+      }
+      *reinterpret_cast<uint2*>(sq_hi + swz8(QROWS, r, c)) = make_uint2(hw[0], hw[1]);
+      *reinterpret_cast<uint2*>(sq_lo + swz8(QROWS, r, c)) = make_uint2(lw[0], lw[1]);
+      if (lane % LPR == 0) row_scale[r] = qs / 16.f;
+    }
+    fence_async_smem();
   }
-  fence_async_smem();
-  bar_sync(K8_BAR_CONSUMER, 128);
+  bar_sync(K8_BAR_CONSUMER, 128 * K8_CONSUMERS);
 #ifdef PROFILE_Q_ONLY
   if (row_scale[tid % 64] == 12345.f) lse_part[0] = 0.f;
   return;
@@ -1010,14 +1072,28 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90_k8(
                  sv_addr = smem_u32(sv);
   // K(i) is read from raw slot i % K8_RAW_SLOTS, which the copy thread refills once this warpgroup and the
   // widening warps have both arrived on its raw_empty barrier
-  overlap_loop<true, false>(
+  overlap_loop<true, false, K8_CONSUMERS>(
       o, rw, start, n_tiles, v_lbo, v_sbo,
       [&](int i) { mbar_wait(&raw_full[i % K8_RAW_SLOTS], (i / K8_RAW_SLOTS) & 1); },
       [&](float (&sc)[BLOCK_N / 2], int i) { issue_qk8(sc, qhi_addr, qlo_addr, raw_addr + (i % K8_RAW_SLOTS) * 2 * K8_TILE); },
       [&](int i) { mbar_arrive(&raw_empty[i % K8_RAW_SLOTS]); },
       [&](int i) { bar_sync(K8_BAR_FULL_V + i % K8_VSTAGES, K8_BAR_COUNT); },
       [&](int i) { if (i + K8_VSTAGES < n_tiles) bar_arrive(K8_BAR_EMPTY_V + i % K8_VSTAGES, K8_BAR_COUNT); },
-      [&](int i) { return sv_addr + (i % K8_VSTAGES) * K8_VH; });
+      [&](int i) { return sv_addr + (i % K8_VSTAGES) * K8_VH; }, wg);
+#if K8_CONSUMERS > 1
+  if (wg == 1) {  // hand the state over (one column a thread: no bank conflicts) and leave
+#pragma unroll
+    for (int j = 0; j < O_REGS; ++j) merge[j * 128 + ctid] = o[j];
+    merge[O_REGS * 128 + ctid] = rw.m0;
+    merge[(O_REGS + 1) * 128 + ctid] = rw.m1;
+    merge[(O_REGS + 2) * 128 + ctid] = rw.l0;
+    merge[(O_REGS + 3) * 128 + ctid] = rw.l1;
+    bar_arrive(K8_BAR_MERGE, 256);
+    return;
+  }
+  bar_sync(K8_BAR_MERGE, 256);
+  merge_consumer_state(o, rw, merge, ctid);
+#endif
 #ifdef PROFILE_NO_PARTIAL  // timing only: no partial written
   if (rw.l0 == 12345.f) lse_part[0] = o[0];
   return;
