@@ -268,6 +268,17 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* __re
   return true;
 }
 
+// A kernel's prologue: the CTA's KV head h, its work item `it` (blockIdx.y in launch order) and the item's parts
+// by name. An idle item (the padding of a fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
+#define CTA_WORK_ITEM()                                                                                               \
+  const int h = blockIdx.x;                                                                                           \
+  Item it;                                                                                                            \
+  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,           \
+                 stride_bt))                                                                                          \
+    return;                                                                                                           \
+  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;                          \
+  const int tid = threadIdx.x
+
 // ---------------- the consumer's per-tile steps ----------------
 // This thread's accumulator rows (wgmma's m64 layout): r0 = warp * 16 + lane / 4 and r0 + 8; columns
 // 8j + cq + {0, 1} with cq = 2 (lane % 4). Score element 4j + e is (r0, 8j + cq + e), 4j + 2 + e is (r0 + 8, ...).
@@ -526,14 +537,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   char* sk = smem + Q_BYTES;                        // STAGES K tiles
   char* sv = smem + Q_BYTES + STAGES * TILE_BYTES;  // STAGES V tiles
 
-  const int h = blockIdx.x;
-  Item it;
-  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,
-                 stride_bt))
-    return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
-  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;
+  CTA_WORK_ITEM();
   const int* bt_row = it.bt_row;
-  const int tid = threadIdx.x;
 
   if (tid >= 128) {
     // ---------------- producer warpgroup ----------------
@@ -848,14 +853,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
   float* merge = row_scale + QROWS;  // the second consumer warpgroup's state at the end
 #endif
 
-  const int h = blockIdx.x;
-  Item it;
-  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,
-                 stride_bt))
-    return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
-  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;
+  CTA_WORK_ITEM();
   const int* bt_row = it.bt_row;
-  const int tid = threadIdx.x;
 #ifdef PROFILE_EMPTY  // timing only: the launch and the work item's loads, nothing else
   if (it.end < 0) lse_part[0] = 0.f;  // keeps the item's loads
   return;
@@ -1019,7 +1018,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
 #pragma unroll
     for (int off = LPR / 2; off > 0; off >>= 1) {  // within the row's aligned group of LPR lanes
 #pragma unroll
-      for (int rr = 0; rr < NLD; ++rr) row_amax[rr] = fmaxf(row_amax[rr], __shfl_xor_sync(0xffffffff, row_amax[rr], off));
+      for (int rr = 0; rr < NLD; ++rr)
+        row_amax[rr] = fmaxf(row_amax[rr], __shfl_xor_sync(0xffffffff, row_amax[rr], off));
     }
 #pragma unroll
     for (int rr = 0; rr < NLD; ++rr) {
@@ -1149,13 +1149,7 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
   uint64_t* empty_k = full_v + KV16_SLOTS;
   uint64_t* empty_v = empty_k + KV16_SLOTS;
 
-  const int h = blockIdx.x;
-  Item it;
-  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,
-                 stride_bt))
-    return;  // idle item of a fixed-size plan (whole CTA: no barrier is left waiting)
-  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;
-  const int tid = threadIdx.x;
+  CTA_WORK_ITEM();
 
   if (tid == 0) {
     for (int r = 0; r < KV16_SLOTS; ++r) {
