@@ -107,8 +107,14 @@ def server_md(c: Comparison) -> list[str]:
     m = (sa if sa is not None else empty).merge(sb if sb is not None else empty, on=["name", "kind"],
                                                  how="outer", suffixes=("_a", "_b"))
     lines = [f"| server metric | kind | {c.a_label} | {c.b_label} |", "|---|---|---|---|"]
+    idle = []  # zero or absent in both arms (an engine exports gauges of features this run never used)
     for r in m.sort_values("name").itertuples():
+        if all(pd.isna(v) or v == 0 for v in (r.value_a, r.value_b)):
+            idle.append(r.name)
+            continue
         lines.append(f"| {r.name} | {r.kind} | {fmt(r.value_a)} | {fmt(r.value_b)} |")
+    if idle:
+        lines += ["", f"Zero or absent in both arms, left out of the table: {', '.join(idle)}."]
     return lines
 
 

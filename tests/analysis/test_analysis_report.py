@@ -348,3 +348,25 @@ def test_report_says_what_the_run_could_have_seen(tmp_path):
     sec = md.split("## What this run could have seen")[1].split("\n## ")[0]
     assert "Smallest detectable effect: " in sec and "over 24 matched requests" in sec
     assert "- a 0.5% effect (the recipe's target_effect): about " in sec and "x this one) at this noise level" in sec
+
+
+def test_server_metrics_zero_in_both_arms_are_named_not_tabled():
+    import pandas as pd
+    from types import SimpleNamespace
+
+    from analysis.report import server_md
+
+    def side(rows):
+        return [SimpleNamespace(server=pd.DataFrame(rows, columns=["name", "kind", "value"]))]
+
+    g = "gauge (avg)"
+    c = SimpleNamespace(a_label="off", b_label="on",
+                        a_runs=side([("sglang:gen_throughput", g, 860.2), ("sglang:mamba_usage", g, 0.0),
+                                     ("sglang:num_queue_reqs", g, 0.04)]),
+                        b_runs=side([("sglang:gen_throughput", g, 921.4), ("sglang:mamba_usage", g, 0.0),
+                                     ("sglang:num_queue_reqs", g, 0.0), ("sglang:swa_usage", g, 0.0)]))
+    md = "\n".join(server_md(c))
+    assert "| sglang:gen_throughput | gauge (avg) | 860.2 | 921.4 |" in md
+    assert "| sglang:num_queue_reqs | gauge (avg) | 0.04 | 0 |" in md  # zero in one arm only: kept
+    assert "| sglang:mamba_usage" not in md and "| sglang:swa_usage" not in md
+    assert md.endswith("Zero or absent in both arms, left out of the table: sglang:mamba_usage, sglang:swa_usage.")
