@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from vattn.backends import BACKENDS, FAILED, REGISTRATIONS, Backend, planned_backend, register_backend
 from vattn.contract import KV_DTYPES
-from vattn.planner import DEFAULT_PLANNER, FIELDS, PLANNERS, max_work_items, plan_python
+from vattn.planner import DEFAULT_PLANNER, FIELDS, KV_TILE, PLANNERS, max_work_items, plan_python
 from vattn.workspace import Workspace, interpreting
 
 
@@ -45,6 +45,13 @@ class Plan:
     # one used (a tuple compare is cheaper than hashing it: most calls repeat the previous signature)
     calls: dict = field(default_factory=dict, compare=False, repr=False)
     last: list = field(default_factory=lambda: [None, None], compare=False, repr=False)
+    single: list = field(default_factory=lambda: [False], compare=False, repr=False)  # set by each plan()
+
+    @property
+    def single_pieces(self) -> bool:
+        """The caller's max_seq_len showed that every sequence is one piece, so a backend that writes whole
+        sequences itself needs no reduce: attention() then skips its launch (outside graph capture)."""
+        return self.single[0]
 
 
 SIGNATURES_KEPT = 64  # checked call signatures kept per workspace / plan; past it the cache restarts
@@ -78,11 +85,15 @@ def _check_device(device) -> None:
 
 
 def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str = DEFAULT_PLANNER,
-         workspace: Workspace, debug: bool = False) -> Plan:
+         workspace: Workspace, max_seq_len: int | None = None, debug: bool = False) -> Plan:
     """Split the batch's KV ranges into pieces (one program per piece and KV head).
 
     seq_lens: [B] int32, KV length incl. the new tokens; cu_seqlens_q: [B+1] int32.
     num_kv_heads, page_size: must match the workspace. mode: "balanced" | "length_aware" | "fixed".
+    max_seq_len: optional, a bound on seq_lens that the caller knows on the host (an engine does). When every
+    sequence then fits in one piece of a balanced plan, an eager attention() on a backend that writes whole
+    sequences itself launches no reduce; a CUDA-graph capture always keeps it. A bound below the real
+    lengths gives wrong output: debug=True checks it.
     On CUDA this is one launch of vattn.planner.plan_gpu, no host sync (graph-safe); on a CPU
     (Triton's interpreter) the pure-Python twin plans from the host values.
 
@@ -94,8 +105,10 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
             run = workspace.plan_calls.get(_plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode))
         except Exception:  # not tensors, not a workspace, unhashable settings: the checks below say which
             run = None
-        if run is not None:
-            return run(seq_lens, cu_seqlens_q)
+        if run is not None and (max_seq_len is None or type(max_seq_len) is int):
+            pl = run(seq_lens, cu_seqlens_q)
+            pl.single[0] = _single_pieces(workspace, mode, max_seq_len)
+            return pl
     ws = workspace
     if not isinstance(ws, Workspace):
         _bad("workspace", type(ws).__name__, "a vattn.Workspace")
@@ -111,14 +124,28 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     if batch > ws.max_batch:
         _bad("seq_lens.shape", tuple(seq_lens.shape), f"batch <= the workspace's max_batch={ws.max_batch}")
     _check_int_vector("cu_seqlens_q", cu_seqlens_q, batch + 1, ws.device)
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool)
+                                    or max_seq_len < 0):
+        _bad("max_seq_len", repr(max_seq_len), "an int >= 0 bounding seq_lens, or None")
     if debug:
         _check_lens_values(seq_lens, cu_seqlens_q, ws.max_q_len)
+        longest = int(seq_lens.max().item()) if batch else 0
+        if max_seq_len is not None and longest > max_seq_len:
+            _bad("max_seq_len", max_seq_len, f">= the longest seq_lens value, {longest}")
     pl = ws.plans.get((batch, mode))
     if pl is None:  # first call with this batch size: views of the workspace's buffers, kept
         pl = ws.plans[batch, mode] = _new_plan(ws, batch, mode)
     run = _plan_run(ws, pl, seq_lens, cu_seqlens_q, num_kv_heads, mode)
     _keep(ws.plan_calls, _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode), run)
-    return run(seq_lens, cu_seqlens_q)
+    pl = run(seq_lens, cu_seqlens_q)
+    pl.single[0] = _single_pieces(ws, mode, max_seq_len)
+    return pl
+
+
+def _single_pieces(ws: Workspace, mode: str, max_seq_len: int | None) -> bool:
+    """Whether a plan of lengths <= max_seq_len has one piece a sequence: balanced never cuts a sequence of up
+    to its piece overhead in tiles (its cap is at least that; planner._split_balanced, plan_gpu's MIN_CAP)."""
+    return max_seq_len is not None and mode == "balanced" and max_seq_len <= ws.piece_overhead * KV_TILE
 
 
 def _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode) -> tuple:
@@ -296,7 +323,10 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
                     backend.run(*args)
                 else:
                     main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
-                    reduce(cu_seqlens_q, out)
+                    # the main kernel wrote every sequence (each one piece); a graph being captured keeps
+                    # the reduce, since its replays may bring longer sequences
+                    if not (plan.single_pieces and backend.writes_whole and not _capturing()):
+                        reduce(cu_seqlens_q, out)
                 return out
             except Exception as exc:  # a fast path that cannot build or launch must not take serving down
                 FAILED.add(backend.name)
@@ -308,6 +338,12 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
     if main is not None:  # the two launches alone, for the host-time split of benchmarks/kernel (launch_parts)
         run.launch_main, run.launch_reduce = main, reduce
     return run
+
+
+def _capturing() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _attention_signature(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,

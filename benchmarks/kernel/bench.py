@@ -275,15 +275,17 @@ def _host_overhead(a) -> int:
     shapes = select(a.shapes) if a.shapes else (tiny_shapes() if a.dry_run else host_shapes())
     records = [harness.host_overhead(s, device, a.host_calls, mode) for s in shapes
                for mode in _parse_planners(a.planners)]
-    cols = [f"{p}_host_us" for p in harness.HOST_PARTS] + ["device_us"]
-    print("host us per eager call; launch_*: vattn.launcher's bound launches; python = call - the three launch_*")
+    cols = [f"{p}_host_us" for p in harness.HOST_PARTS] + ["attention_unbounded_host_us", "device_us"]
+    print("host us per eager call, planned with max_seq_len (attention_unbounded: without it); launch_*: "
+          "vattn.launcher's bound launches; python = call - the three launch_*")
     print(f"{'shape':>16s} {'planner':>12s} " + " ".join(f"{c[:-3].removesuffix('_host'):>13s}" for c in cols)
           + f" {'python':>8s}")
     for r in records:
         launches = [r.get(f"launch_{k}_host_us") for k in ("plan", "main", "reduce")]
         python = f"{r['call_host_us'] - sum(launches):8.1f}" if None not in launches else f"{'-':>8s}"
         print(f"{r['shape']:>16s} {r['planner']:>12s} " + " ".join(
-            f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python}  {r['backend']}", flush=True)
+            f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python}  {r['backend']}"
+              + ("  (no reduce)" if r["reduce_skipped"] else ""), flush=True)
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     print(f"wrote {len(records)} records to {a.out}")

@@ -267,7 +267,9 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     launches: the live tensors' data pointers, the cache key, the compiled kernel's launcher; the rest of
     plan/attention is vattn's Python: the call-signature lookup, or on a new signature the checks), and
     the host time of one CUDA graph replay of the whole call. device_us: the call's GPU time in a graph,
-    for scale."""
+    for scale. The plan gets the batch's longest length as max_seq_len, as an engine knows it: where every
+    sequence is then one piece on a backend that writes whole sequences, the call launches no reduce
+    (reduce_skipped); attention_unbounded_host_us is the same call planned without the bound."""
     import vattn
     from vattn.api import launch_parts, select_backend
 
@@ -277,9 +279,9 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
                          max_q_len=max(shape.q_lens), max_batch=shape.batch)
     args = b.attention_args(0)
 
-    def plan():
+    def plan(max_seq_len=max(shape.seq_lens)):
         return vattn.plan(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, page_size=shape.page_size,
-                          mode=mode, workspace=ws)
+                          mode=mode, workspace=ws, max_seq_len=max_seq_len)
 
     pl = plan()
 
@@ -290,8 +292,12 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     backend = select_backend(ws, b.q, b.k)
     parts = dict(call=call, plan=plan, attention=lambda: vattn.attention(*args, plan=pl, out=b.out),
                  **launch_parts(pl, *args, out=b.out))  # the serving backend's launches alone
-    rec = dict(shape_fields(shape, "vattn", mode), calls=calls, backend=backend.name)
+    rec = dict(shape_fields(shape, "vattn", mode), calls=calls, backend=backend.name,
+               reduce_skipped=pl.single_pieces and backend.writes_whole)
     rec.update({f"{name}_host_us": enqueue_us(fn, calls, device) for name, fn in parts.items()})
+    plan(None)  # the same plan object, now without the bound: the call launches the reduce
+    rec["attention_unbounded_host_us"] = enqueue_us(parts["attention"], calls, device)
+    plan()
     if device == "cuda":
         g = capture(call)
         rec["graph_replay_host_us"] = enqueue_us(g.replay, calls, device)

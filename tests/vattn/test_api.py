@@ -176,6 +176,59 @@ def test_package_surface_is_lazy_and_names_are_the_api():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_max_seq_len_marks_a_balanced_plan_of_single_pieces(dev):
+    """A bound within the workspace's piece overhead (in 64-token tiles) means one piece a sequence; each
+    plan() decides anew, and only balanced promises it."""
+    from vattn.planner import KV_TILE
+
+    ws = ws_for(dev)
+    x = inputs(dev)  # two sequences of 40 tokens
+    bound = ws.piece_overhead * KV_TILE
+
+    def single(**kw):
+        return vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws,
+                          **kw).single_pieces
+
+    assert single(max_seq_len=40) and single(max_seq_len=bound)
+    assert not single(max_seq_len=bound + 1)  # a longer sequence could be cut
+    assert not single()  # no bound: the same plan object, reset
+    assert not single(max_seq_len=40, mode="length_aware")
+
+
+@pytest.mark.parametrize("overhead", [2, 4, 8])
+@pytest.mark.parametrize("slots", [1, 8, 132])
+def test_balanced_never_cuts_a_sequence_within_its_piece_overhead(overhead, slots):
+    """What single_pieces rests on: balanced's cap is at least the piece overhead, on any batch."""
+    import random
+
+    from vattn.planner import KV_TILE, plan_splits
+
+    rng = random.Random(overhead * 1000 + slots)
+    for _ in range(50):
+        batch = rng.randint(1, 64)
+        lens = [rng.randint(1, overhead * KV_TILE) for _ in range(batch)]
+        q_lens = [rng.randint(1, 4) for _ in range(batch)]
+        for heads in (1, 2, 8):
+            splits = plan_splits(lens, q_lens, num_kv_heads=heads, slots=slots, mode="balanced", overhead=overhead)
+            assert all(k == 1 for k, _ in splits), (lens, heads)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "512"])
+def test_max_seq_len_must_be_an_int_bound(dev, bad):
+    ws = ws_for(dev)
+    x = inputs(dev)
+    with pytest.raises(ValueError, match=r"^max_seq_len: got .*; supported: an int >= 0 bounding seq_lens, or None$"):
+        vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws, max_seq_len=bad)
+
+
+def test_debug_checks_max_seq_len_against_the_lengths(dev):
+    ws = ws_for(dev)
+    x = inputs(dev)
+    with pytest.raises(ValueError, match=r"^max_seq_len: got 39; supported: >= the longest seq_lens value, 40$"):
+        vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws, max_seq_len=39,
+                   debug=True)
+
+
 def test_backend_dispatch_order(dev):
     from vattn import api
 

@@ -380,6 +380,55 @@ def test_interp_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce(
 
 
 @interp_only
+def test_interp_a_plan_of_single_pieces_skips_the_reduce_of_a_backend_that_writes_whole_sequences(monkeypatch):
+    """plan(max_seq_len=...) within the piece overhead: every sequence is one piece, so a backend whose main kernel
+    writes whole sequences needs no reduce, and attention() launches none. Without the bound, or while a CUDA
+    graph is being captured, it launches it. The double writes every sequence itself (Triton's main kernel, then
+    the reduce on its own partials), so each answer is checked as well as the launches."""
+    import vattn
+    from vattn import api
+    from vattn import kernel as K
+
+    b = make_batch([40, 9], [2, 1], gqa=2, num_kv_heads=1)
+    want = vattn.attention(**b, plan=_planned(b, 2))
+    reduces = []
+    bound_reduce = api._bound_reduce
+
+    def counted_reduce(*args, **kwargs):
+        launch = bound_reduce(*args, **kwargs)
+        return lambda *live: reduces.append(1) or launch(*live)
+
+    def bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan):
+        main, ws = api.TRITON.bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan), plan.workspace
+
+        def writes_whole(q, k, v, tables, lens, cu, kd, vd, out):
+            main(q, k, v, tables, lens, cu, kd, vd, out)
+            K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu, out, gqa=ws.gqa,
+                            max_q_len=ws.max_q_len)
+        return writes_whole
+
+    monkeypatch.setattr(api, "_bound_reduce", counted_reduce)
+    api.register_backend(api.Backend("fake-whole", lambda w, q, k: True, None, bind_main, writes_whole=True))
+    try:
+        ws = _planned(b, 2).workspace
+
+        def call(**plan_kw):
+            pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=1, page_size=16, workspace=ws,
+                            **plan_kw)
+            return pl.single_pieces, vattn.attention(**b, plan=pl)
+
+        single, got = call(max_seq_len=40)
+        assert single and reduces == [] and torch.equal(got, want)
+        single, got = call()
+        assert not single and reduces == [1] and torch.equal(got, want)
+        monkeypatch.setattr(api, "_capturing", lambda: True)
+        single, got = call(max_seq_len=40)
+        assert single and reduces == [1, 1] and torch.equal(got, want)
+    finally:
+        api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == "fake-whole"))
+
+
+@interp_only
 def test_interp_hopper_build_failure_falls_back_with_one_warning(monkeypatch):
     """vattn.hopper.backend's own run, up to its build, which fails here (no sm_90a): one warning, Triton's answer."""
     from vattn import api
