@@ -274,6 +274,68 @@ def test_attention_runs_on_the_hopper_backend_when_registered(kv_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")
+def test_a_plan_of_single_pieces_runs_without_a_reduce_eagerly_and_keeps_it_in_a_graph(monkeypatch):
+    """plan(max_seq_len=512) on short sequences: every one is a single piece, which the Hopper kernel writes
+    itself, so the eager call launches no reduce and still matches the reference. A graph captured with that
+    bound keeps the reduce, and its replays on long sequences (several pieces each) match eager calls and the
+    reference."""
+    torch = _hopper_gpu()
+    import vattn
+    from benchmarks.kernel.harness import capture
+    from vattn import api
+    from vattn.hopper import backend
+
+    reduces = []
+    bound_reduce = api._bound_reduce
+
+    def counted_reduce(*args, **kwargs):
+        launch = bound_reduce(*args, **kwargs)
+        return lambda *live: reduces.append(1) or launch(*live)
+
+    monkeypatch.setattr(api, "_bound_reduce", counted_reduce)
+    api.register_backend(backend.BACKEND)
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        batch, page, max_len = 8, 16, 6000
+        pages = -(-max_len // page)
+        k = torch.randn(batch * pages + 1, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        v = torch.randn(batch * pages + 1, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        perm = torch.randperm(batch * pages, device="cuda", generator=gen).to(torch.int32)
+        b = dict(q=torch.randn(4 * batch, 16, 256, device="cuda", generator=gen).to(torch.bfloat16), k_cache=k,
+                 v_cache=v, block_tables=perm.view(batch, pages),
+                 seq_lens=torch.tensor([300, 17, 512, 4, 64, 200, 450, 9], dtype=torch.int32, device="cuda"),
+                 cu_seqlens_q=torch.arange(0, 4 * batch + 1, 4, dtype=torch.int32, device="cuda"),
+                 k_descale=torch.tensor([0.9], device="cuda"), v_descale=torch.tensor([1.1], device="cuda"))
+        ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
+                             q_dtype=torch.bfloat16, page_size=page, max_q_len=4, max_batch=batch)
+        out = torch.full_like(b["q"], float("nan"))
+
+        def step():
+            pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=1, page_size=page, workspace=ws,
+                            max_seq_len=512)
+            vattn.attention(**b, plan=pl, out=out)
+            return pl
+
+        assert step().single_pieces
+        torch.cuda.synchronize()
+        ref = vattn.reference(**b, softmax_scale=256 ** -0.5)
+        assert reduces == [] and not out.isnan().any()
+        assert float((out.float() - ref).norm() / ref.norm()) < 5e-3
+        graph = capture(step)  # its warm-up call is eager (no reduce); the captured call keeps it
+        assert reduces == [1]
+        b["seq_lens"].copy_(torch.tensor([6000, 17, 4100, 2500, 64, 5999, 450, 3000], dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = vattn.reference(**b, softmax_scale=256 ** -0.5)
+        assert not out.isnan().any() and float((out.float() - ref).norm() / ref.norm()) < 5e-3
+        assert backend.BACKEND.name not in api.FAILED
+    finally:
+        api.BACKENDS.remove(backend.BACKEND)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("batch", [4, 24], ids=["ordinary-reduce", "dependent-reduce"])  # kernel.PDL_MIN_SEQUENCES
 def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch):
     """vattn.plan + vattn.attention on the Hopper backend captured in one graph (the reduce launched as the main
