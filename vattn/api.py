@@ -105,7 +105,7 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
             run = workspace.plan_calls.get(_plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode))
         except Exception:  # not tensors, not a workspace, unhashable settings: the checks below say which
             run = None
-        if run is not None and (max_seq_len is None or type(max_seq_len) is int):
+        if run is not None and (max_seq_len is None or (type(max_seq_len) is int and max_seq_len >= 0)):
             pl = run(seq_lens, cu_seqlens_q)
             pl.single[0] = _single_pieces(workspace, mode, max_seq_len)
             return pl
@@ -323,8 +323,8 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
                     backend.run(*args)
                 else:
                     main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
-                    # the main kernel wrote every sequence (each one piece); a graph being captured keeps
-                    # the reduce, since its replays may bring longer sequences
+                    # no reduce when every sequence is one piece, which the main kernel wrote itself; a graph
+                    # being captured keeps it, since its replays may bring longer sequences
                     if not (plan.single_pieces and backend.writes_whole and not _capturing()):
                         reduce(cu_seqlens_q, out)
                 return out
