@@ -16,6 +16,14 @@ MAX_DISCORDANT = 20
 MAX_DIVERGED = 10
 EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt alone, so accuracy is not "
                  "meaningful; identical outputs in both arms show an exact kernel")
+DUMMY_WEIGHTS_NOTE = ("dummy weights (server.args.load_format: dummy): the model was never trained, so accuracy is "
+                      "not meaningful; identical outputs in both arms, beside the A/A baseline, show an exact kernel")
+
+
+def dummy_weights(recipe: dict) -> bool:
+    """Whether the recipe's engine serves randomly initialised weights (sglang's and vLLM's load_format)."""
+    args = (recipe.get("server") or {}).get("args") or {}
+    return str(args.get("load_format", "")).lower() == "dummy"
 
 
 def tasks_of(arm: ArmPaths) -> list[str]:
@@ -116,16 +124,19 @@ def _cell(r: dict[str, Any] | None) -> str:
 
 
 def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: str | None,
-                repeats: Sequence[tuple[ArmPaths, ArmPaths, str, str]] = ()) -> list[str]:
+                repeats: Sequence[tuple[ArmPaths, ArmPaths, str, str]] = (), *, dummy: bool = False) -> list[str]:
     """The accuracy table, then output identity a vs b and, for each (first run, repeat, names) in
     `repeats`, the same arm against its repeat: the A/A baseline (batching and cache hits alone can
-    change greedy outputs in an engine, so identity off vs on means something only beside it)."""
+    change greedy outputs in an engine, so identity off vs on means something only beside it).
+    dummy: the engine served dummy weights (dummy_weights), said above the table as the emulator is."""
     tasks = sorted(set(tasks_of(a)) | set(tasks_of(b)))
     if not tasks:
         return ["Accuracy: not run."]
     lines = []
     if engine == "emulator":
         lines += [f"**{EMULATOR_NOTE}**", ""]
+    elif dummy:
+        lines += [f"**{DUMMY_WEIGHTS_NOTE}**", ""]
     lines += [f"| task | {a_label} | {b_label} | delta (pp) | n ({a_label} / {b_label}) | failed | paired test |",
               "|---|---|---|---|---|---|---|"]
     discordant: list[str] = []

@@ -171,7 +171,8 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
         parts += ["## Kernel in the loop", "", *cycle_lines, ""]
     repeats = [(runs[0].paths, runs[1].paths, runs[0].name, runs[1].name)
                for runs in (c.a_runs, c.b_runs) if len(runs) >= 2]
-    parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine, repeats), ""]
+    parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine, repeats,
+                                                       dummy=accuracy.dummy_weights(recipe_of(run))), ""]
     parts += ["## Provenance", ""]
     if other is not None:
         parts += [f"### {c.a_label}: {run.root}", "", *provenance_md(run.manifest, run.root), "",

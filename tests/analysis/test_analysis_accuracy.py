@@ -5,7 +5,7 @@ import json
 
 from analysis_records import write_jsonl
 
-from analysis.accuracy import accuracy_md, arm_accuracy, tasks_of
+from analysis.accuracy import DUMMY_WEIGHTS_NOTE, accuracy_md, arm_accuracy, dummy_weights, tasks_of
 from pipeline.paths import ArmPaths
 
 
@@ -66,3 +66,16 @@ def test_identity_beside_the_aa_baseline(tmp_path):
     assert ("Outputs, gsm8k (off vs off.2), A/A baseline: identical in 2/3 answers (67%); the others first "
             "differ at word 2 (earliest), 2 (median):") in lines
     assert lines.index("Outputs, gsm8k (off vs on): identical in 3/3 answers (100%).") < len(lines) - 2
+
+
+def test_dummy_weights_are_said_above_the_table(tmp_path):
+    """A real engine on dummy weights (the H200 sglang recipes) answers no question right in either arm: the
+    table says why, and that output identity is the check."""
+    a, b = ArmPaths(tmp_path / "off"), ArmPaths(tmp_path / "on")
+    for arm in (a, b):
+        write_jsonl(arm.accuracy_records("gsm8k"), [q(0, False, strict=False)])
+    assert accuracy_md(a, b, "off", "on", "sglang", dummy=True)[0] == f"**{DUMMY_WEIGHTS_NOTE}**"
+    assert not any("dummy weights" in line for line in accuracy_md(a, b, "off", "on", "sglang"))
+    assert dummy_weights({"server": {"args": {"load_format": "dummy"}}})
+    assert not dummy_weights({"server": {"args": {"load_format": "auto"}}}) and not dummy_weights({})
+    assert not dummy_weights({"server": {"args": None}})
