@@ -86,6 +86,83 @@ def test_tma_map_layout_refuses_what_tma_cannot_address():
         build.TensorMaps.layout(odd, 128)
 
 
+@pytest.fixture(scope="module")
+def launch_module(tmp_path_factory):
+    """vattn/hopper/launch.cpp built into a fresh cache (~20 s)."""
+    torch = pytest.importorskip("torch")
+    from vattn.hopper import launch
+
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        pytest.skip("needs a C++ compiler")
+    saved = build.CACHE
+    build.CACHE = tmp_path_factory.mktemp("launch")
+    launch.module.cache_clear()
+    try:
+        yield torch, launch.module()
+    finally:
+        build.CACHE = saved
+        launch.module.cache_clear()
+
+
+def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launch_module):
+    """launch.cpp below cuLaunchKernel: a C function in its place records what the launch passes (read during
+    the call). A call like the examples launches with their pointers and strides, the fixed values and the TMA
+    maps; any other signature launches nothing; a driver error raises."""
+    import ctypes
+
+    torch, mod = launch_module
+    seen, rc = [], [0]
+    spec = [("ptr", 0), ("u64", 2 ** 40 + 3), ("i32", -5), ("f32", 0.5), ("ptr", 7), ("stride", 8, 0), ("kmap",),
+            ("vmap",)]
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                      ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+    def driver(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        u64 = lambda j: ctypes.c_uint64.from_address(params[j]).value
+        seen.append(dict(fn=fn, grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=stream, q=u64(0),
+                         fixed=u64(1), i32=ctypes.c_int32.from_address(params[2]).value,
+                         f32=ctypes.c_float.from_address(params[3]).value, vd=u64(4), out_stride=u64(5),
+                         kmap=ctypes.string_at(params[6], 128), vmap=ctypes.string_at(params[7], 128)))
+        return rc[0]
+
+    q = torch.randn(8, 16, 256).to(torch.bfloat16)
+    k, v = torch.zeros(10, 16, 1, 256, dtype=torch.float8_e4m3fn), torch.zeros(10, 16, 1, 256, dtype=torch.float8_e4m3fn)
+    tables, lens, cu = torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    kd, out = torch.ones(1), torch.empty(8, 2, 16, 256, dtype=torch.bfloat16)[:, 0]  # out: token stride 8192
+    call = [q, k, v, tables, lens, cu, kd, None, None, out]
+    launch = mod.Launch(ctypes.cast(driver, ctypes.c_void_p).value, lambda: 77, 1234, (1, 2, 1), 256, 1000,
+                        tuple(call[:8]) + (out,), 256 ** -0.5, spec)
+    assert launch.launch(*call) == -1 and seen == []  # no TMA maps for these caches yet
+    launch.add_maps(k.data_ptr(), v.data_ptr(), bytes(range(128)), bytes(range(128, 256)))
+    assert launch.launch(*call) == 1
+    assert seen == [dict(fn=1234, grid=(1, 2, 1), block=(256, 1, 1), smem=1000, stream=77, q=q.data_ptr(),
+                         fixed=2 ** 40 + 3, i32=-5, f32=0.5, vd=0, out_stride=8192, kmap=bytes(range(128)),
+                         vmap=bytes(range(128, 256)))]
+    assert launch.launch(*call[:8], 256 ** -0.5, out) == 1  # the scale None stands for, given explicitly
+    others = {"q's shape": dict(q=q[:4]), "q's strides": dict(q=torch.empty(16, 8, 256, dtype=q.dtype).transpose(0, 1)),
+              "q's dtype": dict(q=q.half()), "the caches": dict(k=k[:5]), "a descale": dict(kd=None),
+              "the other descale": dict(vd=kd), "out's strides": dict(out=out.contiguous()), "no out": dict(out=None),
+              "the scale": dict(scale=0.1), "a non-tensor": dict(tables=[[0] * 5] * 2)}
+    names = ["q", "k", "v", "tables", "lens", "cu", "kd", "vd", "scale", "out"]
+    for what, change in others.items():
+        args = [change.get(n, a) for n, a in zip(names, call)]
+        assert launch.launch(*args) == 0, what
+    assert len(seen) == 2
+    rc[0] = 1
+    with pytest.raises(RuntimeError, match="cuLaunchKernel failed: CUresult 1"):
+        launch.launch(*call)
+
+
+def test_launch_refuses_a_parameter_it_cannot_fill(launch_module):
+    torch, mod = launch_module
+    q = torch.zeros(8, 16, 256)
+    examples = (q, q, q, q, q, q, None, None, q)
+    with pytest.raises(ValueError, match=r"params\[1\]: kind u32 .*allowed: u64, i32, f32, ptr, stride, kmap, vmap"):
+        mod.Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0), ("u32", 1)])
+    with pytest.raises(ValueError, match=r"params\[0\] names tensor 6 dim 0, which the examples lack"):
+        mod.Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)])
+
+
 def _hopper_gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -120,9 +197,9 @@ def test_matches_reference(case, config, schedule):
     _check_against_reference(case, config, SCHEDULES[schedule])
 
 
-# K8_CONSUMERS=2 (opt-in while it is measured): two consumer warpgroups on alternate tiles, at head_dim 128; a probe
-# until it has run on a GPU
-@pytest.mark.probe
+# K8_CONSUMERS=2: two consumer warpgroups on alternate tiles, the backend's e4m3 kernel at head_dim 128 (RUNS keeps
+# the one-consumer build's "k8" runs there)
+@pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("config", ["hd128-gqa8", "hd128-gqa4"])
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -380,6 +380,73 @@ def test_interp_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce(
 
 
 @interp_only
+def test_interp_a_main_launch_that_checks_its_own_signature_is_called_past_attentions_python_signature(monkeypatch):
+    """A bound main launch with `fast` (the Hopper backend's C++ launch, which checks the call's tensors itself):
+    after the first call, attention() calls it without building its Python signature; a call it refuses (another
+    signature), a new backend registration or a failed backend take the checked path again. Triton's main kernel
+    stands in for the kernel, behind a double of the C++ check, so every answer is checked too."""
+    import vattn
+    from vattn import api
+
+    b = make_batch([40, 9], [2, 1], gqa=2, num_kv_heads=1)
+    pl = _planned(b, 2)
+    want = vattn.attention(**b, plan=pl)
+    signatures, checked = [], []
+    python_signature = api._attention_signature
+    monkeypatch.setattr(api, "_attention_signature", lambda *a: signatures.append(1) or python_signature(*a))
+
+    class Checked:  # the C++ Launch's contract: 1 when the call matches the tensors and scale it was made with
+        def __init__(self, main, call, scale):
+            self.main, self.scale = main, scale
+            self.key = [(t.shape, t.stride(), t.dtype) if t is not None else None for t in call]
+
+        def launch(self, q, k, v, tables, lens, cu, kd, vd, scale, out):
+            if [(t.shape, t.stride(), t.dtype) if t is not None else None
+                    for t in (q, k, v, tables, lens, cu, kd, vd, out)] != self.key or (
+                    q.shape[2] ** -0.5 if scale is None else scale) != self.scale:
+                return 0
+            checked.append(1)
+            self.main(q, k, v, tables, lens, cu, kd, vd, out)
+            return 1
+
+    def bind_main(*args):
+        main = api.TRITON.bind_main(*args)
+
+        def launch(*call):
+            if not launch.fast:
+                launch.fast.append(Checked(main, call, args[8]))
+            main(*call)
+        launch.fast = []
+        return launch
+
+    api.register_backend(api.Backend("fake-checked", lambda w, q, k: True, None, bind_main))
+    try:
+        out = torch.empty_like(b["q"])
+        assert vattn.attention(**b, plan=pl, out=out) is out and torch.equal(out, want)
+        assert len(signatures) == 2 and checked == []  # checked, bound, launched through the Python launch
+        for _ in range(2):
+            out.zero_()
+            assert vattn.attention(**b, plan=pl, out=out) is out and torch.equal(out, want)
+        assert len(signatures) == 2 and checked == [1, 1]
+        got = vattn.attention(**b, plan=pl)  # out=None: not the launch's signature, so the checked path
+        assert torch.equal(got, want) and len(signatures) == 4 and checked == [1, 1]
+        out.zero_()  # that call's run made its launch with an out like this one: the shortcut takes it
+        assert vattn.attention(**b, plan=pl, out=out) is out and torch.equal(out, want)
+        assert len(signatures) == 4 and checked == [1, 1, 1]
+        api.register_backend(api.Backend("fake-other", lambda w, q, k: False, None))
+        out.zero_()
+        vattn.attention(**b, plan=pl, out=out)  # the registrations changed: the shortcut is not taken
+        assert torch.equal(out, want) and len(signatures) == 6 and checked == [1, 1, 1]
+        api.FAILED.add("fake-checked")
+        out.zero_()
+        vattn.attention(**b, plan=pl, out=out)  # nor for a backend that failed: Triton answers
+        assert torch.equal(out, want) and len(signatures) == 7 and checked == [1, 1, 1]
+    finally:
+        api.BACKENDS[:] = [x for x in api.BACKENDS if x.name not in ("fake-checked", "fake-other")]
+        api.FAILED.discard("fake-checked")
+
+
+@interp_only
 def test_interp_a_plan_of_single_pieces_skips_the_reduce_of_a_backend_that_writes_whole_sequences(monkeypatch):
     """plan(max_seq_len=...) within the piece overhead: every sequence is one piece, so a backend whose main kernel
     writes whole sequences needs no reduce, and attention() launches none. Without the bound, or while a CUDA
@@ -577,7 +644,8 @@ def test_gpu_graph_replay_with_new_seq_lens_equals_eager(mode):
         graph.replay()
         torch.cuda.synchronize()
         cu = b["cu_seqlens_q"].tolist()
-        want = plan_python(new_lens, [e - s for s, e in zip(cu, cu[1:])], num_kv_heads=2, slots=ws.slots, mode=mode)
+        want = plan_python(new_lens, [e - s for s, e in zip(cu, cu[1:])], num_kv_heads=2, slots=ws.slots, mode=mode,
+                           overhead=ws.piece_overhead)  # the serving backend's (VATTN_HOPPER=1: the Hopper kernel's)
         assert pl.tensors["work_seq"].tolist() == want.work_seq, new_lens  # planned inside the graph
         eager_ws_out, _ = run_api(b, mode, max_q_len=8)
         assert torch.equal(static_out, eager_ws_out), new_lens

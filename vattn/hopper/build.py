@@ -2,8 +2,8 @@
 
 nvcc compiles the source to a cubin for sm_90a (wgmma needs the `a` target); the cubin is cached under
 ~/.cache/vattn by a hash of the source and the compile-time shape, and loaded with cuModuleLoadData. The
-launch is a ctypes call of cuLaunchKernel on torch's current stream, so it is captured by CUDA graphs like
-any other kernel, and needs no PyTorch C++ extension (whose build takes a minute)."""
+launch (vattn/hopper/launch.cpp) calls cuLaunchKernel on torch's current stream, so it is captured by CUDA graphs
+like any other kernel."""
 
 from __future__ import annotations
 
@@ -245,61 +245,64 @@ class MainSm90:
     def bind(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
              softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024):
         """The launch for calls of one signature (shapes, strides, the plan and its workspace):
-        launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out). Its ctypes
-        parameters are made once; a call refills the tensors' addresses and strides and the caches' TMA maps.
-        The kernel writes the partials, and out's rows of every sequence that is one piece (the reduce's
-        skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch."""
+        launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out), through
+        vattn.hopper.launch's C++ Launch, made at the first call (whose nine tensors are its signature) and kept as
+        launch.fast[0]: vattn.api.attention calls it directly on later calls. The kernel writes the partials, and
+        out's rows of every sequence that is one piece (the reduce's skip_whole). Near its end each CTA lets a
+        programmatic dependent (vattn's reduce with pdl) launch."""
         import torch
 
-        P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-        q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, cu_ptr, kd_ptr, vd_ptr, out_ptr = (P() for _ in range(9))  # per call
-        out_st, out_sh = I64(), I64()  # out's token and head strides, per call (out=None: empty_like(q)'s)
-        ptr = lambda t: P(t.data_ptr())
-        # the TMA kernels take the caches by tensor map (k8 with K8_CPASYNC by address too)
+        from vattn.hopper.launch import module
+
+        drv = _driver()
+        fixed = lambda x: ("u64", int(x))
+        # the call's tensors by position: q 0, k_cache 1, v_cache 2, block_tables 3, seq_lens 4, cu_seqlens_q 5,
+        # k_descale 6, v_descale 7, out 8; the TMA kernels take the caches by tensor map (k8 with K8_CPASYNC by
+        # address too)
         caches = [] if self.tma and not _flag(self.defines, "K8_CPASYNC") else [
-            k_ptr, I64(k_cache.stride(0)), I64(k_cache.stride(1)), I64(k_cache.stride(2)),
-            v_ptr, I64(v_cache.stride(0)), I64(v_cache.stride(1)), I64(v_cache.stride(2))]
-        slots = [
-            q_ptr, I64(q.stride(0)), I64(q.stride(1)), *caches,
-            bt_ptr, I64(block_tables.stride(0)), lens_ptr, cu_ptr, kd_ptr, vd_ptr, F32(softmax_scale),
-            ptr(plan_tensors["work_seq"]), ptr(plan_tensors["work_start"]), ptr(plan_tensors["work_end"]),
-            ptr(plan_tensors["work_part"]), ptr(plan_tensors["work_order"]),
-            ptr(o_part), I64(o_part.stride(0)), I64(o_part.stride(1)), I64(o_part.stride(2)),
-            ptr(lse_part), I64(lse_part.stride(0)), I64(lse_part.stride(1)), out_ptr, out_st, out_sh,
-            I32(v_lbo), I32(v_sbo),
-        ]
-        addresses = [ctypes.addressof(x) for x in slots] + ([None, None] if self.tma else [])
-        args = (ctypes.c_void_p * len(addresses))(*addresses)
+            ("ptr", 1), *map(fixed, k_cache.stride()[:3]), ("ptr", 2), *map(fixed, v_cache.stride()[:3])]
+        params = [
+            ("ptr", 0), fixed(q.stride(0)), fixed(q.stride(1)), *caches,
+            ("ptr", 3), fixed(block_tables.stride(0)), ("ptr", 4), ("ptr", 5), ("ptr", 6), ("ptr", 7),
+            ("f32", softmax_scale),
+            *(fixed(plan_tensors[name].data_ptr()) for name in ("work_seq", "work_start", "work_end", "work_part",
+                                                                 "work_order")),
+            fixed(o_part.data_ptr()), *map(fixed, o_part.stride()[:3]), fixed(lse_part.data_ptr()),
+            *map(fixed, lse_part.stride()[:2]), ("ptr", 8), ("stride", 8, 0), ("stride", 8, 1),
+            ("i32", v_lbo), ("i32", v_sbo),
+        ] + ([("kmap",), ("vmap",)] if self.tma else [])
         grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
-        fn, smem, threads, tma, maps_kept = self.fn, self.smem, self.threads, self.tma, self._maps
-        by_address = bool(caches)
-        layout = TensorMaps.layout_key(k_cache, v_cache)  # the caches' shapes and strides: the signature's
+        held = (plan_tensors, o_part, lse_part)  # the frozen addresses' tensors live as long as the launch
         # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose
         # boxes are 128-byte rows (16x35k-bf16 main 146.4 / 148.1 us against 151.8 / 150.2 at 256 B, NOTES P21);
         # 256 B for k8 (at 128 B bs20 took 371.5 us against 359.0)
         promotion = int(self.defines.get("TMA_L2_PROMOTION", 2 if self.kv16 else 3))
-        launch_kernel, check = _driver().lib.cuLaunchKernel, _driver().check
+        layout, maps_kept = TensorMaps.layout_key(k_cache, v_cache), self._maps
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
-        current = (lambda: raw_stream(device)) if raw_stream else (lambda: torch.cuda.current_stream(device).cuda_stream)
+        stream = (functools.partial(raw_stream, device) if raw_stream
+                  else lambda: torch.cuda.current_stream(device).cuda_stream)
+        start = (ctypes.cast(drv.lib.cuLaunchKernel, ctypes.c_void_p).value, stream, self.fn.value, grid,
+                 self.threads, self.smem)
+        fast = []
 
         def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out) -> None:
-            q_ptr.value, bt_ptr.value, out_ptr.value = q.data_ptr(), block_tables.data_ptr(), out.data_ptr()
-            out_st.value, out_sh.value = out.stride(0), out.stride(1)
-            lens_ptr.value, cu_ptr.value = seq_lens.data_ptr(), cu_seqlens_q.data_ptr()
-            kd_ptr.value = k_descale.data_ptr() if k_descale is not None else None
-            vd_ptr.value = v_descale.data_ptr() if v_descale is not None else None
-            if tma:  # the two CUtensorMap parameters, passed by value: the slot holds their address
+            call = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
+                    out)
+            if not fast:
+                fast.append(module().Launch(*start, call[:8] + (out,), softmax_scale, params))
+            done = fast[0].launch(*call)
+            if done == -1:  # the first call on these caches: their TMA maps (one pair per layer in a server)
                 key = (k_cache.data_ptr(), v_cache.data_ptr(), layout)
                 maps = maps_kept.get(key)
-                if maps is None:  # one pair per layer's caches in a server; kept, as the caches are
+                if maps is None:
                     if len(maps_kept) >= MAPS_KEPT:
                         maps_kept.clear()
                     maps = maps_kept[key] = TensorMaps(k_cache, v_cache, promotion)
-                args[-2], args[-1] = maps.k, maps.v
-            if by_address:
-                k_ptr.value, v_ptr.value = k_cache.data_ptr(), v_cache.data_ptr()
-            check(launch_kernel(fn, *grid, threads, 1, 1, smem, ctypes.c_void_p(current()), args, None),
-                  "cuLaunchKernel")
+                fast[0].add_maps(key[0], key[1], ctypes.string_at(maps.k, 128), ctypes.string_at(maps.v, 128))
+                done = fast[0].launch(*call)
+            if done != 1:
+                raise RuntimeError("vattn's Hopper launch: called with another signature than the one it was bound "
+                                   "for")
 
-        launch.keep = slots  # args holds their addresses only: they must live as long as the launch
+        launch.fast, launch.keep = fast, held
         return launch

@@ -1,0 +1,304 @@
+// The Hopper main kernel's launch for calls of one signature, as a CPython type (vattn/hopper/launch.py builds it).
+//
+// Why C++: an eager vattn.attention call spent ~9 us of an H200 host's time building and comparing its signature
+// in Python (36 tensor attributes) and ~5 more filling ctypes parameters, around a ~6 us cuLaunchKernel. Here the
+// same checks read the tensors' metadata directly (~0.1 us for all nine) and the parameters are one buffer.
+//
+// Launch(launch_fn, stream_fn, function, grid, threads, smem, examples, scale, params)
+//   launch_fn: cuLaunchKernel's address; stream_fn: a callable returning the current raw stream;
+//   examples: the signature's nine arguments (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
+//   k_descale, v_descale, out; a descale may be None): their dims, sizes, strides (not the descales'), dtypes
+//   and devices are what a call must match; scale: the softmax scale the kernel takes;
+//   params: the kernel's parameters in order, each ("u64" | "i32" | "f32", value), ("ptr", i) (argument i's
+//   data pointer, 0 for None), ("stride", i, d) or ("kmap",) / ("vmap",) (the caches' TMA maps, by value).
+// launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, out)
+//   -> 1 launched; 0 not this signature (nothing launched); -1 no TMA maps for these caches yet (add_maps them).
+//   softmax_scale None stands for 1/sqrt(head_dim), as in vattn.attention. A failed launch raises RuntimeError.
+// add_maps(k_ptr, v_ptr, k_map, v_map): the 128-byte CUtensorMaps of one pair of caches.
+#include <Python.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace {
+
+constexpr int kArgs = 10;  // the launch's arguments; the softmax scale is the ninth
+constexpr int kScaleArg = 8;
+constexpr size_t kMapsKept = 512;  // map pairs kept (one per layer's caches in a server), as build.MAPS_KEPT
+
+using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                         void**, void**);
+
+struct Meta {  // one tensor argument of the signature
+  bool none = true;
+  bool check_strides = true;
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device{c10::kCPU};
+};
+
+enum Kind { kFixed, kPtr, kStride, kKMap, kVMap };
+struct Param {
+  Kind kind;
+  int arg = 0, dim = 0;
+};
+
+struct alignas(64) MapPair {
+  unsigned char k[128], v[128];
+};
+
+struct State {
+  LaunchFn launch = nullptr;
+  PyObject* stream_fn = nullptr;  // owned
+  void* function = nullptr;
+  unsigned grid[3] = {1, 1, 1}, threads = 0, smem = 0;
+  Meta meta[kArgs];
+  double scale = 0, default_scale = 0;
+  std::vector<Param> params;
+  std::vector<uint64_t> values;  // one 8-byte slot a parameter (i32 and f32 in its low bytes)
+  std::vector<void*> slots;      // kernelParams: a slot's address, or a map's
+  std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<MapPair>> maps;
+};
+
+struct LaunchObject {
+  PyObject_HEAD State* state;
+};
+
+int arg_index(int i) { return i < kScaleArg ? i : i + 1; }  // tensor i's position among the call's arguments
+
+bool record(Meta& m, PyObject* obj, bool check_strides) {
+  m.check_strides = check_strides;
+  if (obj == Py_None) return true;
+  if (!THPVariable_Check(obj)) {
+    PyErr_SetString(PyExc_TypeError, "Launch: examples must be tensors or None");
+    return false;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  m.none = false;
+  m.sizes.assign(t.sizes().begin(), t.sizes().end());
+  m.strides.assign(t.strides().begin(), t.strides().end());
+  m.dtype = t.scalar_type();
+  m.device = t.device();
+  return true;
+}
+
+bool matches(const Meta& m, PyObject* obj) {
+  if (obj == Py_None) return m.none;
+  if (m.none || !THPVariable_Check(obj)) return false;
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  if (t.scalar_type() != m.dtype || t.device() != m.device) return false;
+  auto sizes = t.sizes();
+  if (sizes.size() != m.sizes.size() || !std::equal(sizes.begin(), sizes.end(), m.sizes.begin())) return false;
+  if (!m.check_strides) return true;
+  auto strides = t.strides();
+  return std::equal(strides.begin(), strides.end(), m.strides.begin());
+}
+
+uint64_t data_ptr(PyObject* obj) {
+  return obj == Py_None ? 0 : reinterpret_cast<uint64_t>(THPVariable_Unpack(obj).data_ptr());
+}
+
+int init(LaunchObject* self, PyObject* args, PyObject*) {
+  PyObject *launch_fn, *stream_fn, *function, *grid, *examples, *params;
+  unsigned threads, smem;
+  double scale;
+  if (!PyArg_ParseTuple(args, "OOOOIIOdO", &launch_fn, &stream_fn, &function, &grid, &threads, &smem, &examples,
+                        &scale, &params))
+    return -1;
+  auto st = std::make_unique<State>();
+  st->launch = reinterpret_cast<LaunchFn>(PyLong_AsVoidPtr(launch_fn));
+  st->function = PyLong_AsVoidPtr(function);
+  if (PyErr_Occurred()) return -1;
+  if (!PyArg_ParseTuple(grid, "III", &st->grid[0], &st->grid[1], &st->grid[2])) return -1;
+  st->threads = threads;
+  st->smem = smem;
+  st->scale = scale;
+  if (!PyTuple_Check(examples) || PyTuple_GET_SIZE(examples) != kArgs - 1) {
+    PyErr_SetString(PyExc_TypeError, "Launch: examples must be a tuple of the nine tensor arguments");
+    return -1;
+  }
+  for (int i = 0; i < kArgs - 1; ++i) {  // the descales (6, 7) are [1]: their strides are never read
+    if (!record(st->meta[i], PyTuple_GET_ITEM(examples, i), i != 6 && i != 7)) return -1;
+  }
+  if (st->meta[0].none || st->meta[0].sizes.size() != 3) {
+    PyErr_SetString(PyExc_ValueError, "Launch: q must be a [T, Hq, D] tensor");
+    return -1;
+  }
+  st->default_scale = 1.0 / std::sqrt(static_cast<double>(st->meta[0].sizes[2]));
+  PyObject* seq = PySequence_Fast(params, "Launch: params must be a sequence");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  st->params.resize(n);
+  st->values.assign(n, 0);
+  st->slots.assign(n, nullptr);
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    PyObject* p = PySequence_Fast_GET_ITEM(seq, j);
+    const char* kind = nullptr;
+    PyObject *a = nullptr, *b = nullptr;
+    if (!PyArg_ParseTuple(p, "s|OO", &kind, &a, &b)) {
+      Py_DECREF(seq);
+      return -1;
+    }
+    Param& q = st->params[j];
+    uint64_t& v = st->values[j];
+    st->slots[j] = &v;
+    if (!std::strcmp(kind, "u64") && a) {
+      q.kind = kFixed;
+      v = PyLong_AsUnsignedLongLongMask(a);
+    } else if (!std::strcmp(kind, "i32") && a) {
+      q.kind = kFixed;
+      int32_t x = static_cast<int32_t>(PyLong_AsLong(a));
+      std::memcpy(&v, &x, sizeof x);
+    } else if (!std::strcmp(kind, "f32") && a) {
+      q.kind = kFixed;
+      float x = static_cast<float>(PyFloat_AsDouble(a));
+      std::memcpy(&v, &x, sizeof x);
+    } else if (!std::strcmp(kind, "ptr") && a) {
+      q.kind = kPtr;
+      q.arg = static_cast<int>(PyLong_AsLong(a));
+    } else if (!std::strcmp(kind, "stride") && a && b) {
+      q.kind = kStride;
+      q.arg = static_cast<int>(PyLong_AsLong(a));
+      q.dim = static_cast<int>(PyLong_AsLong(b));
+    } else if (!std::strcmp(kind, "kmap") || !std::strcmp(kind, "vmap")) {
+      q.kind = kind[0] == 'k' ? kKMap : kVMap;
+    } else {
+      PyErr_Format(PyExc_ValueError, "Launch: params[%zd]: kind %s with its operands; allowed: u64, i32, f32, "
+                   "ptr, stride, kmap, vmap", j, kind);
+    }
+    bool tensor = q.kind == kPtr || q.kind == kStride;
+    if (!PyErr_Occurred() && tensor && (q.arg < 0 || q.arg >= kArgs - 1 ||
+                                         (q.kind == kStride && (st->meta[q.arg].none || q.dim < 0 ||
+                                                                q.dim >= static_cast<int>(st->meta[q.arg].sizes.size())))))
+      PyErr_Format(PyExc_ValueError, "Launch: params[%zd] names tensor %d dim %d, which the examples lack", j, q.arg,
+                   q.dim);
+    if (PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return -1;
+    }
+  }
+  Py_DECREF(seq);
+  Py_INCREF(stream_fn);
+  st->stream_fn = stream_fn;
+  delete self->state;
+  self->state = st.release();
+  return 0;
+}
+
+void dealloc(LaunchObject* self) {
+  if (self->state) {
+    Py_XDECREF(self->state->stream_fn);
+    delete self->state;
+  }
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyObject* launch(LaunchObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  State* st = self->state;
+  if (!st || nargs != kArgs) {
+    PyErr_SetString(PyExc_TypeError, "Launch.launch takes the ten arguments of vattn.attention's call");
+    return nullptr;
+  }
+  for (int i = 0; i < kArgs - 1; ++i)
+    if (!matches(st->meta[i], args[arg_index(i)])) return PyLong_FromLong(0);
+  PyObject* scale = args[kScaleArg];
+  double s = scale == Py_None ? st->default_scale : PyFloat_AsDouble(scale);
+  if (s == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return PyLong_FromLong(0);
+  }
+  if (s != st->scale) return PyLong_FromLong(0);
+  MapPair* maps = nullptr;
+  for (size_t j = 0; j < st->params.size(); ++j) {
+    const Param& p = st->params[j];
+    switch (p.kind) {
+      case kFixed:
+        break;
+      case kPtr:
+        st->values[j] = data_ptr(args[arg_index(p.arg)]);
+        break;
+      case kStride:
+        st->values[j] = static_cast<uint64_t>(THPVariable_Unpack(args[arg_index(p.arg)]).stride(p.dim));
+        break;
+      case kKMap:
+      case kVMap:
+        if (!maps) {
+          auto it = st->maps.find({data_ptr(args[1]), data_ptr(args[2])});
+          if (it == st->maps.end()) return PyLong_FromLong(-1);
+          maps = it->second.get();
+        }
+        st->slots[j] = p.kind == kKMap ? maps->k : maps->v;
+        break;
+    }
+  }
+  PyObject* stream = PyObject_CallNoArgs(st->stream_fn);
+  if (!stream) return nullptr;
+  void* raw = PyLong_AsVoidPtr(stream);
+  Py_DECREF(stream);
+  if (PyErr_Occurred()) return nullptr;
+  int rc = st->launch(st->function, st->grid[0], st->grid[1], st->grid[2], st->threads, 1, 1, st->smem, raw,
+                      st->slots.data(), nullptr);
+  if (rc != 0) return PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed: CUresult %d", rc);
+  return PyLong_FromLong(1);
+}
+
+PyObject* add_maps(LaunchObject* self, PyObject* args) {
+  unsigned long long k, v;
+  Py_buffer kmap, vmap;
+  if (!self->state || !PyArg_ParseTuple(args, "KKy*y*", &k, &v, &kmap, &vmap)) return nullptr;
+  PyObject* result = nullptr;
+  if (kmap.len != 128 || vmap.len != 128) {
+    PyErr_SetString(PyExc_ValueError, "Launch.add_maps: a CUtensorMap is 128 bytes");
+  } else {
+    auto& maps = self->state->maps;
+    if (maps.size() >= kMapsKept) maps.clear();
+    auto pair = std::make_unique<MapPair>();
+    std::memcpy(pair->k, kmap.buf, 128);
+    std::memcpy(pair->v, vmap.buf, 128);
+    maps[{k, v}] = std::move(pair);
+    result = Py_NewRef(Py_None);
+  }
+  PyBuffer_Release(&kmap);
+  PyBuffer_Release(&vmap);
+  return result;
+}
+
+PyMethodDef methods[] = {
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(launch)), METH_FASTCALL,
+     "launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, out) "
+     "-> 1 launched, 0 another signature, -1 no TMA maps for these caches"},
+    {"add_maps", reinterpret_cast<PyCFunction>(add_maps), METH_VARARGS,
+     "add_maps(k_ptr, v_ptr, k_map, v_map): one pair of caches' 128-byte TMA maps"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject launch_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "vattn_hopper_launch", nullptr, -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_vattn_hopper_launch() {
+  launch_type.tp_name = "vattn_hopper_launch.Launch";
+  launch_type.tp_basicsize = sizeof(LaunchObject);
+  launch_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  launch_type.tp_new = PyType_GenericNew;
+  launch_type.tp_init = reinterpret_cast<initproc>(init);
+  launch_type.tp_dealloc = reinterpret_cast<destructor>(dealloc);
+  launch_type.tp_methods = methods;
+  if (PyType_Ready(&launch_type) < 0) return nullptr;
+  PyObject* m = PyModule_Create(&module);
+  if (!m) return nullptr;
+  Py_INCREF(&launch_type);
+  if (PyModule_AddObject(m, "Launch", reinterpret_cast<PyObject*>(&launch_type)) < 0) {
+    Py_DECREF(&launch_type);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}
