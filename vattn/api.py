@@ -446,7 +446,8 @@ def launch_parts(plan: Plan, q, k_cache, v_cache, block_tables, seq_lens, cu_seq
                  v_descale=None, softmax_scale=None, *, out) -> dict:
     """The three launches of a vattn.plan + vattn.attention call with these arguments, as zero-argument
     callables (launch_plan, launch_main, launch_reduce), exactly as the call makes them: the bound launches of
-    the backend that serves the call (vattn.launcher's for Triton's kernels). Both calls must have run once
+    the backend that serves the call (vattn.launcher's for Triton's kernels; the main launch of a Shortcut as
+    attention() calls it, signature check included). Both calls must have run once
     with these arguments (that checks and binds them); {} for a backend without bind_main."""
     ws = plan.workspace
     prun = ws.plan_calls[_plan_signature(seq_lens, cu_seqlens_q, ws.num_kv_heads, ws.page_size, plan.mode)]

@@ -277,11 +277,11 @@ def _host_overhead(a) -> int:
                for mode in _parse_planners(a.planners)]
     cols = [f"{p}_host_us" for p in harness.HOST_PARTS] + ["attention_unbounded_host_us", "device_us"]
     print("host us per eager call, planned with max_seq_len (attention_unbounded: without it); launch_*: "
-          "vattn.launcher's bound launches; python = call - the three launch_*")
+          "the launches as the call makes them; python = call - its launches (the reduce's only where it is made)")
     print(f"{'shape':>16s} {'planner':>12s} " + " ".join(f"{c[:-3].removesuffix('_host'):>13s}" for c in cols)
           + f" {'python':>8s}")
     for r in records:
-        launches = [r.get(f"launch_{k}_host_us") for k in ("plan", "main", "reduce")]
+        launches = [r.get(f"launch_{k}_host_us") for k in ("plan", "main") + (() if r["reduce_skipped"] else ("reduce",))]
         python = f"{r['call_host_us'] - sum(launches):8.1f}" if None not in launches else f"{'-':>8s}"
         print(f"{r['shape']:>16s} {r['planner']:>12s} " + " ".join(
             f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python}  {r['backend']}"

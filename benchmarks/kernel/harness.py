@@ -264,8 +264,9 @@ def enqueue_us(fn, calls: int, device: str, chunk: int = 20) -> float:
 def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: str = "balanced") -> dict:
     """Host time (us) per eager call of vattn.plan + vattn.attention on `shape`, and its parts: plan and
     attention alone, the plan, main and reduce launches as the call makes them (vattn.launcher's bound
-    launches: the live tensors' data pointers, the cache key, the compiled kernel's launcher; the rest of
-    plan/attention is vattn's Python: the call-signature lookup, or on a new signature the checks), and
+    launches of Triton's kernels: the live tensors' data pointers, the cache key, the compiled kernel's launcher;
+    the Hopper main kernel's C++ launch with its signature check, which attention() calls past its own; the rest
+    of plan/attention is vattn's Python: the call-signature lookup, or on a new signature the checks), and
     the host time of one CUDA graph replay of the whole call. device_us: the call's GPU time in a graph,
     for scale. The plan gets the batch's longest length as max_seq_len, as an engine knows it: where every
     sequence is then one piece on a backend that writes whole sequences, the call launches no reduce
