@@ -13,6 +13,8 @@ Dispatch point: attention() asks each registered backend, in order, whether it s
 the call (`register_backend`); the portable Triton path (vattn.kernel) is the last and
 always applies. A faster Hopper path slots in by registering a Backend whose `supports`
 looks at the workspace/tensors; if its `run` raises, attention() warns once and falls back.
+The checks and the choice run once per call signature; a backend whose main launch checks the signature
+itself (vattn.hopper's C++ launch) is then called without building the signature in Python (Shortcut).
 """
 
 from __future__ import annotations
