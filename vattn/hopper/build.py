@@ -88,7 +88,9 @@ def compile_cubin(defines: dict, *, verbose: bool = False) -> Path:
     if out.exists():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    # built beside the cache and renamed into it: processes that build at once (an engine's TP workers) never
+    # read a half-written file
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         cu = Path(tmp) / "main_sm90.cu"
         cu.write_text(src)
         cmd = [nvcc(), "-cubin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v",
@@ -98,8 +100,10 @@ def compile_cubin(defines: dict, *, verbose: bool = False) -> Path:
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
         if verbose:
             print(res.stderr.strip())
-        ptxas_report(out).write_text(res.stderr)
-        shutil.move(str(Path(tmp) / "k.cubin"), out)
+        report = Path(tmp) / "k.ptxas.txt"
+        report.write_text(res.stderr)
+        os.replace(report, ptxas_report(out))
+        os.replace(Path(tmp) / "k.cubin", out)
     return out
 
 

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import importlib.machinery
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -57,13 +58,13 @@ def module():
     out = CACHE / f"{MODULE}_{key}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not out.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:  # renamed into the cache: see build.compile_cubin
             built = Path(tmp) / out.name
             cmd = build_command(built, SOURCE)
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 raise RuntimeError(f"building vattn's Hopper launch failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
-            shutil.move(str(built), out)
+            os.replace(built, out)
     spec = importlib.util.spec_from_loader(MODULE, importlib.machinery.ExtensionFileLoader(MODULE, str(out)))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
