@@ -1,4 +1,5 @@
-"""Shared fixtures for the pipeline tests: a real sshd on 127.0.0.1 for SSH hosts."""
+"""Shared fixtures for the pipeline tests: a real sshd on 127.0.0.1 for SSH hosts, a real Slurm cluster, and
+`wait_for` for the end-to-end tests that kill a run at a given point."""
 from __future__ import annotations
 
 import os
@@ -77,3 +78,18 @@ def slurm_cluster(tmp_path_factory):
         os.environ.pop("SLURM_CONF", None)
     else:
         os.environ["SLURM_CONF"] = old
+
+
+@pytest.fixture
+def wait_for():
+    """wait_for(predicate, timeout_s, proc): poll predicate every 0.5 s until it holds; fail with the process's
+    output if it ends first, or when the time is up."""
+    def wait(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for the run to reach the kill point")
+    return wait

@@ -76,17 +76,7 @@ def test_quickstart_ab_end_to_end(tmp_path):
     assert len(list((out / "plots").glob("*.png"))) >= 3
 
 
-def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        time.sleep(1)
-    raise AssertionError("timed out waiting for the run to reach the kill point")
-
-
-def test_kill_between_arms_then_resume(tmp_path):
+def test_kill_between_arms_then_resume(tmp_path, wait_for):
     recipe = yaml.safe_load((REPO / "recipes/quickstart.yaml").read_text())
     recipe["load"].update(benchmark_duration_s=20, grace_period_s=10, timeout_s=200)
     recipe.pop("accuracy")
@@ -108,7 +98,7 @@ def test_kill_between_arms_then_resume(tmp_path):
         stages = json.loads(manifest_path.read_text())["stages"]
         return stages.get("on", {}).get("server", {}).get("status") in ("running", "done")
 
-    _wait_for(on_arm_started, 400, proc)
+    wait_for(on_arm_started, 400, proc)
     off_result = (out / "arms/off/load_result.json").read_text()
     off_mtime = (out / "arms/off/aiperf/profile_export.jsonl").stat().st_mtime
     proc.send_signal(signal.SIGTERM)

@@ -46,16 +46,6 @@ def _manifest(run: Path) -> dict:
     return json.loads(p.read_text()) if p.exists() else {"stages": {}}
 
 
-def _wait_for(predicate, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        time.sleep(0.5)
-    raise AssertionError("timed out waiting for the kill point")
-
-
 def _jobs(cluster, settle_s: float = 30.0) -> list[str]:
     """Jobs still in the queue once those ending (COMPLETING) had `settle_s` to leave it."""
     deadline = time.monotonic() + settle_s
@@ -67,7 +57,7 @@ def _jobs(cluster, settle_s: float = 30.0) -> list[str]:
         time.sleep(1)
 
 
-def test_slurm_ab_job_cancelled_mid_load_is_resumed(slurm_cluster, tmp_path):
+def test_slurm_ab_job_cancelled_mid_load_is_resumed(slurm_cluster, tmp_path, wait_for):
     """Here aiperf runs as a step of each arm's job (slurm.load: allocation); the sweep test below runs it
     on the controller."""
     out = tmp_path / "run"
@@ -81,7 +71,7 @@ def test_slurm_ab_job_cancelled_mid_load_is_resumed(slurm_cluster, tmp_path):
     def on_loading() -> bool:
         return _manifest(out)["stages"].get("on", {}).get("load", {}).get("status") == "running"
 
-    _wait_for(on_loading, 400, proc)
+    wait_for(on_loading, 400, proc)
     m = _manifest(out)
     off_job, on_job = (m["stages"][a]["server"]["slurm_job"] for a in ("off", "on"))
     subprocess.run(["scancel", on_job["job_id"]], env=slurm_cluster.env, check=True)
@@ -127,7 +117,7 @@ def test_slurm_job_whose_server_dies_fails_the_stage_with_its_state(slurm_cluste
     assert "on" not in _manifest(out)["stages"]
 
 
-def test_slurm_sweep_2x2_interrupted_then_resumed(slurm_cluster, tmp_path):
+def test_slurm_sweep_2x2_interrupted_then_resumed(slurm_cluster, tmp_path, wait_for):
     recipe = _recipe(tmp_path)
     r = yaml.safe_load(recipe.read_text())
     r["accuracy"] = None
@@ -146,7 +136,7 @@ def test_slurm_sweep_2x2_interrupted_then_resumed(slurm_cluster, tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first, second = out / "runs/c4-tp2", out / "runs/c4-tp4"
-    _wait_for(lambda: _manifest(second)["stages"].get("off", {}).get("load", {}).get("status") == "running",
+    wait_for(lambda: _manifest(second)["stages"].get("off", {}).get("load", {}).get("status") == "running",
               600, proc)
     first_manifest = (first / "manifest.json").read_text()
     proc.send_signal(signal.SIGINT)  # Ctrl-C

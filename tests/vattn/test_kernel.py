@@ -615,6 +615,7 @@ def test_gpu_graph_replay_with_new_seq_lens_equals_eager(mode):
     """The plan kernel and the attention kernels in one graph: a replay on new lengths re-plans on the device
     (the captured plan equals the host planner's for the new lengths) and equals an eager run."""
     import vattn
+    from benchmarks.kernel.harness import capture
 
     name = "hd128-g8-p16-fp8-ragged0to8-odd"
     b, kv = _gpu_batch(name, seed=5)
@@ -631,14 +632,7 @@ def test_gpu_graph_replay_with_new_seq_lens_equals_eager(mode):
         do_plan()
         vattn.attention(**b, plan=pl, out=static_out)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
     for new_lens in ([1, 60, 90, 1000, 0, 3000, 8], [9, 54, 97, 999, 0, 4097, 16], ODD):
         b["seq_lens"].copy_(torch.tensor(new_lens, dtype=torch.int32))
         graph.replay()
