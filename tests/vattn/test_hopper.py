@@ -87,9 +87,9 @@ def test_tma_map_layout_refuses_what_tma_cannot_address():
 
 
 @pytest.fixture(scope="module")
-def launch_module(tmp_path_factory):
-    """vattn/hopper/launch.cpp built into a fresh cache (~20 s)."""
-    torch = pytest.importorskip("torch")
+def built_launch(tmp_path_factory):
+    """vattn/hopper/launch.cpp built into a fresh cache (~20 s): its Launch class."""
+    pytest.importorskip("torch")
     from vattn.hopper import launch
 
     if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
@@ -98,19 +98,28 @@ def launch_module(tmp_path_factory):
     build.CACHE = tmp_path_factory.mktemp("launch")
     launch.module.cache_clear()
     try:
-        yield torch, launch.module()
+        yield launch.module().Launch
     finally:
         build.CACHE = saved
         launch.module.cache_clear()
 
 
-def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launch_module):
-    """launch.cpp below cuLaunchKernel: a C function in its place records what the launch passes (read during
+@pytest.fixture(params=["cpp", "python"])
+def launch_type(request):
+    """The C++ Launch and PyLaunch, its stand-in where the extension cannot be built: one contract."""
+    torch = pytest.importorskip("torch")
+    from vattn.hopper.launch import PyLaunch
+
+    return torch, request.getfixturevalue("built_launch") if request.param == "cpp" else PyLaunch
+
+
+def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launch_type):
+    """A Launch below cuLaunchKernel: a C function in its place records what the launch passes (read during
     the call). A call like the examples launches with their pointers and strides, the fixed values and the TMA
     maps; any other signature launches nothing; a driver error raises."""
     import ctypes
 
-    torch, mod = launch_module
+    torch, Launch = launch_type
     seen, rc = [], [0]
     spec = [("ptr", 0), ("u64", 2 ** 40 + 3), ("i32", -5), ("f32", 0.5), ("ptr", 7), ("stride", 8, 0), ("kmap",),
             ("vmap",)]
@@ -130,7 +139,7 @@ def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launc
     tables, lens, cu = torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
     kd, out = torch.ones(1), torch.empty(8, 2, 16, 256, dtype=torch.bfloat16)[:, 0]  # out: token stride 8192
     call = [q, k, v, tables, lens, cu, kd, None, None, out]
-    launch = mod.Launch(ctypes.cast(driver, ctypes.c_void_p).value, lambda: 77, 1234, (1, 2, 1), 256, 1000,
+    launch = Launch(ctypes.cast(driver, ctypes.c_void_p).value, lambda: 77, 1234, (1, 2, 1), 256, 1000,
                         tuple(call[:8]) + (out,), 256 ** -0.5, spec)
     assert launch.launch(*call) == -1 and seen == []  # no TMA maps for these caches yet
     launch.add_maps(k.data_ptr(), v.data_ptr(), bytes(range(128)), bytes(range(128, 256)))
@@ -153,14 +162,34 @@ def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launc
         launch.launch(*call)
 
 
-def test_launch_refuses_a_parameter_it_cannot_fill(launch_module):
-    torch, mod = launch_module
+def test_launch_refuses_a_parameter_it_cannot_fill(launch_type):
+    torch, Launch = launch_type
     q = torch.zeros(8, 16, 256)
     examples = (q, q, q, q, q, q, None, None, q)
     with pytest.raises(ValueError, match=r"params\[1\]: kind u32 .*allowed: u64, i32, f32, ptr, stride, kmap, vmap"):
-        mod.Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0), ("u32", 1)])
+        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0), ("u32", 1)])
     with pytest.raises(ValueError, match=r"params\[0\] names tensor 6 dim 0, which the examples lack"):
-        mod.Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)])
+        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)])
+
+
+def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(monkeypatch):
+    import warnings
+
+    from vattn.hopper import launch
+
+    def no_headers():
+        raise RuntimeError("Python.h: No such file or directory")
+
+    monkeypatch.setattr(launch, "module", no_headers)
+    launch.launch_type.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="C\\+\\+ launch could not be built .*Python.h.*through ctypes"):
+            assert launch.launch_type() is launch.PyLaunch
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert launch.launch_type() is launch.PyLaunch
+    finally:
+        launch.launch_type.cache_clear()
 
 
 def _hopper_gpu():
@@ -205,6 +234,17 @@ def test_matches_reference(case, config, schedule):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_consumer_warpgroups_match_reference(case, config):
     _check_against_reference(case, config, {"K8": 1, "K8_CONSUMERS": 2})
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("case", ["ragged", "decode-q1"])
+def test_the_ctypes_launch_matches_reference(monkeypatch, case):
+    """PyLaunch, where the C++ launch cannot be built, launches the same kernel with the same parameters."""
+    from vattn.hopper import launch
+
+    monkeypatch.setattr(launch, "launch_type", lambda: launch.PyLaunch)
+    _check_against_reference(case, "hd256-gqa16", SCHEDULES["k8"])
 
 
 @pytest.mark.probe

@@ -250,13 +250,13 @@ class MainSm90:
              softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024):
         """The launch for calls of one signature (shapes, strides, the plan and its workspace):
         launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out), through
-        vattn.hopper.launch's C++ Launch, made at the first call (whose nine tensors are its signature) and kept as
-        launch.fast[0]: vattn.api.attention calls it directly on later calls. The kernel writes the partials, and
-        out's rows of every sequence that is one piece (the reduce's skip_whole). Near its end each CTA lets a
-        programmatic dependent (vattn's reduce with pdl) launch."""
+        vattn.hopper.launch's Launch (C++; ctypes where it cannot be built), made at the first call (whose nine
+        tensors are its signature) and kept as launch.fast[0]: vattn.api.attention calls it directly on later
+        calls. The kernel writes the partials, and out's rows of every sequence that is one piece (the reduce's
+        skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch."""
         import torch
 
-        from vattn.hopper.launch import module
+        from vattn.hopper.launch import launch_type
 
         drv = _driver()
         fixed = lambda x: ("u64", int(x))
@@ -293,7 +293,7 @@ class MainSm90:
             call = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                     out)
             if not fast:
-                fast.append(module().Launch(*start, call[:8] + (out,), softmax_scale, params))
+                fast.append(launch_type()(*start, call[:8] + (out,), softmax_scale, params))
             done = fast[0].launch(*call)
             if done == -1:  # the first call on these caches: their TMA maps (one pair per layer in a server)
                 key = (k_cache.data_ptr(), v_cache.data_ptr(), layout)
