@@ -94,14 +94,7 @@ def built_launch(tmp_path_factory):
 
     if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
         pytest.skip("needs a C++ compiler")
-    saved = build.CACHE
-    build.CACHE = tmp_path_factory.mktemp("launch")
-    launch.module.cache_clear()
-    try:
-        yield launch.module().Launch
-    finally:
-        build.CACHE = saved
-        launch.module.cache_clear()
+    return launch.module(tmp_path_factory.mktemp("launch")).Launch
 
 
 @pytest.fixture(params=["cpp", "python"])
@@ -172,24 +165,20 @@ def test_launch_refuses_a_parameter_it_cannot_fill(launch_type):
         Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)])
 
 
-def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(monkeypatch):
+def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(monkeypatch, tmp_path):
     import warnings
 
     from vattn.hopper import launch
 
-    def no_headers():
+    def no_headers(cache):
         raise RuntimeError("Python.h: No such file or directory")
 
     monkeypatch.setattr(launch, "module", no_headers)
-    launch.launch_type.cache_clear()
-    try:
-        with pytest.warns(UserWarning, match="C\\+\\+ launch could not be built .*Python.h.*through ctypes"):
-            assert launch.launch_type() is launch.PyLaunch
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert launch.launch_type() is launch.PyLaunch
-    finally:
-        launch.launch_type.cache_clear()
+    with pytest.warns(UserWarning, match="C\\+\\+ launch could not be built .*Python.h.*through ctypes"):
+        assert launch.launch_type(tmp_path) is launch.PyLaunch
+    with warnings.catch_warnings():  # asked again: the same answer, no second warning
+        warnings.simplefilter("error")
+        assert launch.launch_type(tmp_path) is launch.PyLaunch
 
 
 def _hopper_gpu():
@@ -243,7 +232,7 @@ def test_the_ctypes_launch_matches_reference(monkeypatch, case):
     """PyLaunch, where the C++ launch cannot be built, launches the same kernel with the same parameters."""
     from vattn.hopper import launch
 
-    monkeypatch.setattr(launch, "launch_type", lambda: launch.PyLaunch)
+    monkeypatch.setattr(launch, "launch_type", lambda cache: launch.PyLaunch)
     _check_against_reference(case, "hd256-gqa16", SCHEDULES["k8"])
 
 

@@ -293,7 +293,7 @@ class MainSm90:
             call = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                     out)
             if not fast:
-                fast.append(launch_type()(*start, call[:8] + (out,), softmax_scale, params))
+                fast.append(launch_type(CACHE)(*start, call[:8] + (out,), softmax_scale, params))
             done = fast[0].launch(*call)
             if done == -1:  # the first call on these caches: their TMA maps (one pair per layer in a server)
                 key = (k_cache.data_ptr(), v_cache.data_ptr(), layout)

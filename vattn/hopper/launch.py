@@ -1,6 +1,6 @@
 """The Hopper main kernel's launch (launch.cpp): a CPython extension built at first use with the system C++
-compiler against torch's headers, cached beside the cubins (vattn.hopper.build.CACHE) by a hash of its source, the
-torch and Python versions.
+compiler against torch's headers, cached beside the cubins (the cache folder vattn.hopper.build passes) by a hash
+of its source, the torch and Python versions.
 
 It checks a call's nine tensors against the signature it was made with and launches the kernel through
 cuLaunchKernel, so that an eager vattn.attention call whose signature repeats skips the Python signature (see
@@ -51,18 +51,16 @@ def build_command(out: Path, src: Path) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def module():
-    """The built extension module (built now if absent from the cache)."""
+def module(cache: Path):
+    """The built extension module (built now if absent from the cache folder)."""
     import torch
-
-    from vattn.hopper.build import CACHE
 
     tag = f"{SOURCE.read_text()}|torch {torch.__version__}|{sys.version}|{sysconfig.get_config_var('EXT_SUFFIX')}"
     key = hashlib.sha256(tag.encode()).hexdigest()[:16]
-    out = CACHE / f"{MODULE}_{key}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    out = cache / f"{MODULE}_{key}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not out.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:  # renamed into the cache: see build.compile_cubin
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # renamed into the cache: see build.compile_cubin
             built = Path(tmp) / out.name
             cmd = build_command(built, SOURCE)
             res = subprocess.run(cmd, capture_output=True, text=True)
@@ -76,10 +74,10 @@ def module():
 
 
 @functools.lru_cache(maxsize=None)
-def launch_type():
+def launch_type(cache: Path):
     """The Launch class: the extension's, or PyLaunch (with one warning) where it cannot be built."""
     try:
-        return module().Launch
+        return module(cache).Launch
     except Exception as exc:
         warnings.warn(f"vattn: the Hopper kernel's C++ launch could not be built ({exc!r}); launching through "
                       "ctypes, with more host time a call")
