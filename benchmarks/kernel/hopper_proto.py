@@ -75,6 +75,8 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
         lbo, sbo = descriptors[0]
         rec[f"hopper_main_us_{name}"] = per(lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
+        if "PROFILE_STAMPS" in defines:  # the last replay's CTAs, stage by stage
+            rec[f"stamps_{name}"] = read_stamps(kern)
         for spm in slots_per_sm[1:]:  # the same build on a plan for more CTAs than SMs (timed only)
             rec[f"hopper_main_us_{name}@{spm}perSM"] = per(
                 lambda: [hopper(r, lbo, sbo, plans[spm]) for r in range(b.replicas)])
@@ -93,9 +95,11 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             torch.cuda.synchronize()
             rec[f"rel_err_reduce_{name}"], _ = harness.check(b.out, ref)
             rec[f"reduce_us_{name}"] = per(lambda: [red() for _ in range(b.replicas)])
-    if chain:  # the plan kernel, the first variant's main kernel and the reduce in one graph, with and without PDL
-        rec.update(chain_us(shape, b, ref, plan, next(iter(kernels.values())), o_part, lse_part, gqa, qlen,
-                            descriptors[0], replays, overhead))
+    if chain:  # the plan kernel, each real build's main kernel and the reduce in one graph, with and without PDL
+        for name, kern in kernels.items():
+            if not any(d.startswith("PROFILE_") for d in variants[name]):
+                rec.update({f"{k}_{name}": v for k, v in chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa,
+                                                                   qlen, descriptors[0], replays, overhead).items()})
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)
     rec.update({f"triton_{k}": v for k, v in times.items()})
@@ -135,6 +139,41 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     return rec
 
 
+# PROFILE_STAMPS builds: what each slot of main_sm90.cu's vattn_stamps marks (clock64 of one thread of the CTA);
+# slots 14 and 15 are %globaltimer at the CTA's start and end
+STAMP_SLOTS = {1: "work item read", 2: "barriers initialised", 3: "Q arrived", 4: "Q split and stored",
+               5: "K(0) landed", 6: "S(0) done", 7: "V(0) widened", 8: "P.V done", 9: "result stored",
+               10: "copy: pages read", 11: "copy: tile 0 issued", 12: "widen: tile 0 landed",
+               13: "widen: V(0) widened"}
+
+
+def read_stamps(kern) -> dict:
+    """Per stage of a PROFILE_STAMPS build's last launch: the median over its CTAs of the time since the CTA
+    started, in us (clock64 at the SM clock that %globaltimer gives over the CTA's life); and the spread of the
+    CTAs' starts and the kernel's span from start to the last CTA's end, by %globaltimer."""
+    import ctypes
+    import statistics
+
+    import torch
+
+    from vattn.hopper.build import _driver
+
+    torch.cuda.synchronize()
+    drv = _driver()
+    ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+    drv.check(drv.lib.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), kern.module, b"vattn_stamps"),
+              "cuModuleGetGlobal(vattn_stamps)")
+    raw = (ctypes.c_uint64 * (size.value // 8))()
+    drv.check(drv.lib.cuMemcpyDtoH_v2(raw, ptr, size), "cuMemcpyDtoH(vattn_stamps)")
+    ctas = [raw[i:i + 16] for i in range(0, len(raw), 16) if raw[i + 14] and raw[i + 15] and raw[i + 9]]
+    ghz = statistics.median((c[9] - c[0]) / max(1, c[15] - c[14]) for c in ctas)
+    out = {name: round(statistics.median((c[slot] - c[0]) / ghz / 1e3 for c in ctas if c[slot]), 2)
+           for slot, name in STAMP_SLOTS.items() if any(c[slot] for c in ctas)}
+    starts, ends = [c[14] for c in ctas], [c[15] for c in ctas]
+    return out | {"CTAs": len(ctas), "SM GHz": round(ghz, 3), "CTA start spread": (max(starts) - min(starts)) / 1e3,
+                  "kernel span": (max(ends) - min(starts)) / 1e3}
+
+
 def best_main_us(rec: dict, variants: dict, descriptor: tuple, kv_dtype: str) -> float | None:
     """The fastest variant's main time among those that count: builds that compute the real thing (no
     timing-only PROFILE_ switch) and whose output, with the timed V descriptor, is within tolerance."""
@@ -167,7 +206,7 @@ def main(argv=None) -> int:
                     "first variant's partials: ';'-separated NAME:KWARG=INT,... (kernel.launch_reduce's block_p, "
                     "block_d, num_warps)")
     ap.add_argument("--chain", action="store_true", help="also time plan + main + reduce in one graph, the reduce "
-                    "launched as a programmatic dependent and not (the first variant's kernel)")
+                    "launched as a programmatic dependent and not (each variant without a timing-only PROFILE_ switch)")
     ap.add_argument("--overhead", type=int, default=None, help="the balanced plan's piece overhead in tiles "
                     "(default: the Hopper backend's for the shape's KV dtype)")
     ap.add_argument("--out", default="hopper-proto.json")
@@ -199,6 +238,11 @@ def main(argv=None) -> int:
         ratio = f"{r['triton_main_us'] / best:6.2f}" if best else f"{'-':>6s}"
         print(f"{r['shape']:20s} {hopper} {r['triton_main_us']:12.1f} {r['triton_main_tbps']:6.2f} {ratio}  "
               f"{stages} {errs}")
+    for r in records:
+        for key, st in r.items():
+            if key.startswith("stamps_"):
+                print(f"{r['shape']} {key[7:]} (us since the CTA's start, median over CTAs): "
+                      + "; ".join(f"{k} {v}" for k, v in st.items()))
     return 0
 
 

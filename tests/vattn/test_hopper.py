@@ -22,9 +22,11 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
 # the kernels: vattn_main_sm90 with S(i + 1) issued behind P(i).V (the default) or with FlashAttention-3's
 # overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap). One cubin holds both kernels,
 # and with KV16 vattn_main_sm90_kv16 too (bf16 caches: K and V by TMA as the wgmmas read them).
-# PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20).
+# PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20;
+# *stage: the result staged through shared memory, NOTES P37).
 SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "kv16": {"KV16": 1}}
-PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}}
+PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8stage": {"K8": 1, "STAGE_OUT": 1},
+          "kv16stage": {"KV16": 1, "STAGE_OUT": 1}}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -34,7 +36,8 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeyp
     cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | (SCHEDULES | PROBES)[schedule])
     report = build.ptxas_report(cubin).read_text()
     assert cubin.stat().st_size > 0
-    kernels = 3 if schedule == "kv16" else 2  # vattn_main_sm90, vattn_main_sm90_k8 (and vattn_main_sm90_kv16)
+    # vattn_main_sm90, vattn_main_sm90_k8 (and vattn_main_sm90_kv16)
+    kernels = 3 if "KV16" in (SCHEDULES | PROBES)[schedule] else 2
     assert report.count("Compiling entry function") == kernels, report
     assert report.count("0 bytes spill stores, 0 bytes spill loads") == kernels, report
     # C7513: ptxas had to wait for each wgmma before the next instruction, which undoes the overlap
@@ -242,6 +245,13 @@ def test_the_ctypes_launch_matches_reference(monkeypatch, case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
+
+
+@pytest.mark.probe
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_staged_result_of_two_consumer_warpgroups_matches_reference(case):
+    _check_against_reference(case, "hd128-gqa8", {"K8": 1, "K8_CONSUMERS": 2, "STAGE_OUT": 1})
 
 
 def _check_against_reference(case, config, defines):
