@@ -487,14 +487,15 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
     store_partial(o, rw, v_descale, o_part + it.part * sow + h * soh, sor, lse_part + it.part * slw + h * slh, lane);
 }
 
-// STAGE_OUT=1: the CTA's result through shared memory. The accumulator layout gives a warp's store 8 rows of 16
-// (bf16) or 32 (fp32) bytes, so its 32-64 KB leave the SM as 2048 small requests; staged, each warp stores 512
-// contiguous bytes at a time. `stage`: free shared memory of QROWS rows of HEAD_DIM fp32 + 32 bytes, which the
+// STAGE_OUT=1 (the default; 0 stores from the accumulators): the CTA's result through shared memory. The
+// accumulator layout gives a warp's store 8 rows of 16 (bf16) or 32 (fp32) bytes, so its 32-64 KB leave the SM
+// as 2048 small requests; staged, each warp stores 512 contiguous bytes at a time (a one-tile CTA's result
+// 2.7 -> 1.6 us, NOTES P37). `stage`: free shared memory of QROWS rows of HEAD_DIM fp32 + 32 bytes, which the
 // 128 threads of the consumer warpgroup (ctid) fill and then read back in 16-byte chunks after named barrier
 // `bar`. Rows are padded by 16 (bf16) or 32 (fp32) bytes: the fill's 8 rows a warp then fall in distinct banks.
 // Rows or strides not 16-byte aligned take the direct store.
 #ifndef STAGE_OUT
-#define STAGE_OUT 0
+#define STAGE_OUT 1
 #endif
 #define STAGE_BYTES (QROWS * (HEAD_DIM * 4 + 32))
 __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
@@ -888,13 +889,13 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, int c0,
 #endif
 }
 
-// Two e4m3 -> two floats.
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t x) {
+// Two e4m3 <-> an fp16 pair (saturating to e4m3's largest).
+__device__ __forceinline__ __half2 e4m3x2_to_half2(uint16_t x) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)x, __NV_E4M3);
-  return __half22float2(*reinterpret_cast<__half2*>(&h));
+  return *reinterpret_cast<__half2*>(&h);
 }
-__device__ __forceinline__ uint16_t float2_to_e4m3x2(float a, float b) {
-  return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+__device__ __forceinline__ uint16_t half2_to_e4m3x2(__half2 x) {
+  return (uint16_t)__nv_cvt_halfraw2_to_fp8x2(*reinterpret_cast<__half2_raw*>(&x), __NV_SATFINITE, __NV_E4M3);
 }
 
 // The second consumer warpgroup's running state (this thread's column t of other: O, then m0, m1, l0, l1) merged
@@ -1085,70 +1086,83 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
   const int warp = ctid / 32, lane = tid % 32;
   // Q split into e4m3 parts: warp w takes rows 16w .. 16w + 15, a lane 8 head dims of a row (LPR lanes a
   // row, RPL rows a load); the rows' loads are issued together (one memory latency, not 16), and so are their
-  // amax reductions across the row's lanes (independent shuffles a step). The prologue's time is its chain of
-  // dependent loads (work item, cu_q, Q), not this arithmetic: the reductions row after row measured the same
-  // (PROFILE_Q_ONLY, NOTES P14)
+  // amax reductions across the row's lanes (independent shuffles a step). On a one-tile CTA this split is on the
+  // critical path and issue-bound (one warp a scheduler): its instruction count is its time (NOTES P37, P38)
   if (wg == 0) {
     constexpr int LPR = HEAD_DIM / 8, RPL = 32 / LPR, NLD = 16 / RPL;
     const int sub = lane / LPR, c = (lane % LPR) * 8;
+    // every row is loaded without a branch (each row's branch and 64-bit address had cost ~25 instructions,
+    // NOTES P38): a row of an absent token reads Q's first row, finite values whose scores the mask discards
+    const __nv_bfloat16* qg = q + (int64_t)q0 * stride_qt + (int64_t)(h * GQA) * stride_qh + c;
+    // where a warp's 16 rows start a token's head group, or lie in one, row rr's token and head past the warp's
+    // first row are compile-time constants (no 64-bit multiply a row)
+    constexpr bool ALIGNED = (16 % GQA == 0 || GQA % 16 == 0) && GQA % RPL == 0;
+    const __nv_bfloat16* qw = qg + (int64_t)(warp * 16 / GQA) * stride_qt + (int64_t)(warp * 16 % GQA + sub) * stride_qh;
     uint4 qraw[NLD];
 #pragma unroll
     for (int rr = 0; rr < NLD; ++rr) {
-      const int r = warp * 16 + rr * RPL + sub, tok = r / GQA;
-      qraw[rr] = tok < n_q ? *reinterpret_cast<const uint4*>(q + (int64_t)(q0 + tok) * stride_qt +
-                                                              (int64_t)(h * GQA + r % GQA) * stride_qh + c)
-                           : make_uint4(0, 0, 0, 0);
+      const int r = warp * 16 + rr * RPL + sub;
+      const __nv_bfloat16* row = ALIGNED ? qw + (rr * RPL / GQA) * stride_qt + (rr * RPL % GQA) * stride_qh
+                                         : qg + (int64_t)(r / GQA) * stride_qt + (int64_t)(r % GQA) * stride_qh;
+      qraw[rr] = *reinterpret_cast<const uint4*>(r / GQA < n_q ? row : q + c);
     }
-    float row_amax[NLD];
+    // each row's amax over its lanes, two rows a bf16x2 (max is exact in bf16): 5 shuffle steps a row pair
+    static_assert(NLD % 2 == 0, "rows in pairs");
+    uint32_t pair_amax[NLD / 2];
 #pragma unroll
-    for (int rr = 0; rr < NLD; ++rr) {
-      const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&qraw[rr]);
-      float m = 0.f;
+    for (int rp = 0; rp < NLD / 2; ++rp) {
+      __nv_bfloat162 m[2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(b[j]);
-        m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+      for (int e = 0; e < 2; ++e) {
+        const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&qraw[2 * rp + e]);
+        m[e] = __hmax2(__hmax2(__habs2(b[0]), __habs2(b[1])), __hmax2(__habs2(b[2]), __habs2(b[3])));
       }
-      row_amax[rr] = m;
+      const __nv_bfloat162 both = __hmax2(__lows2bfloat162(m[0], m[1]), __highs2bfloat162(m[0], m[1]));
+      pair_amax[rp] = *reinterpret_cast<const uint32_t*>(&both);
     }
 #pragma unroll
     for (int off = LPR / 2; off > 0; off >>= 1) {  // within the row's aligned group of LPR lanes
 #pragma unroll
-      for (int rr = 0; rr < NLD; ++rr)
-        row_amax[rr] = fmaxf(row_amax[rr], __shfl_xor_sync(0xffffffff, row_amax[rr], off));
+      for (int rp = 0; rp < NLD / 2; ++rp) {
+        const uint32_t other = __shfl_xor_sync(0xffffffff, pair_amax[rp], off);
+        const __nv_bfloat162 mx = __hmax2(*reinterpret_cast<const __nv_bfloat162*>(&pair_amax[rp]),
+                                          *reinterpret_cast<const __nv_bfloat162*>(&other));
+        pair_amax[rp] = *reinterpret_cast<const uint32_t*>(&mx);
+      }
     }
-    STAMP(0, 3, row_amax[0]);
+    STAMP(0, 3, __uint_as_float(pair_amax[0]));
+    // y = q x 448 / amax (|y| <= 448, e4m3's largest), hi = e4m3(y), lo = e4m3(y - hi): q = (hi + lo) amax / 448.
+    // This is the 16 hi + lo of q / (amax / 28) (16 e4m3(x) = e4m3(16 x) in e4m3's normal range) with a third of
+    // the conversions fewer. y is rounded to fp16 (11 bits, against hi + lo's ~8) so that the residual is one
+    // packed subtraction; the reciprocal need not be exact (row_scale undoes y's)
 #pragma unroll
     for (int rr = 0; rr < NLD; ++rr) {
       const int r = warp * 16 + rr * RPL + sub;
-      float x[8];
+      const uint32_t pa = pair_amax[rr / 2];
+      // a row of zeros keeps y = 0 (amax > 0 for the reciprocal)
+      const float amax = fmaxf(__uint_as_float(rr % 2 ? pa & 0xffff0000u : pa << 16), 1e-30f);
+      float inv;
+      asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv) : "f"(amax));
+      inv *= 448.f;
       const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&qraw[rr]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 f = __bfloat1622float2(b[j]);
-        x[2 * j] = f.x;
-        x[2 * j + 1] = f.y;
-      }
-      const float amax = row_amax[rr];
-      const float qs = amax > 0.f ? amax / 28.f : 1.f, inv = 1.f / qs;
       uint32_t hw[2], lw[2];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const float y0 = x[2 * j] * inv, y1 = x[2 * j + 1] * inv;
-        const float2 hf = e4m3x2_to_float2(float2_to_e4m3x2(y0, y1));
-        const uint16_t hi16 = float2_to_e4m3x2(16.f * hf.x, 16.f * hf.y);
-        const uint16_t lo = float2_to_e4m3x2(16.f * (y0 - hf.x), 16.f * (y1 - hf.y));
+        const float2 f = __bfloat1622float2(b[j]);
+        const __half2 y = __floats2half2_rn(f.x * inv, f.y * inv);
+        const uint16_t hi = half2_to_e4m3x2(y);
+        const uint16_t lo = half2_to_e4m3x2(__hsub2(y, e4m3x2_to_half2(hi)));
         if (j % 2 == 0) {
-          hw[j / 2] = hi16;
+          hw[j / 2] = hi;
           lw[j / 2] = lo;
         } else {
-          hw[j / 2] |= (uint32_t)hi16 << 16;
+          hw[j / 2] |= (uint32_t)hi << 16;
           lw[j / 2] |= (uint32_t)lo << 16;
         }
       }
       *reinterpret_cast<uint2*>(sq_hi + swz8(QROWS, r, c)) = make_uint2(hw[0], hw[1]);
       *reinterpret_cast<uint2*>(sq_lo + swz8(QROWS, r, c)) = make_uint2(lw[0], lw[1]);
-      if (lane % LPR == 0) row_scale[r] = qs / 16.f;
+      if (lane % LPR == 0) row_scale[r] = amax * (1.f / 448.f);
     }
     fence_async_smem();
   }
