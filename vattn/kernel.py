@@ -480,61 +480,67 @@ def _reduce_kernel(
     seq_part_start_ptr, cu_q_ptr,
     # [T, Hq, D]
     out_ptr, stride_ot, stride_oh_out,
+    batch,
     G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_WHOLE: tl.constexpr,
-    PDL: tl.constexpr = False,
+    BLOCK_B: tl.constexpr = 1, PDL: tl.constexpr = False,
 ):
     ND: tl.constexpr = D // BLOCK_D
     hq = tl.program_id(0) // ND
     d = (tl.program_id(0) % ND) * BLOCK_D + tl.arange(0, BLOCK_D)
     j = tl.program_id(1)
-    b = tl.program_id(2)
-    # the four index loads are independent: one memory latency before the partials' loads, not two
-    q0 = tl.load(cu_q_ptr + b)
-    n_q = tl.load(cu_q_ptr + b + 1) - q0
-    p_first = tl.load(seq_part_start_ptr + b)
-    p_last = tl.load(seq_part_start_ptr + b + 1)
+    # the program's BLOCK_B sequences: their index loads in one memory latency, before any merge
+    bs = tl.program_id(2) * BLOCK_B + tl.arange(0, BLOCK_B)
+    in_batch = bs < batch
+    q0s = tl.load(cu_q_ptr + bs, mask=in_batch, other=0)
+    n_qs = tl.load(cu_q_ptr + bs + 1, mask=in_batch, other=0) - q0s
+    p_firsts = tl.load(seq_part_start_ptr + bs, mask=in_batch, other=0)
+    p_lasts = tl.load(seq_part_start_ptr + bs + 1, mask=in_batch, other=0)
     if PDL:  # launched before the main kernel ends: its first program waits for it whatever it has to do, so
         # that the reduce (which later work waits on) cannot end first
         if tl.program_id(0) + tl.program_id(1) + tl.program_id(2) == 0:
             gdc_wait()
-    if j >= n_q:
-        return
+    merge = j < n_qs
     if SKIP_WHOLE:  # a sequence of one piece: the main kernel wrote its rows
-        if p_last - p_first == 1:
-            return
-    if PDL:  # the partials are the main kernel's: wait for it (the indices above are the plan's, done before)
-        gdc_wait()
+        merge = merge & (p_lasts - p_firsts != 1)
     h = hq // G
     row = j * G + hq % G
-    m_i = tl.full([], float("-inf"), tl.float32)
-    l_i = tl.full([], 0.0, tl.float32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    # not software-pipelined: two stages measured slower on every shape (benchmarks/NOTES.md P14e)
-    for c in tl.range(p_first, p_last, BLOCK_P, num_stages=1):
-        parts = c + tl.arange(0, BLOCK_P)
-        ok = parts < p_last
-        # -- load a chunk's lse and O together: neither address nor mask depends on the other load, so the
-        # loop waits one memory latency per chunk, not two (a long sequence has hundreds of pieces) --
-        lse = tl.load(lse_part_ptr + parts.to(tl.int64) * stride_lw + h * stride_lh + row,
-                      mask=ok, other=float("-inf"))
-        o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
-        o = tl.load(o_part_ptr + o_off, mask=ok[:, None], other=0.0)
-        m_new = tl.maximum(m_i, tl.max(lse, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_safe)
-        wgt = tl.math.exp2(lse - m_safe)
-        # neutral partials (lse -inf) weigh 0 and are selected away, so even a non-finite O cannot leak in
-        acc = acc * alpha + tl.sum(tl.where((wgt > 0)[:, None], wgt[:, None] * o, 0.0), axis=0)
-        l_i = l_i * alpha + tl.sum(wgt, axis=0)
-        m_i = m_new
-    res = tl.where(l_i > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
-    out_off = (q0 + j).to(tl.int64) * stride_ot + hq * stride_oh_out + d
-    tl.store(out_ptr + out_off, res.to(out_ptr.dtype.element_ty))
+    for i in tl.static_range(BLOCK_B):
+        pick = tl.arange(0, BLOCK_B) == i
+        if tl.sum(tl.where(pick, merge, 0)) > 0:
+            if PDL:  # the partials are the main kernel's: wait for it (the indices above are the plan's)
+                gdc_wait()
+            q0 = tl.sum(tl.where(pick, q0s, 0))
+            p_first = tl.sum(tl.where(pick, p_firsts, 0))
+            p_last = tl.sum(tl.where(pick, p_lasts, 0))
+            m_i = tl.full([], float("-inf"), tl.float32)
+            l_i = tl.full([], 0.0, tl.float32)
+            acc = tl.zeros([BLOCK_D], tl.float32)
+            # not software-pipelined: two stages measured slower on every shape (benchmarks/NOTES.md P14e)
+            for c in tl.range(p_first, p_last, BLOCK_P, num_stages=1):
+                parts = c + tl.arange(0, BLOCK_P)
+                ok = parts < p_last
+                # -- load a chunk's lse and O together: neither address nor mask depends on the other load, so
+                # the loop waits one memory latency per chunk, not two (a long sequence has hundreds of pieces) --
+                lse = tl.load(lse_part_ptr + parts.to(tl.int64) * stride_lw + h * stride_lh + row,
+                              mask=ok, other=float("-inf"))
+                o_off = parts.to(tl.int64)[:, None] * stride_ow + h * stride_oh + row * stride_or + d[None, :]
+                o = tl.load(o_part_ptr + o_off, mask=ok[:, None], other=0.0)
+                m_new = tl.maximum(m_i, tl.max(lse, axis=0))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                alpha = tl.math.exp2(m_i - m_safe)
+                wgt = tl.math.exp2(lse - m_safe)
+                # neutral partials (lse -inf) weigh 0 and are selected away, so even a non-finite O cannot leak in
+                acc = acc * alpha + tl.sum(tl.where((wgt > 0)[:, None], wgt[:, None] * o, 0.0), axis=0)
+                l_i = l_i * alpha + tl.sum(wgt, axis=0)
+                m_i = m_new
+            res = tl.where(l_i > 0.0, acc / tl.where(l_i > 0.0, l_i, 1.0), 0.0)
+            out_off = (q0 + j).to(tl.int64) * stride_ot + hq * stride_oh_out + d
+            tl.store(out_ptr + out_off, res.to(out_ptr.dtype.element_ty))
 
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                   block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
-                  skip_whole: bool = False, pdl: bool = False) -> None:
+                  skip_whole: bool = False, pdl: bool = False, block_b: int | None = None) -> None:
     """Grid (Hq x D / block_d, max_q_len, B): one program per (output row, D chunk of block_d); absent
     tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0. skip_whole: the main
     kernel wrote the rows of every sequence of one piece itself (a Backend's writes_whole), so those
@@ -561,7 +567,7 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     33 pieces. Only on a CUDA device of sm_90 or later, not under the interpreter."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
                                 block_p=block_p, block_d=block_d, num_warps=num_warps, skip_whole=skip_whole,
-                                pdl=pdl)
+                                pdl=pdl, block_b=block_b)
     if launch is not None:
         launcher.kernel(_reduce_kernel).launch(*launch)
 
@@ -574,7 +580,7 @@ REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
 
 def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                        block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
-                       skip_whole: bool = False, pdl: bool = False):
+                       skip_whole: bool = False, pdl: bool = False, block_b: int | None = None):
     """(grid, args, kwargs) of the reduce kernel (launch_reduce's), or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
@@ -583,10 +589,11 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
     pdl = pdl and batch * o_part.shape[1] >= PDL_MIN_SEQUENCES
     block_d = min(block_d or (head_dim if skip_whole else 64), head_dim)
     num_warps = num_warps or max(1, block_d // 64)
-    return (out.shape[1] * (head_dim // block_d), max_q_len, batch), (
+    block_b = block_b or 1
+    return (out.shape[1] * (head_dim // block_d), max_q_len, -(-batch // block_b)), (
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),
         seq_part_start, cu_seqlens_q,
-        out, out.stride(0), out.stride(1),
-    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole,
+        out, out.stride(0), out.stride(1), batch,
+    ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole, BLOCK_B=block_b,
             num_warps=num_warps) | (dict(PDL=True, launch_pdl=True) if pdl else {})

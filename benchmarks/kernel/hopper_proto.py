@@ -95,11 +95,16 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             torch.cuda.synchronize()
             rec[f"rel_err_reduce_{name}"], _ = harness.check(b.out, ref)
             rec[f"reduce_us_{name}"] = per(lambda: [red() for _ in range(b.replicas)])
-    if chain:  # the plan kernel, each real build's main kernel and the reduce in one graph, with and without PDL
-        for name, kern in kernels.items():
-            if not any(d.startswith("PROFILE_") for d in variants[name]):
-                rec.update({f"{k}_{name}": v for k, v in chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa,
-                                                                   qlen, descriptors[0], replays, overhead).items()})
+    if chain:  # the plan kernel, each real build's main kernel and the reduce in one graph, with and without PDL;
+        # the first real build also with each reduce variant
+        real = [n for n in kernels if not any(d.startswith("PROFILE_") for d in variants[n])]
+        for name in real:
+            for rname, kw in [("", {})] + [(f"_{r}", kw) for r, kw in (reduce_variants or {}).items()
+                                            if name == real[0]]:
+                kw = {k: int(v) for k, v in kw.items()}
+                rec.update({f"{k}_{name}{rname}": v for k, v in chain_us(
+                    shape, b, ref, plan, kernels[name], o_part, lse_part, gqa, qlen, descriptors[0], replays,
+                    overhead, kw).items()})
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)
     rec.update({f"triton_{k}": v for k, v in times.items()})
@@ -111,9 +116,10 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
 
 
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
-             replays: int, overhead: int) -> dict:
+             replays: int, overhead: int, reduce_kw: dict | None = None) -> dict:
     """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path: the reduce
-    as a programmatic dependent of the main kernel (pdl) and as an ordinary launch (nopdl); each checked."""
+    (launch_reduce's defaults, or reduce_kw) as a programmatic dependent of the main kernel (pdl) and as an
+    ordinary launch (nopdl); each checked."""
     import torch
 
     from vattn import kernel as K
@@ -129,7 +135,7 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
                      overhead=overhead)
             kern.launch(*b.attention_args(r), out_plan, o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo)
             K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
-                            skip_whole=True, pdl=pdl)
+                            skip_whole=True, pdl=pdl, **(reduce_kw or {}))
 
         b.out.fill_(float("nan"))
         call(0)
@@ -203,8 +209,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slots-per-sm", default="1", help="comma-separated plan widths in CTAs per SM; the first "
                     "is checked and timed, the others timed as NAME@NperSM")
     ap.add_argument("--reduce-variants", default="", help="vattn reduce launch shapes to check and time on the "
-                    "first variant's partials: ';'-separated NAME:KWARG=INT,... (kernel.launch_reduce's block_p, "
-                    "block_d, num_warps)")
+                    "first variant's partials (and in its --chain): ';'-separated NAME:KWARG=INT,... "
+                    "(kernel.launch_reduce's block_p, block_d, num_warps, block_b)")
     ap.add_argument("--chain", action="store_true", help="also time plan + main + reduce in one graph, the reduce "
                     "launched as a programmatic dependent and not (each variant without a timing-only PROFILE_ switch)")
     ap.add_argument("--overhead", type=int, default=None, help="the balanced plan's piece overhead in tiles "

@@ -118,8 +118,9 @@ def test_interp_hand_plan_unaligned_pieces_and_idle_items():
 
 @interp_only
 @pytest.mark.parametrize("skip_whole", [False, True])
-@pytest.mark.parametrize("block_d", [64, 16])  # D whole, and split across 4 programs a row
-def test_interp_reduce_merges_hundreds_of_pieces(block_d, skip_whole):
+@pytest.mark.parametrize("block_d,block_b", [(64, 1), (16, 1), (64, 2), (64, 4)])  # D whole or in 4 programs a
+# row; one sequence a program, or 2 or 4 (the last program's partly past the batch)
+def test_interp_reduce_merges_hundreds_of_pieces(block_d, block_b, skip_whole):
     """A long sequence split 70 ways (5 chunks of the reduce loop) next to a one-piece one and one without
     pieces (O = 0); neutral partials (lse -inf) carry NaN O, which the reduce must select away, not
     multiply by 0. skip_whole: the one-piece sequence's rows are the main kernel's to write, and stay as
@@ -135,7 +136,7 @@ def test_interp_reduce_merges_hundreds_of_pieces(block_d, skip_whole):
     cu = torch.tensor([0, 2, 4, 5], dtype=torch.int32)
     out = torch.full((5, gqa, d), float("nan"))
     K.launch_reduce(o, lse, torch.tensor([0, 70, 71, 71], dtype=torch.int32), cu, out, gqa=gqa, max_q_len=2,
-                    block_d=block_d, skip_whole=skip_whole)
+                    block_d=block_d, skip_whole=skip_whole, block_b=block_b)
     if skip_whole:
         assert out[2:4].isnan().all()
     for b, (first, last) in enumerate([(0, 70)] if skip_whole else [(0, 70), (70, 71)]):
