@@ -541,8 +541,8 @@ def _reduce_kernel(
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                   block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
                   skip_whole: bool = False, pdl: bool = False, block_b: int | None = None) -> None:
-    """Grid (Hq x D / block_d, max_q_len, B): one program per (output row, D chunk of block_d); absent
-    tokens return at once. A token whose sequence has no pieces (L = 0) gets O = 0. skip_whole: the main
+    """Grid (Hq x D / block_d, max_q_len, B / block_b): one program per (output row, D chunk of block_d) of
+    block_b sequences, merged one after the other; absent tokens are skipped. A token whose sequence has no pieces (L = 0) gets O = 0. skip_whole: the main
     kernel wrote the rows of every sequence of one piece itself (a Backend's writes_whole), so those
     sequences' programs return once they know.
 
@@ -557,6 +557,12 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     whole row was slower (long-among-short 18.2 against 13.8, 16x35k 6.3 against 5.7). The batch is the
     slowest grid axis, so a long first sequence's programs start first instead of being spread over the
     launch.
+
+    block_b (default: PAIR_SEQUENCES_FROM's rule): with skip_whole on a batch of many sequences, two
+    sequences a program halve the programs that most often return at once. On an H200 (NOTES.md P39, plan
+    + main + reduce with pdl) 64 sequences of 24 tokens took 12.5 us against 13.5; 16x35k 99.6 against
+    97.5, 4x35k 41.4 against 38.9 (each program merges both sequences' pieces in turn), and a 100k-token
+    sequence among 63 one-piece ones 64.1 against 63.1.
 
     pdl: allowed to launch as a programmatic dependent of the main kernel (Hopper's griddepcontrol), which
     lets it launch near its end: the reduce's programs then start before the main kernel ends, and those with
@@ -573,6 +579,7 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
 
 
 PDL_MIN_SEQUENCES = 16  # launch_reduce's pdl: the smallest batch (sequences x KV heads) it is taken for
+PAIR_SEQUENCES_FROM = 32  # launch_reduce's block_b 2 (with skip_whole): the smallest batch (sequences x KV heads)
 
 # positions in reduce_launch_args' args of the tensors that change between calls (vattn.api's bindings)
 REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
@@ -589,7 +596,7 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
     pdl = pdl and batch * o_part.shape[1] >= PDL_MIN_SEQUENCES
     block_d = min(block_d or (head_dim if skip_whole else 64), head_dim)
     num_warps = num_warps or max(1, block_d // 64)
-    block_b = block_b or 1
+    block_b = block_b or (2 if skip_whole and batch * o_part.shape[1] >= PAIR_SEQUENCES_FROM else 1)
     return (out.shape[1] * (head_dim // block_d), max_q_len, -(-batch // block_b)), (
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),

@@ -661,3 +661,21 @@ def test_reduce_goes_as_a_programmatic_dependent_only_for_batches_where_that_pai
     assert kwargs(8, 2)["launch_pdl"]  # sequences x KV heads
     assert "launch_pdl" not in kwargs(4, 1) and "PDL" not in kwargs(4, 1)  # 4x35k: it cost 3.6 us
     assert "launch_pdl" not in kwargs(64, 1, pdl=False)
+
+
+def test_reduce_pairs_sequences_only_for_many_sequences_whose_one_piece_rows_it_skips():
+    from vattn import kernel as K
+
+    def launch(batch, kv_heads, skip_whole=True):
+        o_part = torch.zeros(8, kv_heads, 4, 256)
+        out = torch.zeros(batch, 16, 256, dtype=torch.bfloat16)
+        cu = torch.arange(batch + 1, dtype=torch.int32)
+        grid, _, kw = K.reduce_launch_args(o_part, torch.zeros(8, kv_heads, 4), torch.zeros(batch + 1, dtype=torch.int32),
+                                           cu, out, gqa=16 // kv_heads, max_q_len=1, skip_whole=skip_whole)
+        return grid[2], kw["BLOCK_B"]
+
+    assert launch(64, 1) == (32, 2)  # 64 tiny sequences: 12.5 us against 13.5 (NOTES P39)
+    assert launch(33, 1) == (17, 2)  # the last program's second sequence is past the batch
+    assert launch(16, 2) == (8, 2)  # sequences x KV heads
+    assert launch(16, 1) == (16, 1)  # 16x35k: pairs merged in turn cost 2 us
+    assert launch(64, 1, skip_whole=False) == (64, 1)  # every sequence merged: unmeasured
