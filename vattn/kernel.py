@@ -542,9 +542,9 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
                   block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
                   skip_whole: bool = False, pdl: bool = False, block_b: int | None = None) -> None:
     """Grid (Hq x D / block_d, max_q_len, B / block_b): one program per (output row, D chunk of block_d) of
-    block_b sequences, merged one after the other; absent tokens are skipped. A token whose sequence has no pieces (L = 0) gets O = 0. skip_whole: the main
-    kernel wrote the rows of every sequence of one piece itself (a Backend's writes_whole), so those
-    sequences' programs return once they know.
+    block_b sequences, merged one after the other; absent tokens are skipped. A token whose sequence has no
+    pieces (L = 0) gets O = 0. skip_whole: the main kernel wrote the rows of every sequence of one piece
+    itself (a Backend's writes_whole), so those sequences' programs skip them once they know.
 
     The reduce is bound by memory latency and by how fast the GPU starts programs, not by bytes: a program
     waits one round trip for its indices and one per chunk of block_p partials. Either default keeps [16, 64]
