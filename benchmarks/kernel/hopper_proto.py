@@ -145,12 +145,13 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     return rec
 
 
-# PROFILE_STAMPS builds: what each slot of main_sm90.cu's vattn_stamps marks (clock64 of one thread of the CTA);
-# slots 14 and 15 are %globaltimer at the CTA's start and end
+# PROFILE_STAMPS builds: what each slot of main_sm90.cu's vattn_stamps marks (clock64 of one thread of the CTA),
+# STAMP_ROW slots a CTA; slots 14 and 15 are %globaltimer at the CTA's start and end
+STAMP_ROW = 24
 STAMP_SLOTS = {1: "work item read", 2: "barriers initialised", 3: "Q arrived", 4: "Q split and stored",
-               5: "K(0) landed", 6: "S(0) done", 7: "V(0) widened", 8: "P.V done", 9: "result stored",
-               10: "copy: pages read", 11: "copy: tile 0 issued", 12: "widen: tile 0 landed",
-               13: "widen: V(0) widened"}
+               5: "K(0) landed", 6: "S(0) done", 7: "V(0) widened", 8: "P.V done", 16: "next kernel let launch",
+               17: "result staged", 9: "result stored", 10: "copy: pages read", 11: "copy: tile 0 issued",
+               12: "widen: tile 0 landed", 13: "widen: V(0) widened"}
 
 
 def read_stamps(kern) -> dict:
@@ -171,7 +172,9 @@ def read_stamps(kern) -> dict:
               "cuModuleGetGlobal(vattn_stamps)")
     raw = (ctypes.c_uint64 * (size.value // 8))()
     drv.check(drv.lib.cuMemcpyDtoH_v2(raw, ptr, size), "cuMemcpyDtoH(vattn_stamps)")
-    ctas = [raw[i:i + 16] for i in range(0, len(raw), 16) if raw[i + 14] and raw[i + 15] and raw[i + 9]]
+    ctas = [raw[i:i + STAMP_ROW] for i in range(0, len(raw), STAMP_ROW) if raw[i + 14] and raw[i + 15] and raw[i + 9]]
+    if not ctas:  # a kernel without the stamps of a CTA's start, end and stored result (only k8 has them)
+        return {"CTAs": 0}
     ghz = statistics.median((c[9] - c[0]) / max(1, c[15] - c[14]) for c in ctas)
     out = {name: round(statistics.median((c[slot] - c[0]) / ghz / 1e3 for c in ctas if c[slot]), 2)
            for slot, name in STAMP_SLOTS.items() if any(c[slot] for c in ctas)}

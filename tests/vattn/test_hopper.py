@@ -23,9 +23,11 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
 # overlap, and vattn_main_sm90_k8 (K as e4m3 operands, pages by TMA; that overlap). One cubin holds both kernels,
 # and with KV16 vattn_main_sm90_kv16 too (bf16 caches: K and V by TMA as the wgmmas read them).
 # PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20;
-# k8direct: the result stored from the accumulators, as where out's rows are not 16-byte aligned; NOTES P37).
+# k8direct: the result stored from the accumulators, as where out's rows are not 16-byte aligned; NOTES P37;
+# *bulk: the staged result stored by the copy engine).
 SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "kv16": {"KV16": 1}}
-PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8direct": {"K8": 1, "STAGE_OUT": 0}}
+PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8direct": {"K8": 1, "STAGE_OUT": 0},
+          "k8bulk": {"K8": 1, "STAGE_OUT": 2}, "kv16bulk": {"KV16": 1, "STAGE_OUT": 2}}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -52,10 +54,10 @@ def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("block_n, consumers", [(64, 1), (128, 1), (128, 2)])
-def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n, consumers):
+@pytest.mark.parametrize("block_n, consumers, gqa", [(64, 1, 8), (128, 1, 8), (128, 2, 8), (128, 2, 7)])
+def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n, consumers, gqa):
     monkeypatch.setattr(build, "CACHE", tmp_path)
-    defines = dict(HEAD_DIM=128, GQA=8, PAGE=16, K8=1, BLOCK_N=block_n, K8_CONSUMERS=consumers)
+    defines = dict(HEAD_DIM=128, GQA=gqa, PAGE=16, K8=1, BLOCK_N=block_n, K8_CONSUMERS=consumers)
     report = build.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
@@ -201,8 +203,10 @@ CASES = {
     "decode-q1": ([3000, 17, 20000, 640], [1] * 4),
 }
 # (head_dim, Hq, Hkv): the KERNEL.md configurations; max_q_len x GQA <= 64 rows of one CTA
+# hd128-gqa7 (Qwen2.5-7B's 28 / 4 heads): a warp's 16 Q rows cross token boundaries at no fixed place, so the
+# Q split takes its general row addresses
 CONFIGS = {"hd256-gqa16": (256, 16, 1), "hd256-gqa8": (256, 8, 1), "hd128-gqa8": (128, 16, 2),
-           "hd128-gqa4": (128, 8, 2)}
+           "hd128-gqa4": (128, 8, 2), "hd128-gqa7": (128, 14, 2)}
 # every schedule on the first configuration; the other configurations on the kernels the backend serves them with
 # (k8 for e4m3 caches, kv16 for bf16)
 RUNS = [(case, "hd256-gqa16", sched) for case in sorted(CASES) for sched in sorted(SCHEDULES)] + [
@@ -221,7 +225,7 @@ def test_matches_reference(case, config, schedule):
 # the one-consumer build's "k8" runs there)
 @pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")
-@pytest.mark.parametrize("config", ["hd128-gqa8", "hd128-gqa4"])
+@pytest.mark.parametrize("config", ["hd128-gqa8", "hd128-gqa4", "hd128-gqa7"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_two_consumer_warpgroups_match_reference(case, config):
     _check_against_reference(case, config, {"K8": 1, "K8_CONSUMERS": 2})
@@ -238,6 +242,16 @@ def test_the_ctypes_launch_matches_reference(monkeypatch, case):
     _check_against_reference(case, "hd256-gqa16", SCHEDULES["k8"])
 
 
+# out with rows 8 bytes off 16-byte alignment (a head stride of D + 4): the staged result's 16-byte stores cannot
+# serve it, and the kernel stores from the accumulators instead
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("schedule", ["k8", "kv16"])
+@pytest.mark.parametrize("case", ["ragged", "decode-q1"])
+def test_an_unaligned_out_takes_the_direct_store(case, schedule):
+    _check_against_reference(case, "hd256-gqa16", SCHEDULES[schedule], out_pad=4)
+
+
 @pytest.mark.probe
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("probe", sorted(PROBES))
@@ -246,7 +260,8 @@ def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
 
 
-def _check_against_reference(case, config, defines):
+def _check_against_reference(case, config, defines, out_pad: int = 0):
+    """out_pad: out's head stride is head_dim + out_pad (a view of a wider tensor)."""
     torch = _hopper_gpu()
     import vattn
     from vattn import kernel as K
@@ -296,7 +311,8 @@ def _check_against_reference(case, config, defines):
     lse_all = torch.full((width + 1, hkv, rows), float("nan"), device="cuda")
     o_part, lse_part = o_all[:width], lse_all[:width]
     kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines)
-    out = torch.full_like(q, float("nan"))  # the kernel writes the rows of one-piece sequences, the reduce the rest
+    # the kernel writes the rows of one-piece sequences, the reduce the rest
+    out = torch.full((q.shape[0], hq, d + out_pad), float("nan"), device="cuda", dtype=q.dtype)[..., :d]
     kern.launch(q, k, v, tables, sl, cu_t, kd, vd, scale, plan, o_part, lse_part, out)
     # as the Hopper backend runs it: the reduce as the main kernel's programmatic dependent
     K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=gqa, max_q_len=max_q, skip_whole=True,

@@ -97,7 +97,7 @@ __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync
 // stage produced: the stamp is taken after it exists (a load's stamp after its data arrived, not after its issue).
 #ifdef PROFILE_STAMPS
 #define STAMP_CTAS 4096
-#define STAMP_SLOTS 16
+#define STAMP_SLOTS 24  // benchmarks.kernel.hopper_proto.STAMP_ROW
 __device__ unsigned long long vattn_stamps[STAMP_CTAS * STAMP_SLOTS];
 __device__ __forceinline__ void stamp_at(int slot, float dep, bool global_timer) {
   unsigned long long t;
@@ -490,7 +490,8 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 // STAGE_OUT=1 (the default; 0 stores from the accumulators): the CTA's result through shared memory. The
 // accumulator layout gives a warp's store 8 rows of 16 (bf16) or 32 (fp32) bytes, so its 32-64 KB leave the SM
 // as 2048 small requests; staged, each warp stores 512 contiguous bytes at a time (a one-tile CTA's result
-// 2.7 -> 1.6 us, NOTES P37). `stage`: free shared memory of QROWS rows of HEAD_DIM fp32 + 32 bytes, which the
+// 2.7 -> 1.6 us, NOTES P37). STAGE_OUT=2 (opt-in, not yet measured): the staged rows leave by the copy engine,
+// one bulk copy a row issued by the row's thread, which then waits only until its row has been read. `stage`: free shared memory of QROWS rows of HEAD_DIM fp32 + 32 bytes, which the
 // 128 threads of the consumer warpgroup (ctid) fill and then read back in 16-byte chunks after named barrier
 // `bar`. Rows are padded by 16 (bf16) or 32 (fp32) bytes: the fill's 8 rows a warp then fall in distinct banks.
 // Rows or strides not 16-byte aligned take the direct store.
@@ -498,6 +499,13 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 #define STAGE_OUT 1
 #endif
 #define STAGE_BYTES (QROWS * (HEAD_DIM * 4 + 32))
+// One row from shared to global memory by the copy engine (16-byte aligned, a multiple of 16 bytes); the thread
+// waits until the row has been read out of shared memory, which the CTA may then leave or reuse.
+__device__ __forceinline__ void bulk_store(void* dst, const char* src, int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\t"
+               "cp.async.bulk.commit_group;\n\t"
+               "cp.async.bulk.wait_group.read 0;" ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
                                                     const float* __restrict__ v_descale, float* __restrict__ o_part,
                                                     int64_t sow, int64_t soh, int64_t sor, float* __restrict__ lse_part,
@@ -525,12 +533,22 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
       *reinterpret_cast<__nv_bfloat162*>(stage + (r0 + 8) * ROW + c) =
           __floats2bfloat162_rn(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
     }
+#if STAGE_OUT == 2
+    fence_async_smem();  // the rows are read next by the copy engine (async proxy)
+#endif
     bar_sync(bar, 128);
+    STAMP(0, 17, 0);
+#if STAGE_OUT == 2
+    if (ctid < rows)
+      bulk_store(out + (int64_t)(it.q0 + ctid / GQA) * sot + (int64_t)(h * GQA + ctid % GQA) * soh_out,
+                 stage + ctid * ROW, HEAD_DIM * 2);
+#else
     for (int k = ctid; k < rows * CHUNKS; k += 128) {
       const int r = k / CHUNKS, c = k % CHUNKS;
       __nv_bfloat16* row = out + (int64_t)(it.q0 + r / GQA) * sot + (int64_t)(h * GQA + r % GQA) * soh_out;
       *reinterpret_cast<uint4*>(row + 8 * c) = *reinterpret_cast<const uint4*>(stage + r * ROW + 16 * c);
     }
+#endif
     return;
   }
   constexpr int ROW = HEAD_DIM * 4 + 32, CHUNKS = HEAD_DIM * 4 / 16;
@@ -545,11 +563,19 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
     if (r0 < rows) lb[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
     if (r0 + 8 < rows) lb[r0 + 8] = l.y > 0.f ? rw.m1 + log2f(l.y) : -INFINITY;
   }
+#if STAGE_OUT == 2
+  fence_async_smem();
+#endif
   bar_sync(bar, 128);
+  STAMP(0, 17, 0);
+#if STAGE_OUT == 2
+  if (ctid < rows) bulk_store(ob + ctid * sor, stage + ctid * ROW, HEAD_DIM * 4);
+#else
   for (int k = ctid; k < rows * CHUNKS; k += 128) {
     const int r = k / CHUNKS, c = k % CHUNKS;
     *reinterpret_cast<float4*>(ob + r * sor + 4 * c) = *reinterpret_cast<const float4*>(stage + r * ROW + 16 * c);
   }
+#endif
 }
 
 // The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
@@ -1221,6 +1247,7 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
   return;
 #endif
   next_kernel_may_launch();
+  STAMP(0, 16, 0);
 #if STAGE_OUT  // the raw slots are free: every tile's copies have landed and been read
   static_assert(STAGE_BYTES <= K8_RAW_SLOTS * 2 * K8_TILE, "the staged result fits the raw slots");
   store_result_staged(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane,
