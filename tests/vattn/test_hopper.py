@@ -24,10 +24,11 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
 # and with KV16 vattn_main_sm90_kv16 too (bf16 caches: K and V by TMA as the wgmmas read them).
 # PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20;
 # k8direct: the result stored from the accumulators, as where out's rows are not 16-byte aligned; NOTES P37;
-# *bulk: the staged result stored by the copy engine).
+# *bulk: the staged result stored by the copy engine; k8qbulk: Q's rows by the copy engine).
 SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "kv16": {"KV16": 1}}
 PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8direct": {"K8": 1, "STAGE_OUT": 0},
-          "k8bulk": {"K8": 1, "STAGE_OUT": 2}, "kv16bulk": {"KV16": 1, "STAGE_OUT": 2}}
+          "k8bulk": {"K8": 1, "STAGE_OUT": 2}, "kv16bulk": {"KV16": 1, "STAGE_OUT": 2},
+          "k8qbulk": {"K8": 1, "Q_BULK": 1}}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -54,10 +55,12 @@ def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("block_n, consumers, gqa", [(64, 1, 8), (128, 1, 8), (128, 2, 8), (128, 2, 7)])
-def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n, consumers, gqa):
+@pytest.mark.parametrize("block_n, consumers, gqa, q_bulk", [(64, 1, 8, 0), (128, 1, 8, 0), (128, 2, 8, 0),
+                                                             (128, 2, 7, 0), (128, 2, 8, 1)])
+def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n, consumers, gqa,
+                                                                 q_bulk):
     monkeypatch.setattr(build, "CACHE", tmp_path)
-    defines = dict(HEAD_DIM=128, GQA=gqa, PAGE=16, K8=1, BLOCK_N=block_n, K8_CONSUMERS=consumers)
+    defines = dict(HEAD_DIM=128, GQA=gqa, PAGE=16, K8=1, BLOCK_N=block_n, K8_CONSUMERS=consumers, Q_BULK=q_bulk)
     report = build.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
@@ -258,6 +261,15 @@ def test_an_unaligned_out_takes_the_direct_store(case, schedule):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
+
+
+# Q_BULK: Q's rows by the copy engine into the first fp16 V stage (opt-in until measured, NOTES "Next GPU session")
+@pytest.mark.probe
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("config", ["hd128-gqa8", "hd128-gqa7"])  # hd256-gqa16: PROBES' k8qbulk
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_q_by_the_copy_engine_matches_reference_on_two_consumer_warpgroups(case, config):
+    _check_against_reference(case, config, {"K8": 1, "Q_BULK": 1, "K8_CONSUMERS": 2})
 
 
 def _check_against_reference(case, config, defines, out_pad: int = 0):

@@ -218,7 +218,7 @@ class MainSm90:
             slots = int(self.defines.get("KV16_SLOTS", 128 * 1024 // (2 * tile)))
             self.smem = 1024 + QROWS * head_dim * 2 + slots * 2 * tile + 4 * slots * 8
             self.threads = 160  # the consumer warpgroup and the copy warp
-        elif self.tma:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot, 64 row scales
+        elif self.tma:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot (+ Q_BULK's), row scales
             # (K8_CONSUMERS=2: a second consumer warpgroup, 3 slots, and its state handed over at the end)
             n = int(self.defines.get("BLOCK_N", BLOCK_N))
             consumers = int(self.defines.get("K8_CONSUMERS", 1))
@@ -226,7 +226,7 @@ class MainSm90:
             vstages = int(self.defines.get("K8_VSTAGES", STAGES))
             merge = (head_dim // 2 + 4) * 128 * 4 if consumers > 1 else 0
             self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * n * head_dim + vstages * n * head_dim * 2 \
-                + 2 * raw * 8 + QROWS * 4 + merge
+                + (2 * raw + int(self.defines.get("Q_BULK", 0))) * 8 + QROWS * 4 + merge
             self.threads = 128 * (1 + consumers)
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2

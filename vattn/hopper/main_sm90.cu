@@ -775,6 +775,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
+// bytes (16-byte aligned, a multiple of 16) from global to shared memory by the copy engine, counted on bar
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
+}
 
 // ======================= vattn_main_sm90_k8: K read by the tensor cores as stored (e4m3) =======================
 // The same plan, partials and consumer schedule as OVERLAP=1 (with the lazy rescale), with three changes aimed
@@ -827,6 +832,7 @@ static_assert(K8_CONSUMERS == 1 || (K8_CONSUMERS == 2 && HEAD_DIM == 128), "a se
 #define K8_BAR_CONSUMER (1 + 2 * K8_VSTAGES)
 #define K8_BAR_MERGE (2 + 2 * K8_VSTAGES)  // K8_CONSUMERS=2: the second warpgroup's state is in shared memory
 #define K8_BAR_STAGE (3 + 2 * K8_VSTAGES)  // STAGE_OUT: the first consumer warpgroup's staged result
+#define K8_BAR_QFREE (4 + 2 * K8_VSTAGES)  // Q_BULK: the first fp16 V stage is free of Q's rows
 static_assert(K8_CONSUMERS == 1 || K8_VSTAGES == 2, "two consumers: one fp16 V stage each");
 #define K8_TILE (BLOCK_N * HEAD_DIM)      // one e4m3 K or V tile
 #define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
@@ -834,7 +840,16 @@ static_assert(K8_CONSUMERS == 1 || K8_VSTAGES == 2, "two consumers: one fp16 V s
 #define K8_WIDEN 96                       // widening threads (warps 5-7)
 #define K8_BAR_COUNT (128 + K8_WIDEN)     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
 static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one column");
-#define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 + QROWS * 4 \
+// Q_BULK=1 (opt-in, not yet measured): Q's rows come by the copy engine. As soon as the work item is read, the
+// copy warp's lanes issue one bulk copy a row into the first fp16 V stage (unused until tile 0 is widened, which
+// waits for the split to have read them), and the consumer splits from shared memory. Rows or strides not
+// 16-byte aligned are loaded by the consumer as without it.
+#ifndef Q_BULK
+#define Q_BULK 0
+#endif
+static_assert(QROWS * HEAD_DIM * 2 <= BLOCK_N * HEAD_DIM * 2, "Q's rows fit an fp16 V stage");
+#define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH + (2 * K8_RAW_SLOTS + Q_BULK) * 8 \
+                 + QROWS * 4 \
                  + K8_MERGE_FLOATS * 4)
 static_assert(K8_SMEM <= 227 * 1024, "shared memory of one CTA");
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
@@ -963,7 +978,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
   char* sv = raw + K8_RAW_SLOTS * 2 * K8_TILE;               // K8_VSTAGES fp16 V tiles
   uint64_t* raw_full = reinterpret_cast<uint64_t*>(sv + K8_VSTAGES * K8_VH);
   uint64_t* raw_empty = raw_full + K8_RAW_SLOTS;
-  float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
+  uint64_t* q_full = raw_empty + K8_RAW_SLOTS;  // Q_BULK: Q's rows have landed in the first fp16 V stage
+  float* row_scale = reinterpret_cast<float*>(q_full + Q_BULK);
 #if K8_CONSUMERS > 1
   float* merge = row_scale + QROWS;  // the second consumer warpgroup's state at the end
 #endif
@@ -984,10 +1000,15 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
                                                       // cp.async: each lane once its copies have landed
       mbar_init(&raw_empty[r], K8_BAR_COUNT);     // every consumer thread (K read) and widening thread (V widened)
     }
+    if (Q_BULK) mbar_init(q_full, 1);  // the copy warp's expect_tx, and the rows' bytes
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   STAMP(0, 2, 0);
+  // Q_BULK: every row 16-byte aligned (the same answer in every thread)
+  const bool q_bulk = Q_BULK && !((reinterpret_cast<uintptr_t>(q) | (uintptr_t)(stride_qt * 2) |
+                                   (uintptr_t)(stride_qh * 2)) & 15);
+  const int q_rows = min(QROWS, n_q * GQA);  // rows of present tokens
 
 #ifdef PROFILE_Q_ONLY  // timing only: the consumer's Q load and split, nothing after it
   if (tid >= 128 && (K8_CONSUMERS == 1 || tid < 256)) return;
@@ -1024,6 +1045,13 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       return;
 #else
       // ---------------- copy warp: one thread issues every tile's TMA copies ----------------
+      if (q_bulk) {  // first Q's rows, a lane a row
+        if (ptid == 0) mbar_expect_tx(q_full, q_rows * HEAD_DIM * 2);
+        for (int r = ptid; r < q_rows; r += 32)
+          bulk_load(sv + r * HEAD_DIM * 2,
+                    q + (int64_t)(q0 + r / GQA) * stride_qt + (int64_t)(h * GQA + r % GQA) * stride_qh,
+                    HEAD_DIM * 2, q_full);
+      }
       if (ptid != 0) return;
       int pg[TILE_PAGES];
       load_pages(pg, bt_row, start, end);
@@ -1055,6 +1083,9 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     }
     // ---------------- widening warps: V e4m3 rows -> fp16 stages ----------------
     const int wtid = ptid - 32;
+#if Q_BULK
+    bar_sync(K8_BAR_QFREE, 128 + K8_WIDEN);  // the first stage holds Q's rows until the split has read them
+#endif
     for (int i = 0; i < n_tiles; ++i) {
       const int r = i % K8_RAW_SLOTS, s = i % K8_VSTAGES;
       const int rows_valid = min(BLOCK_N, end - (start + i * BLOCK_N));
@@ -1125,13 +1156,26 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     constexpr bool ALIGNED = (16 % GQA == 0 || GQA % 16 == 0) && GQA % RPL == 0;
     const __nv_bfloat16* qw = qg + (int64_t)(warp * 16 / GQA) * stride_qt + (int64_t)(warp * 16 % GQA + sub) * stride_qh;
     uint4 qraw[NLD];
+    if (q_bulk) {  // the copy warp's rows; a row past them was never written: zeros
+      mbar_wait(q_full, 0);
 #pragma unroll
-    for (int rr = 0; rr < NLD; ++rr) {
-      const int r = warp * 16 + rr * RPL + sub;
-      const __nv_bfloat16* row = ALIGNED ? qw + (rr * RPL / GQA) * stride_qt + (rr * RPL % GQA) * stride_qh
-                                         : qg + (int64_t)(r / GQA) * stride_qt + (int64_t)(r % GQA) * stride_qh;
-      qraw[rr] = *reinterpret_cast<const uint4*>(r / GQA < n_q ? row : q + c);
+      for (int rr = 0; rr < NLD; ++rr) {
+        const int r = warp * 16 + rr * RPL + sub;
+        const uint4 x = *reinterpret_cast<const uint4*>(sv + r * HEAD_DIM * 2 + c * 2);
+        qraw[rr] = r < q_rows ? x : make_uint4(0, 0, 0, 0);
+      }
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < NLD; ++rr) {
+        const int r = warp * 16 + rr * RPL + sub;
+        const __nv_bfloat16* row = ALIGNED ? qw + (rr * RPL / GQA) * stride_qt + (rr * RPL % GQA) * stride_qh
+                                           : qg + (int64_t)(r / GQA) * stride_qt + (int64_t)(r % GQA) * stride_qh;
+        qraw[rr] = *reinterpret_cast<const uint4*>(r / GQA < n_q ? row : q + c);
+      }
     }
+#if Q_BULK
+    bar_arrive(K8_BAR_QFREE, 128 + K8_WIDEN);  // Q's rows are in registers: the widening may write the stage
+#endif
     // each row's amax over its lanes, two rows a bf16x2 (max is exact in bf16): 5 shuffle steps a row pair
     static_assert(NLD % 2 == 0, "rows in pairs");
     uint32_t pair_amax[NLD / 2];
