@@ -31,7 +31,8 @@ def _plan_tensors(shape, slots: int, device: str, overhead: int):
 
 def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
               reduce_variants: dict | None = None, chain: bool = False, overhead: int | None = None) -> dict:
-    """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with)."""
+    """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with);
+    reduce_variants: name -> launch_reduce keyword arguments (ints)."""
     import torch
 
     import vattn
@@ -85,7 +86,6 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     if reduce_variants:  # the reduce's launch shapes, on the first variant's partials (checked, then timed)
         kern = next(iter(kernels.values()))
         for name, kw in reduce_variants.items():
-            kw = {k: int(v) for k, v in kw.items()}
             red = lambda: K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa,
                                           max_q_len=qlen, skip_whole=True, **kw)
             b.out.fill_(float("nan"))
@@ -97,11 +97,10 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             rec[f"reduce_us_{name}"] = per(lambda: [red() for _ in range(b.replicas)])
     if chain:  # the plan kernel, each real build's main kernel and the reduce in one graph, with and without PDL;
         # the first real build also with each reduce variant
-        real = [n for n in kernels if not any(d.startswith("PROFILE_") for d in variants[n])]
+        real = [n for n in kernels if not _timing_only(variants[n])]
         for name in real:
             for rname, kw in [("", {})] + [(f"_{r}", kw) for r, kw in (reduce_variants or {}).items()
                                             if name == real[0]]:
-                kw = {k: int(v) for k, v in kw.items()}
                 rec.update({f"{k}_{name}{rname}": v for k, v in chain_us(
                     shape, b, ref, plan, kernels[name], o_part, lse_part, gqa, qlen, descriptors[0], replays,
                     overhead, kw).items()})
@@ -188,9 +187,14 @@ def best_main_us(rec: dict, variants: dict, descriptor: tuple, kv_dtype: str) ->
     timing-only PROFILE_ switch) and whose output, with the timed V descriptor, is within tolerance."""
     lbo, sbo = descriptor
     ok = [rec[f"hopper_main_us_{n}"] for n, defines in variants.items()
-          if not any(d.startswith("PROFILE_") for d in defines)
+          if not _timing_only(defines)
           and harness.within_tolerance(rec[f"rel_err_{n}_v{lbo}_{sbo}"], rec[f"nan_{n}_v{lbo}_{sbo}"], kv_dtype)]
     return min(ok) if ok else None
+
+
+def _timing_only(defines: dict) -> bool:
+    """A build with a PROFILE_ switch: it cuts the kernel short, so only its time means anything."""
+    return any(d.startswith("PROFILE_") for d in defines)
 
 
 def _variants(text: str) -> dict:
@@ -221,12 +225,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
+    reduce_variants = {n: {k: int(v) for k, v in kw.items()} for n, kw in _variants(a.reduce_variants).items()}
     batches = harness.BatchCache("cuda")
     records = []
     for shape in select(a.shapes):
         try:
             rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
-                            tuple(int(x) for x in a.slots_per_sm.split(",")), _variants(a.reduce_variants),
+                            tuple(int(x) for x in a.slots_per_sm.split(",")), reduce_variants,
                             a.chain, a.overhead)
         except Exception as e:  # keep the other shapes' rows
             rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")

@@ -647,15 +647,20 @@ def test_gpu_graph_replay_with_new_seq_lens_equals_eager(mode):
         _check(static_out, reference(b), kv)
 
 
-def test_reduce_goes_as_a_programmatic_dependent_only_for_batches_where_that_paid():
+def _reduce_launch(batch, kv_heads, **kw):
+    """reduce_launch_args' (grid, args, kwargs) for a batch of one-token sequences at 16 query heads."""
     from vattn import kernel as K
 
+    o_part = torch.zeros(8, kv_heads, 4, 256)
+    out = torch.zeros(batch, 16, 256, dtype=torch.bfloat16)
+    cu = torch.arange(batch + 1, dtype=torch.int32)
+    return K.reduce_launch_args(o_part, torch.zeros(8, kv_heads, 4), torch.zeros(batch + 1, dtype=torch.int32), cu,
+                                out, gqa=16 // kv_heads, max_q_len=1, **kw)
+
+
+def test_reduce_goes_as_a_programmatic_dependent_only_for_batches_where_that_paid():
     def kwargs(batch, kv_heads, pdl=True):
-        o_part = torch.zeros(8, kv_heads, 4, 256)
-        out = torch.zeros(batch, 16, 256, dtype=torch.bfloat16)
-        cu = torch.arange(batch + 1, dtype=torch.int32)
-        return K.reduce_launch_args(o_part, torch.zeros(8, kv_heads, 4), torch.zeros(batch + 1, dtype=torch.int32),
-                                    cu, out, gqa=16 // kv_heads, max_q_len=1, skip_whole=True, pdl=pdl)[2]
+        return _reduce_launch(batch, kv_heads, skip_whole=True, pdl=pdl)[2]
 
     assert kwargs(16, 1)["launch_pdl"] and kwargs(16, 1)["PDL"]  # 64 tiny sequences, 16x35k: it paid
     assert kwargs(8, 2)["launch_pdl"]  # sequences x KV heads
@@ -664,14 +669,8 @@ def test_reduce_goes_as_a_programmatic_dependent_only_for_batches_where_that_pai
 
 
 def test_reduce_pairs_sequences_only_for_many_sequences_whose_one_piece_rows_it_skips():
-    from vattn import kernel as K
-
     def launch(batch, kv_heads, skip_whole=True):
-        o_part = torch.zeros(8, kv_heads, 4, 256)
-        out = torch.zeros(batch, 16, 256, dtype=torch.bfloat16)
-        cu = torch.arange(batch + 1, dtype=torch.int32)
-        grid, _, kw = K.reduce_launch_args(o_part, torch.zeros(8, kv_heads, 4), torch.zeros(batch + 1, dtype=torch.int32),
-                                           cu, out, gqa=16 // kv_heads, max_q_len=1, skip_whole=skip_whole)
+        grid, _, kw = _reduce_launch(batch, kv_heads, skip_whole=skip_whole)
         return grid[2], kw["BLOCK_B"]
 
     assert launch(64, 1) == (32, 2)  # 64 tiny sequences: 12.5 us against 13.5 (NOTES P39)
