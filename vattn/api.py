@@ -167,7 +167,8 @@ def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, num_kv_heads: int
         from vattn.planner import PLAN_LIVE, _plan_kernel, plan_launch_args
 
         args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, pl.tensors, num_kv_heads=num_kv_heads,
-                                        slots=ws.slots, mode=mode, overhead=ws.piece_overhead)
+                                        slots=ws.slots, mode=mode, overhead=ws.piece_overhead,
+                                        pdl=ws.plan_pdl)
         launch = launcher.kernel(_plan_kernel()).bind(args, kwargs, PLAN_LIVE).launch
 
         def run(seq_lens, cu_seqlens_q):

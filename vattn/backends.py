@@ -26,8 +26,9 @@ class Backend:
     piece_overhead_tiles: its main kernel's fixed cost per piece, in 64-token tiles of streaming, by which the
         balanced planner weighs pieces, or a function of the workspace giving it (None:
         vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
-    pdl: its main kernel lets the next kernel launch before it ends (griddepcontrol.launch_dependents): vattn's
-        reduce then goes as its programmatic dependent where that pays (launch_reduce's pdl).
+    pdl: its main kernel goes as a programmatic dependent of vattn's plan (Hopper's griddepcontrol: the plan lets
+        it launch at once, and it waits for the plan after its prologue), and lets the next kernel launch before
+        it ends: vattn's reduce then goes as its programmatic dependent where that pays (launch_reduce's pdl).
     """
 
     name: str

@@ -57,7 +57,10 @@ def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
 
     pl = do_plan()
     backend = api.select_backend(ws, b.q, b.k)
-    main = (backend.bind_main or api.TRITON.bind_main)(*b.attention_args(0), pl)
+    # the main kernel alone as an ordinary launch: as a programmatic dependent of the plan (Backend.pdl), each
+    # replica's would start in the tail of the one before
+    main = (backend.bind_main or api.TRITON.bind_main)(*b.attention_args(0), pl,
+                                                       **({"pdl": False} if backend.pdl else {}))
 
     def main_all():
         for r in range(b.replicas):

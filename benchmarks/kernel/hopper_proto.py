@@ -64,8 +64,9 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     for name, defines in variants.items():
         kern = kernels[name] = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
 
-        def hopper(r, v_lbo, v_sbo, plan=plan):
-            kern.launch(*b.attention_args(r), plan, o_part, lse_part, b.out, v_lbo=v_lbo, v_sbo=v_sbo)
+        def hopper(r, v_lbo, v_sbo, plan=plan):  # an ordinary launch: as a programmatic dependent, each replica's
+            # kernel would start in the tail of the one before
+            kern.launch(*b.attention_args(r), plan, o_part, lse_part, b.out, v_lbo=v_lbo, v_sbo=v_sbo, pdl=False)
 
         for lbo, sbo in descriptors:  # which reading of the MN-major V descriptor is right shows here
             o_part.fill_(float("nan"))
@@ -116,9 +117,10 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
 
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
              replays: int, overhead: int, reduce_kw: dict | None = None) -> dict:
-    """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path: the reduce
-    (launch_reduce's defaults, or reduce_kw) as a programmatic dependent of the main kernel (pdl) and as an
-    ordinary launch (nopdl); each checked."""
+    """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path (pdl: each
+    kernel a programmatic dependent of the one before: the plan of the last call's reduce, the main kernel of the
+    plan, the reduce (launch_reduce's defaults, or reduce_kw) of the main kernel), with the reduce's alone
+    (reducepdl) and as ordinary launches (nopdl); each checked."""
     import torch
 
     from vattn import kernel as K
@@ -128,11 +130,11 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     lbo, sbo = descriptor
     rec = {}
-    for name, pdl in (("pdl", True), ("nopdl", False)):
-        def call(r, pdl=pdl):
+    for name, main_pdl, pdl in (("pdl", True, True), ("reducepdl", False, True), ("nopdl", False, False)):
+        def call(r, main_pdl=main_pdl, pdl=pdl):
             plan_gpu(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, slots=sm, mode="balanced", out=out_plan,
-                     overhead=overhead)
-            kern.launch(*b.attention_args(r), out_plan, o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo)
+                     overhead=overhead, pdl=main_pdl)
+            kern.launch(*b.attention_args(r), out_plan, o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo, pdl=main_pdl)
             K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
                             skip_whole=True, pdl=pdl, **(reduce_kw or {}))
 

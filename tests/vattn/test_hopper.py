@@ -24,11 +24,9 @@ def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
 # and with KV16 vattn_main_sm90_kv16 too (bf16 caches: K and V by TMA as the wgmmas read them).
 # PROBES: opt-in variants kept for measurement (k8cp: the k8 kernel with pages by cp.async; slower, NOTES P20;
 # k8direct: the result stored from the accumulators, as where out's rows are not 16-byte aligned; NOTES P37;
-# *bulk: the staged result stored by the copy engine; k8qbulk: Q's rows by the copy engine).
+# the bulk-copy variants of the result's store and Q's load were measured and removed, P40).
 SCHEDULES = {"serial": {}, "overlap": {"OVERLAP": 1}, "k8": {"K8": 1}, "kv16": {"KV16": 1}}
-PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8direct": {"K8": 1, "STAGE_OUT": 0},
-          "k8bulk": {"K8": 1, "STAGE_OUT": 2}, "kv16bulk": {"KV16": 1, "STAGE_OUT": 2},
-          "k8qbulk": {"K8": 1, "Q_BULK": 1}}
+PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8direct": {"K8": 1, "STAGE_OUT": 0}}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -55,12 +53,10 @@ def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("block_n, consumers, gqa, q_bulk", [(64, 1, 8, 0), (128, 1, 8, 0), (128, 2, 8, 0),
-                                                             (128, 2, 7, 0), (128, 2, 8, 1)])
-def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n, consumers, gqa,
-                                                                 q_bulk):
+@pytest.mark.parametrize("block_n, consumers, gqa", [(64, 1, 8), (128, 1, 8), (128, 2, 8), (128, 2, 7)])
+def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n, consumers, gqa):
     monkeypatch.setattr(build, "CACHE", tmp_path)
-    defines = dict(HEAD_DIM=128, GQA=gqa, PAGE=16, K8=1, BLOCK_N=block_n, K8_CONSUMERS=consumers, Q_BULK=q_bulk)
+    defines = dict(HEAD_DIM=128, GQA=gqa, PAGE=16, K8=1, BLOCK_N=block_n, K8_CONSUMERS=consumers)
     report = build.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
@@ -113,25 +109,31 @@ def launch_type(request):
     return torch, request.getfixturevalue("built_launch") if request.param == "cpp" else PyLaunch
 
 
-def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launch_type):
-    """A Launch below cuLaunchKernel: a C function in its place records what the launch passes (read during
-    the call). A call like the examples launches with their pointers and strides, the fixed values and the TMA
-    maps; any other signature launches nothing; a driver error raises."""
+@pytest.mark.parametrize("pdl", [True, False])
+def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launch_type, pdl):
+    """A Launch below cuLaunchKernelEx: a C function in its place records what the launch passes (read during
+    the call). A call like the examples launches with their pointers and strides, the fixed values, the TMA
+    maps and, with pdl, the programmatic-serialisation attribute; any other signature launches nothing; a
+    driver error raises."""
     import ctypes
+
+    from vattn.hopper.launch import _LaunchConfig
 
     torch, Launch = launch_type
     seen, rc = [], [0]
     spec = [("ptr", 0), ("u64", 2 ** 40 + 3), ("i32", -5), ("f32", 0.5), ("ptr", 7), ("stride", 8, 0), ("kmap",),
             ("vmap",)]
 
-    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
-                      ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
-    def driver(fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                      ctypes.c_void_p)
+    def driver(config, fn, params, extra):
+        c = config.contents
         u64 = lambda j: ctypes.c_uint64.from_address(params[j]).value
-        seen.append(dict(fn=fn, grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=stream, q=u64(0),
-                         fixed=u64(1), i32=ctypes.c_int32.from_address(params[2]).value,
+        attrs = [(c.attrs[i].id, c.attrs[i].value) for i in range(c.num_attrs)]
+        seen.append(dict(fn=fn, grid=tuple(c.grid), block=tuple(c.block), smem=c.smem, stream=c.stream, attrs=attrs,
+                         q=u64(0), fixed=u64(1), i32=ctypes.c_int32.from_address(params[2]).value,
                          f32=ctypes.c_float.from_address(params[3]).value, vd=u64(4), out_stride=u64(5),
-                         kmap=ctypes.string_at(params[6], 128), vmap=ctypes.string_at(params[7], 128)))
+                         kmap=ctypes.string_at(params[6], 128), vmap=ctypes.string_at(params[7], 128), extra=extra))
         return rc[0]
 
     q = torch.randn(8, 16, 256).to(torch.bfloat16)
@@ -140,13 +142,13 @@ def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launc
     kd, out = torch.ones(1), torch.empty(8, 2, 16, 256, dtype=torch.bfloat16)[:, 0]  # out: token stride 8192
     call = [q, k, v, tables, lens, cu, kd, None, None, out]
     launch = Launch(ctypes.cast(driver, ctypes.c_void_p).value, lambda: 77, 1234, (1, 2, 1), 256, 1000,
-                        tuple(call[:8]) + (out,), 256 ** -0.5, spec)
+                    tuple(call[:8]) + (out,), 256 ** -0.5, spec, pdl)
     assert launch.launch(*call) == -1 and seen == []  # no TMA maps for these caches yet
     launch.add_maps(k.data_ptr(), v.data_ptr(), bytes(range(128)), bytes(range(128, 256)))
     assert launch.launch(*call) == 1
-    assert seen == [dict(fn=1234, grid=(1, 2, 1), block=(256, 1, 1), smem=1000, stream=77, q=q.data_ptr(),
-                         fixed=2 ** 40 + 3, i32=-5, f32=0.5, vd=0, out_stride=8192, kmap=bytes(range(128)),
-                         vmap=bytes(range(128, 256)))]
+    assert seen == [dict(fn=1234, grid=(1, 2, 1), block=(256, 1, 1), smem=1000, stream=77,
+                         attrs=[(6, 1)] if pdl else [], q=q.data_ptr(), fixed=2 ** 40 + 3, i32=-5, f32=0.5, vd=0,
+                         out_stride=8192, kmap=bytes(range(128)), vmap=bytes(range(128, 256)), extra=None)]
     assert launch.launch(*call[:8], 256 ** -0.5, out) == 1  # the scale None stands for, given explicitly
     others = {"q's shape": dict(q=q[:4]), "q's strides": dict(q=torch.empty(16, 8, 256, dtype=q.dtype).transpose(0, 1)),
               "q's dtype": dict(q=q.half()), "the caches": dict(k=k[:5]), "a descale": dict(kd=None),
@@ -158,7 +160,7 @@ def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launc
         assert launch.launch(*args) == 0, what
     assert len(seen) == 2
     rc[0] = 1
-    with pytest.raises(RuntimeError, match="cuLaunchKernel failed: CUresult 1"):
+    with pytest.raises(RuntimeError, match="cuLaunchKernelEx failed: CUresult 1"):
         launch.launch(*call)
 
 
@@ -167,9 +169,9 @@ def test_launch_refuses_a_parameter_it_cannot_fill(launch_type):
     q = torch.zeros(8, 16, 256)
     examples = (q, q, q, q, q, q, None, None, q)
     with pytest.raises(ValueError, match=r"params\[1\]: kind u32 .*allowed: u64, i32, f32, ptr, stride, kmap, vmap"):
-        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0), ("u32", 1)])
+        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0), ("u32", 1)], True)
     with pytest.raises(ValueError, match=r"params\[0\] names tensor 6 dim 0, which the examples lack"):
-        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)])
+        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)], True)
 
 
 def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(monkeypatch, tmp_path):
@@ -261,15 +263,6 @@ def test_an_unaligned_out_takes_the_direct_store(case, schedule):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
-
-
-# Q_BULK: Q's rows by the copy engine into the first fp16 V stage (opt-in until measured, NOTES "Next GPU session")
-@pytest.mark.probe
-@pytest.mark.timeout(180, method="thread")
-@pytest.mark.parametrize("config", ["hd128-gqa8", "hd128-gqa7"])  # hd256-gqa16: PROBES' k8qbulk
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_q_by_the_copy_engine_matches_reference_on_two_consumer_warpgroups(case, config):
-    _check_against_reference(case, config, {"K8": 1, "Q_BULK": 1, "K8_CONSUMERS": 2})
 
 
 def _check_against_reference(case, config, defines, out_pad: int = 0):

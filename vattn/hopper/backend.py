@@ -73,13 +73,14 @@ def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool):
 
 
 def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
-              plan):
+              plan, pdl: bool = True):
+    """The main kernel bound for calls of one signature; pdl as MainSm90.bind's (a benchmark times it without)."""
     import torch
 
     ws = plan.workspace
     kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16)
     return kernel.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
-                       plan.tensors, ws.o_part, ws.lse_part)
+                       plan.tensors, ws.o_part, ws.lse_part, pdl=pdl)
 
 
 def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan,

@@ -2,7 +2,7 @@
 
 nvcc compiles the source to a cubin for sm_90a (wgmma needs the `a` target); the cubin is cached under
 ~/.cache/vattn by a hash of the source and the compile-time shape, and loaded with cuModuleLoadData. The
-launch (vattn/hopper/launch.cpp) calls cuLaunchKernel on torch's current stream, so it is captured by CUDA graphs
+launch (vattn/hopper/launch.cpp) calls cuLaunchKernelEx on torch's current stream, so it is captured by CUDA graphs
 like any other kernel."""
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ class MainSm90:
             slots = int(self.defines.get("KV16_SLOTS", 128 * 1024 // (2 * tile)))
             self.smem = 1024 + QROWS * head_dim * 2 + slots * 2 * tile + 4 * slots * 8
             self.threads = 160  # the consumer warpgroup and the copy warp
-        elif self.tma:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot (+ Q_BULK's), row scales
+        elif self.tma:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot, 64 row scales
             # (K8_CONSUMERS=2: a second consumer warpgroup, 3 slots, and its state handed over at the end)
             n = int(self.defines.get("BLOCK_N", BLOCK_N))
             consumers = int(self.defines.get("K8_CONSUMERS", 1))
@@ -226,7 +226,7 @@ class MainSm90:
             vstages = int(self.defines.get("K8_VSTAGES", STAGES))
             merge = (head_dim // 2 + 4) * 128 * 4 if consumers > 1 else 0
             self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * n * head_dim + vstages * n * head_dim * 2 \
-                + (2 * raw + int(self.defines.get("Q_BULK", 0))) * 8 + QROWS * 4 + merge
+                + 2 * raw * 8 + QROWS * 4 + merge
             self.threads = 128 * (1 + consumers)
         else:  # Q, K and V stages (fp16)
             self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
@@ -241,19 +241,24 @@ class MainSm90:
         drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
 
     def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-               softmax_scale, plan_tensors, o_part, lse_part, out, *, v_lbo: int = 8192, v_sbo: int = 1024) -> None:
+               softmax_scale, plan_tensors, o_part, lse_part, out, *, v_lbo: int = 8192, v_sbo: int = 1024,
+               pdl: bool = True) -> None:
         self.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
-                  plan_tensors, o_part, lse_part, v_lbo=v_lbo, v_sbo=v_sbo)(
+                  plan_tensors, o_part, lse_part, v_lbo=v_lbo, v_sbo=v_sbo, pdl=pdl)(
             q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
 
     def bind(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-             softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024):
+             softmax_scale, plan_tensors, o_part, lse_part, *, v_lbo: int = 8192, v_sbo: int = 1024,
+             pdl: bool = True):
         """The launch for calls of one signature (shapes, strides, the plan and its workspace):
         launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out), through
         vattn.hopper.launch's Launch (C++; ctypes where it cannot be built), made at the first call (whose nine
         tensors are its signature) and kept as launch.fast[0]: vattn.api.attention calls it directly on later
         calls. The kernel writes the partials, and out's rows of every sequence that is one piece (the reduce's
-        skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch."""
+        skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch.
+        pdl: launch it as a programmatic dependent of the stream's previous kernel: its CTAs may start while that
+        kernel ends (vattn's plan lets them start at once) and wait for it after their prologue, before they
+        read anything (griddepcontrol.wait, a no-op after any other launch)."""
         import torch
 
         from vattn.hopper.launch import launch_type
@@ -285,7 +290,7 @@ class MainSm90:
         raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
         stream = (functools.partial(raw_stream, device) if raw_stream
                   else lambda: torch.cuda.current_stream(device).cuda_stream)
-        start = (ctypes.cast(drv.lib.cuLaunchKernel, ctypes.c_void_p).value, stream, self.fn.value, grid,
+        start = (ctypes.cast(drv.lib.cuLaunchKernelEx, ctypes.c_void_p).value, stream, self.fn.value, grid,
                  self.threads, self.smem)
         fast = []
 
@@ -293,7 +298,7 @@ class MainSm90:
             call = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                     out)
             if not fast:
-                fast.append(launch_type(CACHE)(*start, call[:8] + (out,), softmax_scale, params))
+                fast.append(launch_type(CACHE)(*start, call[:8] + (out,), softmax_scale, params, pdl))
             done = fast[0].launch(*call)
             if done == -1:  # the first call on these caches: their TMA maps (one pair per layer in a server)
                 key = (k_cache.data_ptr(), v_cache.data_ptr(), layout)

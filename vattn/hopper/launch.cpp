@@ -4,13 +4,14 @@
 // in Python (36 tensor attributes) and ~5 more filling ctypes parameters, around a ~6 us cuLaunchKernel. Here the
 // same checks read the tensors' metadata directly (~0.1 us for all nine) and the parameters are one buffer.
 //
-// Launch(launch_fn, stream_fn, function, grid, threads, smem, examples, scale, params)
-//   launch_fn: cuLaunchKernel's address; stream_fn: a callable returning the current raw stream;
+// Launch(launch_fn, stream_fn, function, grid, threads, smem, examples, scale, params, pdl)
+//   launch_fn: cuLaunchKernelEx's address; stream_fn: a callable returning the current raw stream;
 //   examples: the signature's nine arguments (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
 //   k_descale, v_descale, out; a descale may be None): their dims, sizes, strides (not the descales'), dtypes
 //   and devices are what a call must match; scale: the softmax scale the kernel takes;
 //   params: the kernel's parameters in order, each ("u64" | "i32" | "f32", value), ("ptr", i) (argument i's
-//   data pointer, 0 for None), ("stride", i, d) or ("kmap",) / ("vmap",) (the caches' TMA maps, by value).
+//   data pointer, 0 for None), ("stride", i, d) or ("kmap",) / ("vmap",) (the caches' TMA maps, by value);
+//   pdl: launch as a programmatic dependent of the stream's previous kernel (the kernel waits for it itself).
 // launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, out)
 //   -> 1 launched; 0 not this signature (nothing launched); -1 no TMA maps for these caches yet (add_maps them).
 //   softmax_scale None stands for 1/sqrt(head_dim), as in vattn.attention. A failed launch raises RuntimeError.
@@ -32,8 +33,25 @@ constexpr int kArgs = 10;  // the launch's arguments; the softmax scale is the n
 constexpr int kScaleArg = 8;
 constexpr size_t kMapsKept = 512;  // map pairs kept (one per layer's caches in a server), as build.MAPS_KEPT
 
-using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
-                         void**, void**);
+// cuLaunchKernelEx's arguments as cuda.h (CUDA >= 12.0) lays them out, declared here since the extension builds
+// against torch's headers alone: CUlaunchAttribute (a 4-byte id, then a 64-byte union at offset 8) and
+// CUlaunchConfig.
+struct LaunchAttribute {
+  int id;
+  union alignas(8) {
+    char bytes[64];
+    int value;
+  } v;
+};
+struct LaunchConfig {
+  unsigned grid[3], block[3], smem;
+  void* stream;
+  LaunchAttribute* attrs;
+  unsigned num_attrs;
+};
+static_assert(sizeof(LaunchAttribute) == 72 && sizeof(LaunchConfig) == 56, "cuda.h's launch config layout");
+constexpr int kProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+using LaunchFn = int (*)(const LaunchConfig*, void*, void**, void**);
 
 struct Meta {  // one tensor argument of the signature
   bool none = true;
@@ -57,7 +75,8 @@ struct State {
   LaunchFn launch = nullptr;
   PyObject* stream_fn = nullptr;  // owned
   void* function = nullptr;
-  unsigned grid[3] = {1, 1, 1}, threads = 0, smem = 0;
+  LaunchConfig config{};
+  LaunchAttribute pdl{};
   Meta meta[kArgs];
   double scale = 0, default_scale = 0;
   std::vector<Param> params;
@@ -108,16 +127,23 @@ int init(LaunchObject* self, PyObject* args, PyObject*) {
   PyObject *launch_fn, *stream_fn, *function, *grid, *examples, *params;
   unsigned threads, smem;
   double scale;
-  if (!PyArg_ParseTuple(args, "OOOOIIOdO", &launch_fn, &stream_fn, &function, &grid, &threads, &smem, &examples,
-                        &scale, &params))
+  int pdl;
+  if (!PyArg_ParseTuple(args, "OOOOIIOdOp", &launch_fn, &stream_fn, &function, &grid, &threads, &smem, &examples,
+                        &scale, &params, &pdl))
     return -1;
   auto st = std::make_unique<State>();
   st->launch = reinterpret_cast<LaunchFn>(PyLong_AsVoidPtr(launch_fn));
   st->function = PyLong_AsVoidPtr(function);
   if (PyErr_Occurred()) return -1;
-  if (!PyArg_ParseTuple(grid, "III", &st->grid[0], &st->grid[1], &st->grid[2])) return -1;
-  st->threads = threads;
-  st->smem = smem;
+  LaunchConfig& c = st->config;
+  if (!PyArg_ParseTuple(grid, "III", &c.grid[0], &c.grid[1], &c.grid[2])) return -1;
+  c.block[0] = threads;
+  c.block[1] = c.block[2] = 1;
+  c.smem = smem;
+  st->pdl.id = kProgrammaticStreamSerialization;
+  st->pdl.v.value = 1;
+  c.attrs = &st->pdl;
+  c.num_attrs = pdl ? 1 : 0;
   st->scale = scale;
   if (!PyTuple_Check(examples) || PyTuple_GET_SIZE(examples) != kArgs - 1) {
     PyErr_SetString(PyExc_TypeError, "Launch: examples must be a tuple of the nine tensor arguments");
@@ -239,12 +265,11 @@ PyObject* launch(LaunchObject* self, PyObject* const* args, Py_ssize_t nargs) {
   }
   PyObject* stream = PyObject_CallNoArgs(st->stream_fn);
   if (!stream) return nullptr;
-  void* raw = PyLong_AsVoidPtr(stream);
+  st->config.stream = PyLong_AsVoidPtr(stream);
   Py_DECREF(stream);
   if (PyErr_Occurred()) return nullptr;
-  int rc = st->launch(st->function, st->grid[0], st->grid[1], st->grid[2], st->threads, 1, 1, st->smem, raw,
-                      st->slots.data(), nullptr);
-  if (rc != 0) return PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed: CUresult %d", rc);
+  int rc = st->launch(&st->config, st->function, st->slots.data(), nullptr);
+  if (rc != 0) return PyErr_Format(PyExc_RuntimeError, "cuLaunchKernelEx failed: CUresult %d", rc);
   return PyLong_FromLong(1);
 }
 

@@ -3,7 +3,7 @@ compiler against torch's headers, cached beside the cubins (the cache folder vat
 of its source, the torch and Python versions.
 
 It checks a call's nine tensors against the signature it was made with and launches the kernel through
-cuLaunchKernel, so that an eager vattn.attention call whose signature repeats skips the Python signature (see
+cuLaunchKernelEx, so that an eager vattn.attention call whose signature repeats skips the Python signature (see
 vattn.api.attention). The build takes ~20 s once. Where it cannot be built (no C++ compiler, no Python headers),
 `launch_type` warns once and gives PyLaunch, the same contract in Python and ctypes: correct, with the host time
 of the Python signature (~16-27 us an eager call on an H200 host instead of 5-7)."""
@@ -84,8 +84,18 @@ def launch_type(cache: Path):
         return PyLaunch
 
 
-_DRIVER_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
-                                  ctypes.c_void_p, ctypes.c_void_p)  # cuLaunchKernel's prototype
+class _LaunchAttribute(ctypes.Structure):  # cuda.h's CUlaunchAttribute: an id, its value in a 64-byte union at 8
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfig(ctypes.Structure):  # cuda.h's CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_DRIVER_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p)  # cuLaunchKernelEx's prototype
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _FIXED = {"u64": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
 _DESCALES = (6, 7)  # [1] tensors: their strides are not part of the signature
 
@@ -97,9 +107,12 @@ def _meta(t, strides: bool = True):
 class PyLaunch:
     """launch.cpp's Launch (see there for the arguments and results) in Python and ctypes."""
 
-    def __init__(self, launch_fn, stream_fn, function, grid, threads, smem, examples, scale, params):
+    def __init__(self, launch_fn, stream_fn, function, grid, threads, smem, examples, scale, params, pdl):
         self._driver = _DRIVER_LAUNCH(launch_fn)
-        self._stream, self._function, self._grid, self._threads, self._smem = stream_fn, function, grid, threads, smem
+        self._stream, self._function = stream_fn, function
+        self._pdl = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        self._config = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(threads, 1, 1),
+                                     smem=smem, attrs=ctypes.pointer(self._pdl), num_attrs=1 if pdl else 0)
         self._key = [_meta(t, i not in _DESCALES) for i, t in enumerate(examples)]
         self._scale, self._default_scale = scale, 1.0 / math.sqrt(examples[0].shape[2])
         self._slots, self._live, self._maps, self._map_params = [], [], {}, []
@@ -139,10 +152,10 @@ class PyLaunch:
                 return -1
             for j, kind in self._map_params:
                 self._params[j] = maps[1] + (0 if kind == "kmap" else 128)
-        rc = self._driver(self._function, *self._grid, self._threads, 1, 1, self._smem, self._stream(), self._params,
-                          None)
+        self._config.stream = self._stream()
+        rc = self._driver(ctypes.byref(self._config), self._function, self._params, None)
         if rc != 0:
-            raise RuntimeError(f"cuLaunchKernel failed: CUresult {rc}")
+            raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")
         return 1
 
     def add_maps(self, k_ptr: int, v_ptr: int, k_map: bytes, v_map: bytes) -> None:

@@ -265,6 +265,17 @@ __device__ __forceinline__ void next_kernel_may_launch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
+// Wait for the stream's previous kernel to end and its writes to show, where this grid was launched as its
+// programmatic dependent (vattn.hopper.build's pdl; vattn's plan lets it start at once); a no-op otherwise. Before
+// it a CTA reads nothing in global memory: that kernel, or one before it, may still be writing Q, the caches or the
+// plan.
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Fetch a TMA descriptor (a __grid_constant__ parameter) ahead of the first copy that uses it.
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // false for an idle item (the padding of a fixed-size plan)
 __device__ __forceinline__ bool read_item(Item& it, int program, const int* __restrict__ work_order,
                                           const int* __restrict__ work_seq, const int* __restrict__ work_start,
@@ -291,9 +302,11 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* __re
   return true;
 }
 
-// A kernel's prologue: the CTA's KV head h, its work item `it` (blockIdx.y in launch order) and the item's parts
-// by name. An idle item (the padding of a fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
+// A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's KV head
+// h, its work item `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a
+// fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
 #define CTA_WORK_ITEM()                                                                                               \
+  wait_for_previous_kernel();                                                                                         \
   const int h = blockIdx.x;                                                                                           \
   Item it;                                                                                                            \
   if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,           \
@@ -490,8 +503,8 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 // STAGE_OUT=1 (the default; 0 stores from the accumulators): the CTA's result through shared memory. The
 // accumulator layout gives a warp's store 8 rows of 16 (bf16) or 32 (fp32) bytes, so its 32-64 KB leave the SM
 // as 2048 small requests; staged, each warp stores 512 contiguous bytes at a time (a one-tile CTA's result
-// 2.7 -> 1.6 us, NOTES P37). STAGE_OUT=2 (opt-in, not yet measured): the staged rows leave by the copy engine,
-// one bulk copy a row issued by the row's thread, which then waits only until its row has been read. `stage`: free shared memory of QROWS rows of HEAD_DIM fp32 + 32 bytes, which the
+// 2.7 -> 1.6 us, NOTES P37; a bulk copy a row instead was no faster, P40). `stage`: free shared memory of QROWS
+// rows of HEAD_DIM fp32 + 32 bytes, which the
 // 128 threads of the consumer warpgroup (ctid) fill and then read back in 16-byte chunks after named barrier
 // `bar`. Rows are padded by 16 (bf16) or 32 (fp32) bytes: the fill's 8 rows a warp then fall in distinct banks.
 // Rows or strides not 16-byte aligned take the direct store.
@@ -499,13 +512,6 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 #define STAGE_OUT 1
 #endif
 #define STAGE_BYTES (QROWS * (HEAD_DIM * 4 + 32))
-// One row from shared to global memory by the copy engine (16-byte aligned, a multiple of 16 bytes); the thread
-// waits until the row has been read out of shared memory, which the CTA may then leave or reuse.
-__device__ __forceinline__ void bulk_store(void* dst, const char* src, int bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\t"
-               "cp.async.bulk.commit_group;\n\t"
-               "cp.async.bulk.wait_group.read 0;" ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
                                                     const float* __restrict__ v_descale, float* __restrict__ o_part,
                                                     int64_t sow, int64_t soh, int64_t sor, float* __restrict__ lse_part,
@@ -533,22 +539,13 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
       *reinterpret_cast<__nv_bfloat162*>(stage + (r0 + 8) * ROW + c) =
           __floats2bfloat162_rn(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
     }
-#if STAGE_OUT == 2
-    fence_async_smem();  // the rows are read next by the copy engine (async proxy)
-#endif
     bar_sync(bar, 128);
     STAMP(0, 17, 0);
-#if STAGE_OUT == 2
-    if (ctid < rows)
-      bulk_store(out + (int64_t)(it.q0 + ctid / GQA) * sot + (int64_t)(h * GQA + ctid % GQA) * soh_out,
-                 stage + ctid * ROW, HEAD_DIM * 2);
-#else
     for (int k = ctid; k < rows * CHUNKS; k += 128) {
       const int r = k / CHUNKS, c = k % CHUNKS;
       __nv_bfloat16* row = out + (int64_t)(it.q0 + r / GQA) * sot + (int64_t)(h * GQA + r % GQA) * soh_out;
       *reinterpret_cast<uint4*>(row + 8 * c) = *reinterpret_cast<const uint4*>(stage + r * ROW + 16 * c);
     }
-#endif
     return;
   }
   constexpr int ROW = HEAD_DIM * 4 + 32, CHUNKS = HEAD_DIM * 4 / 16;
@@ -563,19 +560,12 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
     if (r0 < rows) lb[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
     if (r0 + 8 < rows) lb[r0 + 8] = l.y > 0.f ? rw.m1 + log2f(l.y) : -INFINITY;
   }
-#if STAGE_OUT == 2
-  fence_async_smem();
-#endif
   bar_sync(bar, 128);
   STAMP(0, 17, 0);
-#if STAGE_OUT == 2
-  if (ctid < rows) bulk_store(ob + ctid * sor, stage + ctid * ROW, HEAD_DIM * 4);
-#else
   for (int k = ctid; k < rows * CHUNKS; k += 128) {
     const int r = k / CHUNKS, c = k % CHUNKS;
     *reinterpret_cast<float4*>(ob + r * sor + 4 * c) = *reinterpret_cast<const float4*>(stage + r * ROW + 16 * c);
   }
-#endif
 }
 
 // The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
@@ -775,11 +765,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
-// bytes (16-byte aligned, a multiple of 16) from global to shared memory by the copy engine, counted on bar
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
-}
 
 // ======================= vattn_main_sm90_k8: K read by the tensor cores as stored (e4m3) =======================
 // The same plan, partials and consumer schedule as OVERLAP=1 (with the lazy rescale), with three changes aimed
@@ -832,7 +817,6 @@ static_assert(K8_CONSUMERS == 1 || (K8_CONSUMERS == 2 && HEAD_DIM == 128), "a se
 #define K8_BAR_CONSUMER (1 + 2 * K8_VSTAGES)
 #define K8_BAR_MERGE (2 + 2 * K8_VSTAGES)  // K8_CONSUMERS=2: the second warpgroup's state is in shared memory
 #define K8_BAR_STAGE (3 + 2 * K8_VSTAGES)  // STAGE_OUT: the first consumer warpgroup's staged result
-#define K8_BAR_QFREE (4 + 2 * K8_VSTAGES)  // Q_BULK: the first fp16 V stage is free of Q's rows
 static_assert(K8_CONSUMERS == 1 || K8_VSTAGES == 2, "two consumers: one fp16 V stage each");
 #define K8_TILE (BLOCK_N * HEAD_DIM)      // one e4m3 K or V tile
 #define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
@@ -840,15 +824,7 @@ static_assert(K8_CONSUMERS == 1 || K8_VSTAGES == 2, "two consumers: one fp16 V s
 #define K8_WIDEN 96                       // widening threads (warps 5-7)
 #define K8_BAR_COUNT (128 + K8_WIDEN)     // FULL_V / EMPTY_V: the consumer warpgroup and the widening warps
 static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one column");
-// Q_BULK=1 (opt-in, not yet measured): Q's rows come by the copy engine. As soon as the work item is read, the
-// copy warp's lanes issue one bulk copy a row into the first fp16 V stage (unused until tile 0 is widened, which
-// waits for the split to have read them), and the consumer splits from shared memory. Rows or strides not
-// 16-byte aligned are loaded by the consumer as without it.
-#ifndef Q_BULK
-#define Q_BULK 0
-#endif
-static_assert(QROWS * HEAD_DIM * 2 <= BLOCK_N * HEAD_DIM * 2, "Q's rows fit an fp16 V stage");
-#define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH + (2 * K8_RAW_SLOTS + Q_BULK) * 8 \
+#define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 \
                  + QROWS * 4 \
                  + K8_MERGE_FLOATS * 4)
 static_assert(K8_SMEM <= 227 * 1024, "shared memory of one CTA");
@@ -978,14 +954,23 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
   char* sv = raw + K8_RAW_SLOTS * 2 * K8_TILE;               // K8_VSTAGES fp16 V tiles
   uint64_t* raw_full = reinterpret_cast<uint64_t*>(sv + K8_VSTAGES * K8_VH);
   uint64_t* raw_empty = raw_full + K8_RAW_SLOTS;
-  uint64_t* q_full = raw_empty + K8_RAW_SLOTS;  // Q_BULK: Q's rows have landed in the first fp16 V stage
-  float* row_scale = reinterpret_cast<float*>(q_full + Q_BULK);
+  float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
 #if K8_CONSUMERS > 1
   float* merge = row_scale + QROWS;  // the second consumer warpgroup's state at the end
 #endif
 
   STAMP_GLOBAL(0, 14);
   STAMP(0, 0, 0);
+  if (threadIdx.x == 0) {  // before the wait for the previous kernel: none of this reads global memory
+    for (int r = 0; r < K8_RAW_SLOTS; ++r) {
+      mbar_init(&raw_full[r], K8_CPASYNC ? 32 : 1);  // TMA: the copying thread's expect_tx, and the copies' bytes;
+                                                      // cp.async: each lane once its copies have landed
+      mbar_init(&raw_empty[r], K8_BAR_COUNT);     // every consumer thread (K read) and widening thread (V widened)
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    prefetch_tensor_map(&tmap_k);
+    prefetch_tensor_map(&tmap_v);
+  }
   CTA_WORK_ITEM();
   STAMP(0, 1, it.q0);
   const int* bt_row = it.bt_row;
@@ -993,22 +978,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
   if (it.end < 0) lse_part[0] = 0.f;  // keeps the item's loads
   return;
 #endif
-
-  if (tid == 0) {
-    for (int r = 0; r < K8_RAW_SLOTS; ++r) {
-      mbar_init(&raw_full[r], K8_CPASYNC ? 32 : 1);  // TMA: the copying thread's expect_tx, and the copies' bytes;
-                                                      // cp.async: each lane once its copies have landed
-      mbar_init(&raw_empty[r], K8_BAR_COUNT);     // every consumer thread (K read) and widening thread (V widened)
-    }
-    if (Q_BULK) mbar_init(q_full, 1);  // the copy warp's expect_tx, and the rows' bytes
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
   __syncthreads();
   STAMP(0, 2, 0);
-  // Q_BULK: every row 16-byte aligned (the same answer in every thread)
-  const bool q_bulk = Q_BULK && !((reinterpret_cast<uintptr_t>(q) | (uintptr_t)(stride_qt * 2) |
-                                   (uintptr_t)(stride_qh * 2)) & 15);
-  const int q_rows = min(QROWS, n_q * GQA);  // rows of present tokens
 
 #ifdef PROFILE_Q_ONLY  // timing only: the consumer's Q load and split, nothing after it
   if (tid >= 128 && (K8_CONSUMERS == 1 || tid < 256)) return;
@@ -1045,13 +1016,6 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       return;
 #else
       // ---------------- copy warp: one thread issues every tile's TMA copies ----------------
-      if (q_bulk) {  // first Q's rows, a lane a row
-        if (ptid == 0) mbar_expect_tx(q_full, q_rows * HEAD_DIM * 2);
-        for (int r = ptid; r < q_rows; r += 32)
-          bulk_load(sv + r * HEAD_DIM * 2,
-                    q + (int64_t)(q0 + r / GQA) * stride_qt + (int64_t)(h * GQA + r % GQA) * stride_qh,
-                    HEAD_DIM * 2, q_full);
-      }
       if (ptid != 0) return;
       int pg[TILE_PAGES];
       load_pages(pg, bt_row, start, end);
@@ -1083,9 +1047,6 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     }
     // ---------------- widening warps: V e4m3 rows -> fp16 stages ----------------
     const int wtid = ptid - 32;
-#if Q_BULK
-    bar_sync(K8_BAR_QFREE, 128 + K8_WIDEN);  // the first stage holds Q's rows until the split has read them
-#endif
     for (int i = 0; i < n_tiles; ++i) {
       const int r = i % K8_RAW_SLOTS, s = i % K8_VSTAGES;
       const int rows_valid = min(BLOCK_N, end - (start + i * BLOCK_N));
@@ -1156,26 +1117,13 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     constexpr bool ALIGNED = (16 % GQA == 0 || GQA % 16 == 0) && GQA % RPL == 0;
     const __nv_bfloat16* qw = qg + (int64_t)(warp * 16 / GQA) * stride_qt + (int64_t)(warp * 16 % GQA + sub) * stride_qh;
     uint4 qraw[NLD];
-    if (q_bulk) {  // the copy warp's rows; a row past them was never written: zeros
-      mbar_wait(q_full, 0);
 #pragma unroll
-      for (int rr = 0; rr < NLD; ++rr) {
-        const int r = warp * 16 + rr * RPL + sub;
-        const uint4 x = *reinterpret_cast<const uint4*>(sv + r * HEAD_DIM * 2 + c * 2);
-        qraw[rr] = r < q_rows ? x : make_uint4(0, 0, 0, 0);
-      }
-    } else {
-#pragma unroll
-      for (int rr = 0; rr < NLD; ++rr) {
-        const int r = warp * 16 + rr * RPL + sub;
-        const __nv_bfloat16* row = ALIGNED ? qw + (rr * RPL / GQA) * stride_qt + (rr * RPL % GQA) * stride_qh
-                                           : qg + (int64_t)(r / GQA) * stride_qt + (int64_t)(r % GQA) * stride_qh;
-        qraw[rr] = *reinterpret_cast<const uint4*>(r / GQA < n_q ? row : q + c);
-      }
+    for (int rr = 0; rr < NLD; ++rr) {
+      const int r = warp * 16 + rr * RPL + sub;
+      const __nv_bfloat16* row = ALIGNED ? qw + (rr * RPL / GQA) * stride_qt + (rr * RPL % GQA) * stride_qh
+                                         : qg + (int64_t)(r / GQA) * stride_qt + (int64_t)(r % GQA) * stride_qh;
+      qraw[rr] = *reinterpret_cast<const uint4*>(r / GQA < n_q ? row : q + c);
     }
-#if Q_BULK
-    bar_arrive(K8_BAR_QFREE, 128 + K8_WIDEN);  // Q's rows are in registers: the widening may write the stage
-#endif
     // each row's amax over its lanes, two rows a bf16x2 (max is exact in bf16): 5 shuffle steps a row pair
     static_assert(NLD % 2 == 0, "rows in pairs");
     uint32_t pair_amax[NLD / 2];
@@ -1350,9 +1298,7 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
   uint64_t* empty_k = full_v + KV16_SLOTS;
   uint64_t* empty_v = empty_k + KV16_SLOTS;
 
-  CTA_WORK_ITEM();
-
-  if (tid == 0) {
+  if (threadIdx.x == 0) {  // before the wait for the previous kernel: none of this reads global memory
     for (int r = 0; r < KV16_SLOTS; ++r) {
       mbar_init(&full_k[r], 1);  // the copying thread's expect_tx, and the copies' bytes
       mbar_init(&full_v[r], 1);
@@ -1360,7 +1306,10 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
       mbar_init(&empty_v[r], 128);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    prefetch_tensor_map(&tmap_k);
+    prefetch_tensor_map(&tmap_v);
   }
+  CTA_WORK_ITEM();
   __syncthreads();
 
   if (tid >= 128) {
