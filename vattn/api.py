@@ -168,7 +168,7 @@ def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, num_kv_heads: int
 
         args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, pl.tensors, num_kv_heads=num_kv_heads,
                                         slots=ws.slots, mode=mode, overhead=ws.piece_overhead,
-                                        pdl=ws.plan_pdl)
+                                        let_next_launch=ws.plan_lets_main_launch)
         launch = launcher.kernel(_plan_kernel()).bind(args, kwargs, PLAN_LIVE).launch
 
         def run(seq_lens, cu_seqlens_q):

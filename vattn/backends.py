@@ -26,9 +26,10 @@ class Backend:
     piece_overhead_tiles: its main kernel's fixed cost per piece, in 64-token tiles of streaming, by which the
         balanced planner weighs pieces, or a function of the workspace giving it (None:
         vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
-    pdl: its main kernel goes as a programmatic dependent of vattn's plan (Hopper's griddepcontrol: the plan lets
-        it launch at once, and it waits for the plan after its prologue), and lets the next kernel launch before
-        it ends: vattn's reduce then goes as its programmatic dependent where that pays (launch_reduce's pdl).
+    pdl: its main kernel goes as a programmatic dependent of the kernel before it (Hopper's griddepcontrol: vattn's
+        plan lets it launch at once, and it waits for that kernel after its prologue), and lets the next kernel
+        launch before it ends: vattn's reduce then goes as its programmatic dependent where that pays
+        (launch_reduce's pdl).
     """
 
     name: str

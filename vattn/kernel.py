@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from vattn import launcher
 
@@ -496,10 +496,7 @@ def _reduce_kernel(
     p_firsts = tl.load(seq_part_start_ptr + bs, mask=in_batch, other=0)
     p_lasts = tl.load(seq_part_start_ptr + bs + 1, mask=in_batch, other=0)
     if PDL:  # launched before the main kernel ends: its first program waits for it whatever it has to do, so
-        # that the reduce (which later work waits on) cannot end first. A programmatic dependent of this kernel
-        # (the next call's plan, the next layer's main kernel) may launch once every program has started: it
-        # waits for this one's end itself
-        gdc_launch_dependents()
+        # that the reduce (which later work waits on) cannot end first
         if tl.program_id(0) + tl.program_id(1) + tl.program_id(2) == 0:
             gdc_wait()
     merge = j < n_qs
@@ -570,9 +567,7 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     pdl: allowed to launch as a programmatic dependent of the main kernel (Hopper's griddepcontrol), which
     lets it launch near its end: the reduce's programs then start before the main kernel ends, and those with
     nothing to merge (absent tokens; one-piece sequences with skip_whole) finish without waiting for it. The
-    main kernel must not write what they read (cu_seqlens_q, seq_part_start). Its programs let a programmatic
-    dependent of the reduce (the next call's plan, the next layer's Hopper main kernel, each waiting for the
-    reduce itself) launch as soon as they have all started. Taken only for batches of at
+    main kernel must not write what they read (cu_seqlens_q, seq_part_start). Taken only for batches of at
     least PDL_MIN_SEQUENCES (sequences x KV heads): on an H200 (benchmarks/NOTES.md P19) it saved 3.4 us of
     18.9 on 64 x 24 tokens and 1.4 of 101.5 on 16x35k, but cost 3.6 us on 4x35k, whose programs each merge
     33 pieces. Only on a CUDA device of sm_90 or later, not under the interpreter."""

@@ -252,13 +252,11 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
                       num_items, work_order, batch, width, budget, nseg,
                       MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, NCAND: tl.constexpr,
                       TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr, OVERHEAD: tl.constexpr,
-                      PDL: tl.constexpr = False):
+                      LET_NEXT_LAUNCH: tl.constexpr = False):
     # seq_lens: [B] int32; cu_seqlens_q: [B+1] int32; work_*: [W] int32; seq_part_start: [B+1]; num_items: [1]
-    if PDL:  # launched as a programmatic dependent of the previous kernel (Hopper's griddepcontrol): let the next
-        # one (vattn's Hopper main kernel, which waits for this one before it reads the plan) launch now, then
-        # wait for the previous one before reading the lengths or overwriting a plan it may still read
+    if LET_NEXT_LAUNCH:  # a main kernel launched as its programmatic dependent (vattn's Hopper kernel) starts its
+        # prologue now and waits for this kernel's end before it reads the plan (a no-op for any other next kernel)
         gdc_launch_dependents()
-        gdc_wait()
     # One program, latency-bound: its time is the instruction count of its serial path. The 2-D tiles put
     # the batch on axis 0 and reduce over it, which Triton's default layout keeps inside each thread (the
     # other axis runs across lanes): a reduction is one add or max a value, not a warp reduction a row.
@@ -376,9 +374,9 @@ def _plan_kernel():
 
     interpret = bool(triton.knobs.runtime.interpret)
     if interpret not in _KERNELS:
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+        from triton.language.extra.cuda import gdc_launch_dependents
 
-        globals().update(tl=triton.language, gdc_launch_dependents=gdc_launch_dependents, gdc_wait=gdc_wait)
+        globals().update(tl=triton.language, gdc_launch_dependents=gdc_launch_dependents)
         _KERNELS[interpret] = triton.jit(_plan_kernel_body)
     return _KERNELS[interpret]
 
@@ -398,10 +396,10 @@ def _check_out(out: dict, batch: int, width: int, device) -> None:
 
 
 def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str, out: dict,
-             overhead: int = PIECE_OVERHEAD_TILES, pdl: bool = False) -> None:
+             overhead: int = PIECE_OVERHEAD_TILES, let_next_launch: bool = False) -> None:
     """The planner as one Triton launch writing into `out` (keys FIELDS); equals plan_python exactly.
-    pdl: launch it as a programmatic dependent of the previous kernel, and let the next one launch at once (vattn's
-    Hopper main kernel, which waits for the plan itself); sm_90 and later, not under the interpreter.
+    let_next_launch: let a programmatic dependent (vattn's Hopper main kernel, which waits for the plan itself)
+    launch at once; sm_90 and later, not under the interpreter.
 
     seq_lens: [B] int32, cu_seqlens_q: [B+1] int32, on one device. Shapes and dtypes are checked on the
     host, values never read: no sync, so the launch can be captured in a CUDA graph and replayed with
@@ -422,17 +420,17 @@ def plan_gpu(seq_lens, cu_seqlens_q, *, num_kv_heads: int, slots: int, mode: str
     width = max_work_items(batch, num_kv_heads, slots)
     _check_out(out, batch, width, seq_lens.device)
     launch_plan(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode, overhead=overhead,
-                pdl=pdl)
+                let_next_launch=let_next_launch)
 
 
 def launch_plan(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str,
-                overhead: int = PIECE_OVERHEAD_TILES, pdl: bool = False) -> None:
+                overhead: int = PIECE_OVERHEAD_TILES, let_next_launch: bool = False) -> None:
     """plan_gpu's launch without its checks, for a caller that has checked the same things (vattn.plan:
     the lengths against its workspace, `out` the workspace's own views)."""
     from vattn import launcher
 
     args, kwargs = plan_launch_args(seq_lens, cu_seqlens_q, out, num_kv_heads=num_kv_heads, slots=slots, mode=mode,
-                                    overhead=overhead, pdl=pdl)
+                                    overhead=overhead, let_next_launch=let_next_launch)
     launcher.kernel(_plan_kernel()).launch((1, 1, 1), args, kwargs)
 
 
@@ -440,12 +438,12 @@ PLAN_LIVE = (0, 1)  # positions in plan_launch_args' args of seq_lens, cu_seqlen
 
 
 def plan_launch_args(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str,
-                     overhead: int = PIECE_OVERHEAD_TILES, pdl: bool = False):
+                     overhead: int = PIECE_OVERHEAD_TILES, let_next_launch: bool = False):
     """(args, kwargs) of the plan kernel: the lengths, `out`'s views, the shape's scalars; constexprs."""
     scalars, constexprs = _launch_params(seq_lens.shape[0], num_kv_heads, slots, mode, overhead)
     return (seq_lens, cu_seqlens_q, out["work_seq"], out["work_start"], out["work_end"], out["work_part"],
             out["seq_part_start"], out["num_items"], out["work_order"], *scalars), \
-        dict(constexprs) | (dict(PDL=True, launch_pdl=True) if pdl else {})
+        dict(constexprs) | (dict(LET_NEXT_LAUNCH=True) if let_next_launch else {})
 
 
 @functools.lru_cache(maxsize=1024)

@@ -93,9 +93,8 @@ class Workspace:
         # balanced weighs each piece by the fixed cost of the kernel that will run it
         overhead = planned and planned[0].piece_overhead_tiles
         self.piece_overhead = (overhead(self) if callable(overhead) else overhead) or PIECE_OVERHEAD_TILES
-        # the plan kernel goes as a programmatic dependent and lets that backend's main kernel launch at once
-        # (Backend.pdl)
-        self.plan_pdl = bool(planned and planned[0].pdl)
+        # the plan lets that backend's main kernel launch at once, as its programmatic dependent (Backend.pdl)
+        self.plan_lets_main_launch = bool(planned and planned[0].pdl)
         self.slots = slots if slots is not None else self._measure_slots(planned)
         self._alloc()
         # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call

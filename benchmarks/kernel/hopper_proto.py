@@ -117,10 +117,10 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
 
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
              replays: int, overhead: int, reduce_kw: dict | None = None) -> dict:
-    """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path (pdl: each
-    kernel a programmatic dependent of the one before: the plan of the last call's reduce, the main kernel of the
-    plan, the reduce (launch_reduce's defaults, or reduce_kw) of the main kernel), with the reduce's alone
-    (reducepdl) and as ordinary launches (nopdl); each checked."""
+    """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path (pdl: the main
+    kernel a programmatic dependent of the plan, which lets it launch at once, and the reduce (launch_reduce's
+    defaults, or reduce_kw) of the main kernel), with the reduce's alone (reducepdl) and as ordinary launches
+    (nopdl); each checked."""
     import torch
 
     from vattn import kernel as K
@@ -133,7 +133,7 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     for name, main_pdl, pdl in (("pdl", True, True), ("reducepdl", False, True), ("nopdl", False, False)):
         def call(r, main_pdl=main_pdl, pdl=pdl):
             plan_gpu(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, slots=sm, mode="balanced", out=out_plan,
-                     overhead=overhead, pdl=main_pdl)
+                     overhead=overhead, let_next_launch=main_pdl)
             kern.launch(*b.attention_args(r), out_plan, o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo, pdl=main_pdl)
             K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
                             skip_whole=True, pdl=pdl, **(reduce_kw or {}))

@@ -313,11 +313,10 @@ def test_a_backend_may_give_its_piece_overhead_per_workspace(dev):
     assert ws.piece_overhead == 5 and seen == [256]
 
 
-def test_the_plan_goes_as_a_programmatic_dependent_only_for_a_backend_that_waits_for_it(dev):
+def test_the_plan_lets_the_main_kernel_launch_early_only_for_a_backend_that_waits_for_it(dev):
     """A workspace served by a backend whose main kernel goes as the plan's programmatic dependent (Backend.pdl)
-    plans with a plan kernel that is one too and lets the main kernel launch at once (vattn.plan passes
-    plan_pdl to the plan kernel's PDL on a GPU); one the Triton kernel serves, which does not wait for the plan,
-    never."""
+    plans with a plan kernel that lets it launch at once (vattn.plan passes plan_lets_main_launch to the plan
+    kernel's LET_NEXT_LAUNCH on a GPU); one the Triton kernel serves, which does not wait for the plan, never."""
     from vattn import api
     from vattn.planner import plan_launch_args
 
@@ -328,13 +327,13 @@ def test_the_plan_goes_as_a_programmatic_dependent_only_for_a_backend_that_waits
         ws = ws_for(dev, head_dim=256, max_batch=16, slots=32)
     finally:
         api.BACKENDS.remove(waits)
-    assert (plain.plan_pdl, ws.plan_pdl) == (False, True)
+    assert (plain.plan_lets_main_launch, ws.plan_lets_main_launch) == (False, True)
     lens, cu = torch.zeros(4, dtype=torch.int32), torch.zeros(5, dtype=torch.int32)
     pl = vattn.plan(lens.to(dev), cu.to(dev), num_kv_heads=2, page_size=16, mode="balanced", workspace=ws)
     for flag in (False, True):
         _, constexprs = plan_launch_args(lens, cu, pl.tensors, num_kv_heads=2, slots=32, mode="balanced",
-                                         pdl=flag)
-        assert constexprs.get("PDL", False) is flag and constexprs.get("launch_pdl", False) is flag
+                                         let_next_launch=flag)
+        assert constexprs.get("LET_NEXT_LAUNCH", False) is flag
 
 
 def test_the_hopper_backend_plans_for_one_cta_per_sm_only_on_the_workspaces_it_covers():

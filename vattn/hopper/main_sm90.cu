@@ -169,7 +169,7 @@ static_assert(BLOCK_N % PAGE == 0 && PAGE % 4 == 0, "tiles of whole pages; a pag
 
 // The page ids of the tile at tile_start, loaded one round ahead of its data so that the data loads do not
 // wait on a dependent page-table load.
-__device__ __forceinline__ void load_pages(int (&pg)[TILE_PAGES], const int* __restrict__ bt_row, int tile_start,
+__device__ __forceinline__ void load_pages(int (&pg)[TILE_PAGES], const int* bt_row, int tile_start,
                                            int end) {
 #pragma unroll
   for (int p = 0; p < TILE_PAGES; ++p)
@@ -191,8 +191,8 @@ struct TileLoad {
 
 // Vector i * 64 + t is token (i * 64 + t) / 16, bytes (t % 16) * 16 of its row: a warp reads two whole
 // 256-byte token rows.
-__device__ __forceinline__ void load_tile(TileLoad& t, const int (&pg)[TILE_PAGES], const uint8_t* __restrict__ k,
-                                          const uint8_t* __restrict__ v, int64_t skp, int64_t sks, int64_t svp,
+__device__ __forceinline__ void load_tile(TileLoad& t, const int (&pg)[TILE_PAGES], const uint8_t* k,
+                                          const uint8_t* v, int64_t skp, int64_t sks, int64_t svp,
                                           int64_t svs, int64_t kv_head_k, int64_t kv_head_v, int tile_start,
                                           int end, int tid) {
   const int col = (tid % 16) * 16;
@@ -207,8 +207,10 @@ __device__ __forceinline__ void load_tile(TileLoad& t, const int (&pg)[TILE_PAGE
       t.k[i] = make_uint4(pos & 0x3F3F3F3F, page & 0x3F3F3F3F, 0x30303030, in_page);
       t.v[i] = t.k[i];
 #else
-      t.k[i] = __ldg(reinterpret_cast<const uint4*>(k + page * skp + in_page * sks + kv_head_k + col));
-      t.v[i] = __ldg(reinterpret_cast<const uint4*>(v + page * svp + in_page * svs + kv_head_v + col));
+      // plain loads, not __ldg's ld.global.nc: the kernel before this one may still be writing the caches
+      // when this one starts (see PLAN_AND_OUTPUT_PARAMS)
+      t.k[i] = *reinterpret_cast<const uint4*>(k + page * skp + in_page * sks + kv_head_k + col);
+      t.v[i] = *reinterpret_cast<const uint4*>(v + page * svp + in_page * svs + kv_head_v + col);
 #endif
     } else {
       // past the piece: zeros, so that a masked score (p = 0) never meets an e4m3 NaN pattern in V
@@ -242,11 +244,13 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
 
 // The parameters every kernel takes after Q and its caches, in the order vattn/hopper/build.py's bind passes them:
 // the page table and lengths, the descales and scale, the plan's work items, the partials and out, V's descriptor.
+// No input is `const __restrict__`: nvcc would read it by ld.global.nc, which it takes for memory no kernel writes
+// while this one runs and moves ahead of griddepcontrol.wait, before the plan (or whatever wrote it) has ended.
 #define PLAN_AND_OUTPUT_PARAMS                                                                                        \
-  const int* __restrict__ bt, int64_t stride_bt, const int* __restrict__ seq_lens, const int* __restrict__ cu_q,     \
-      const float* __restrict__ k_descale, const float* __restrict__ v_descale, float softmax_scale,                 \
-      const int* __restrict__ work_seq, const int* __restrict__ work_start, const int* __restrict__ work_end,        \
-      const int* __restrict__ work_part, const int* __restrict__ work_order, float* __restrict__ o_part, int64_t sow, \
+  const int* bt, int64_t stride_bt, const int* seq_lens, const int* cu_q,     \
+      const float* k_descale, const float* v_descale, float softmax_scale,                 \
+      const int* work_seq, const int* work_start, const int* work_end,        \
+      const int* work_part, const int* work_order, float* __restrict__ o_part, int64_t sow, \
       int64_t soh, int64_t sor, float* __restrict__ lse_part, int64_t slw, int64_t slh,                              \
       __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo
 
@@ -277,11 +281,11 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 }
 
 // false for an idle item (the padding of a fixed-size plan)
-__device__ __forceinline__ bool read_item(Item& it, int program, const int* __restrict__ work_order,
-                                          const int* __restrict__ work_seq, const int* __restrict__ work_start,
-                                          const int* __restrict__ work_end, const int* __restrict__ work_part,
-                                          const int* __restrict__ seq_lens, const int* __restrict__ cu_q,
-                                          const int* __restrict__ bt, int64_t stride_bt) {
+__device__ __forceinline__ bool read_item(Item& it, int program, const int* work_order,
+                                          const int* work_seq, const int* work_start,
+                                          const int* work_end, const int* work_part,
+                                          const int* seq_lens, const int* cu_q,
+                                          const int* bt, int64_t stride_bt) {
 #ifdef PROFILE_NO_ORDER  // timing only (right where work_order is the identity): one dependent load less
   const int w = program;
   const int seq = work_seq[w];
@@ -447,7 +451,7 @@ __device__ __forceinline__ float2 row_sums(const Rows& rw) {
 
 // The partial of this CTA: O normalised and times v_descale, lse in log2 units; a row that saw no key writes
 // (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
-__device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Rows& rw, const float* __restrict__ v_descale,
+__device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
                                               float* __restrict__ ob, int64_t sor, float* __restrict__ lb, int lane) {
   const int r0 = rw.r0, cq = rw.cq;
   const float2 l = row_sums(rw);
@@ -470,7 +474,7 @@ __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Ro
 // A piece that is its whole sequence has the only partial, which is the answer: its rows go straight to out
 // (bf16, as the reduce would write them), and the reduce skips the sequence (SKIP_WHOLE). Rows past the
 // sequence's tokens are not written.
-__device__ __forceinline__ void store_out(const float (&o)[O_REGS], const Rows& rw, const float* __restrict__ v_descale,
+__device__ __forceinline__ void store_out(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
                                           __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh, int q0, int h) {
   const int r0 = rw.r0, cq = rw.cq;
   const float2 l = row_sums(rw);
@@ -490,7 +494,7 @@ __device__ __forceinline__ void store_out(const float (&o)[O_REGS], const Rows& 
 
 // The CTA's result: out itself when its piece is the whole sequence, else its partial.
 __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
-                                             const float* __restrict__ v_descale, float* __restrict__ o_part,
+                                             const float* v_descale, float* __restrict__ o_part,
                                              int64_t sow, int64_t soh, int64_t sor, float* __restrict__ lse_part,
                                              int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
                                              int64_t soh_out, int lane) {
@@ -513,7 +517,7 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 #endif
 #define STAGE_BYTES (QROWS * (HEAD_DIM * 4 + 32))
 __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
-                                                    const float* __restrict__ v_descale, float* __restrict__ o_part,
+                                                    const float* v_descale, float* __restrict__ o_part,
                                                     int64_t sow, int64_t soh, int64_t sor, float* __restrict__ lse_part,
                                                     int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out,
                                                     int64_t sot, int64_t soh_out, int lane, int ctid, char* stage,
@@ -629,9 +633,9 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
 
 #if HEAD_DIM == 256
 extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
-    const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
-    const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
-    const uint8_t* __restrict__ v, int64_t svp, int64_t svs, int64_t svh,
+    const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
+    const uint8_t* k, int64_t skp, int64_t sks, int64_t skh,
+    const uint8_t* v, int64_t svp, int64_t svs, int64_t svh,
     PLAN_AND_OUTPUT_PARAMS) {
   extern __shared__ __align__(1024) char smem_raw[];
   // Rounded through an integer, so every access below is a generic LD/ST rather than LDS/STS: measured faster for
@@ -869,8 +873,8 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 // K8_CPASYNC: one tile's K (16-byte chunks placed as swz8, which is where TMA's 128-byte swizzle puts them) and V
 // (plain rows) by the copy warp's 32 lanes; rows past the piece are zero-filled.
-__device__ __forceinline__ void copy_tile_cpasync(char* rk, const int (&pg)[TILE_PAGES], const uint8_t* __restrict__ k,
-                                                  const uint8_t* __restrict__ v, int64_t skp, int64_t sks, int64_t svp,
+__device__ __forceinline__ void copy_tile_cpasync(char* rk, const int (&pg)[TILE_PAGES], const uint8_t* k,
+                                                  const uint8_t* v, int64_t skp, int64_t sks, int64_t svp,
                                                   int64_t svs, int64_t kh, int64_t vh, int ts, int end, int lane) {
   constexpr int ROW_CHUNKS = HEAD_DIM / 16, PAGE_CHUNKS = PAGE * ROW_CHUNKS;
 #pragma unroll
@@ -918,7 +922,7 @@ __device__ __forceinline__ uint16_t half2_to_e4m3x2(__half2 x) {
 // The second consumer warpgroup's running state (this thread's column t of other: O, then m0, m1, l0, l1) merged
 // into the first's: both are relative to their own running max, so each is rescaled to the larger. A row that saw
 // no key in either keeps O 0 and l 0 (exp2(-inf - -inf) would be NaN).
-__device__ __forceinline__ void merge_consumer_state(float (&o)[O_REGS], Rows& rw, const float* __restrict__ other,
+__device__ __forceinline__ void merge_consumer_state(float (&o)[O_REGS], Rows& rw, const float* other,
                                                      int t) {
   const float mb0 = other[O_REGS * 128 + t], mb1 = other[(O_REGS + 1) * 128 + t];
   const float lb0 = other[(O_REGS + 2) * 128 + t], lb1 = other[(O_REGS + 3) * 128 + t];
@@ -939,10 +943,10 @@ __device__ __forceinline__ void merge_consumer_state(float (&o)[O_REGS], Rows& r
 }
 
 extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
-    const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
+    const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
 #if K8_CPASYNC
-    const uint8_t* __restrict__ k, int64_t skp, int64_t sks, int64_t skh,
-    const uint8_t* __restrict__ v, int64_t svp, int64_t svs, int64_t svh,
+    const uint8_t* k, int64_t skp, int64_t sks, int64_t skh,
+    const uint8_t* v, int64_t svp, int64_t svs, int64_t svh,
 #endif
     PLAN_AND_OUTPUT_PARAMS,
     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
@@ -1286,7 +1290,7 @@ __device__ __forceinline__ void zero_v_rows(char* v_tile, int rows_valid, int ti
 }
 
 extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv16(
-    const __nv_bfloat16* __restrict__ q, int64_t stride_qt, int64_t stride_qh,
+    const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
     PLAN_AND_OUTPUT_PARAMS,
     const __grid_constant__ CUtensorMap tmap_k, const __grid_constant__ CUtensorMap tmap_v) {
   extern __shared__ __align__(1024) char smem_raw[];
