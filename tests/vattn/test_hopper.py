@@ -45,6 +45,33 @@ def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("defines", [dict(HEAD_DIM=256, GQA=16, PAGE=16, KV16=1),
+                                     dict(HEAD_DIM=128, GQA=8, PAGE=16, K8=1, BLOCK_N=128, K8_CONSUMERS=2),
+                                     dict(HEAD_DIM=256, GQA=16, PAGE=4)], ids=["hd256", "hd128", "page4"])
+def test_no_kernel_reads_global_memory_before_it_waits_for_the_kernel_before_it(tmp_path, monkeypatch, defines):
+    """The main kernels launch as programmatic dependents: a load ahead of griddepcontrol.wait (SASS ACQBULK)
+    could read a plan, Q or cache the kernel before is still writing. nvcc moves ld.global.nc (LDG.E.CONSTANT:
+    `const __restrict__` inputs, __ldg) across the wait, so none may be left at all."""
+    import re
+    import subprocess
+
+    from benchmarks.kernel.sass import _tool
+
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(build.compile_cubin(defines))], capture_output=True,
+                          text=True, check=True).stdout
+    functions = dict(re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
+    assert functions, sass[:2000]
+    for name, code in functions.items():
+        ops = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", code)
+        waits = [int(at, 16) for at, op in ops if op == "ACQBULK"]
+        loads = [(int(at, 16), op) for at, op in ops if op.startswith(("LDG", "LD."))]
+        assert len(waits) == 1 and loads, (name, waits, len(loads))
+        assert [op for at, op in loads if at < waits[0]] == [], name
+        assert [op for _, op in loads if "CONSTANT" in op] == [], name
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch):
     # the k8 kernel's TMA boxes need pages of whole 8-row swizzle atoms; the backend also takes pages of 4
     monkeypatch.setattr(build, "CACHE", tmp_path)
