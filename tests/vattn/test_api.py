@@ -264,6 +264,17 @@ def test_a_workspace_plans_for_the_slots_of_the_backend_that_will_serve_it(dev):
         api.FAILED.discard("fake-hopper")
 
 
+def _workspace_served_by(backend, dev):
+    """A workspace made while `backend` is registered (first in dispatch order), as the tests below plan with."""
+    from vattn import api
+
+    api.register_backend(backend)
+    try:
+        return ws_for(dev, head_dim=256, max_batch=16, slots=32)
+    finally:
+        api.BACKENDS.remove(backend)
+
+
 def test_a_workspace_plans_with_the_piece_overhead_of_the_backend_that_will_serve_it(dev):
     """balanced weighs a piece by the serving kernel's fixed cost: vattn.plan on a workspace a backend with
     its own piece_overhead_tiles would serve gives planner.plan_python's plan for that overhead, which here
@@ -274,12 +285,7 @@ def test_a_workspace_plans_with_the_piece_overhead_of_the_backend_that_will_serv
     lens, q_lens = [40_000] + [600] * 15, [4] * 16
     fast = api.Backend("fake-hopper", lambda w, q, k: True, lambda *a: None, slots_per_sm=lambda w: 1,
                        piece_overhead_tiles=8)
-    plain = ws_for(dev, head_dim=256, max_batch=16, slots=32)
-    api.register_backend(fast)
-    try:
-        ws = ws_for(dev, head_dim=256, max_batch=16, slots=32)
-    finally:
-        api.BACKENDS.remove(fast)
+    plain, ws = ws_for(dev, head_dim=256, max_batch=16, slots=32), _workspace_served_by(fast, dev)
     assert (plain.piece_overhead, ws.piece_overhead) == (PIECE_OVERHEAD_TILES, 8)
     lens_t = torch.tensor(lens, dtype=torch.int32, device=dev)
     cu = torch.arange(0, 4 * 17, 4, dtype=torch.int32, device=dev)
@@ -303,13 +309,8 @@ def test_a_backend_may_give_its_piece_overhead_per_workspace(dev):
         seen.append(w.head_dim)
         return 5
 
-    fast = api.Backend("fake-hopper", lambda w, q, k: True, lambda *a: None, slots_per_sm=lambda w: 1,
-                       piece_overhead_tiles=overhead)
-    api.register_backend(fast)
-    try:
-        ws = ws_for(dev, head_dim=256, max_batch=16, slots=32)
-    finally:
-        api.BACKENDS.remove(fast)
+    ws = _workspace_served_by(api.Backend("fake-hopper", lambda w, q, k: True, lambda *a: None,
+                                          slots_per_sm=lambda w: 1, piece_overhead_tiles=overhead), dev)
     assert ws.piece_overhead == 5 and seen == [256]
 
 
@@ -321,12 +322,7 @@ def test_the_plan_lets_the_main_kernel_launch_early_only_for_a_backend_that_wait
     from vattn.planner import plan_launch_args
 
     waits = api.Backend("fake-pdl", lambda w, q, k: True, lambda *a: None, slots_per_sm=lambda w: 1, pdl=True)
-    plain = ws_for(dev, head_dim=256, max_batch=16, slots=32)
-    api.register_backend(waits)
-    try:
-        ws = ws_for(dev, head_dim=256, max_batch=16, slots=32)
-    finally:
-        api.BACKENDS.remove(waits)
+    plain, ws = ws_for(dev, head_dim=256, max_batch=16, slots=32), _workspace_served_by(waits, dev)
     assert (plain.plan_lets_main_launch, ws.plan_lets_main_launch) == (False, True)
     lens, cu = torch.zeros(4, dtype=torch.int32), torch.zeros(5, dtype=torch.int32)
     pl = vattn.plan(lens.to(dev), cu.to(dev), num_kv_heads=2, page_size=16, mode="balanced", workspace=ws)

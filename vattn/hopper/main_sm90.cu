@@ -247,11 +247,11 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
 // No input is `const __restrict__`: nvcc would read it by ld.global.nc, which it takes for memory no kernel writes
 // while this one runs and moves ahead of griddepcontrol.wait, before the plan (or whatever wrote it) has ended.
 #define PLAN_AND_OUTPUT_PARAMS                                                                                        \
-  const int* bt, int64_t stride_bt, const int* seq_lens, const int* cu_q,     \
-      const float* k_descale, const float* v_descale, float softmax_scale,                 \
-      const int* work_seq, const int* work_start, const int* work_end,        \
-      const int* work_part, const int* work_order, float* __restrict__ o_part, int64_t sow, \
-      int64_t soh, int64_t sor, float* __restrict__ lse_part, int64_t slw, int64_t slh,                              \
+  const int* bt, int64_t stride_bt, const int* seq_lens, const int* cu_q,                                             \
+      const float* k_descale, const float* v_descale, float softmax_scale,                                            \
+      const int* work_seq, const int* work_start, const int* work_end,                                                \
+      const int* work_part, const int* work_order, float* __restrict__ o_part, int64_t sow,                           \
+      int64_t soh, int64_t sor, float* __restrict__ lse_part, int64_t slw, int64_t slh,                               \
       __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo
 
 // One program's work item of vattn's plan (launch order work_order), and its sequence's lengths.
