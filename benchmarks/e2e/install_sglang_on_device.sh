@@ -2,7 +2,7 @@
 #   source benchmarks/e2e/install_sglang_on_device.sh || exit 1
 # Installs sglang 0.5.17 with sglang-kernel 0.4.5 into /tmp/site from wheels carried in .whl-sglang/
 # (git-ignored; `run` with carry: [".whl-sglang"]), after checking each file against the checksums in
-# benchmarks/e2e/sglang-0.5.17.sha256. Run benchmarks/e2e/make_sglang_wheels.sh on a machine with
+# benchmarks/e2e/sglang-0.5.17.sha256. Run benchmarks/e2e/make_sglang_wheels.py on a machine with
 # network to fill .whl-sglang/.
 # The carried files exceed one call's 64 MiB, so they travel in folders .whl-sglang/p1, p2, ... over
 # consecutive calls while the machine stays warm (carry: [".whl-sglang/pN"]; what a call carried stays
