@@ -1,33 +1,41 @@
-"""The fa3 peer: FlashAttention-3's `flash_attn_with_kvcache` (or FA4's CuTe-DSL varlen call) with a page table."""
+"""The fa3 and fa4 peers: FlashAttention-3's `flash_attn_with_kvcache` and FA4's CuTe-DSL varlen call, each with a
+page table."""
 from __future__ import annotations
 
 from benchmarks.kernel.peers.base import Prepared, PeerUnavailable, dequant, import_peer, kv_bytes
 
+# where each peer's API may live, tried in this order. FA3 comes as a build of the hopper/ tree
+# (flash_attn_interface, flash_attn_3) or inside sglang-kernel, sglang's production backend on an H200
+# (sgl_kernel). Records of runs before 2026-12-02 name FA4 `fa3` (it was the first of one list).
+APIS = {
+    "fa3": (("flash_attn_interface", "flash_attn_with_kvcache"),
+            ("flash_attn_3.flash_attn_interface", "flash_attn_with_kvcache"),
+            ("sgl_kernel.flash_attn", "flash_attn_with_kvcache")),
+    "fa4": (("flash_attn.cute", "flash_attn_varlen_func"),),
+}
 
-def fa3_module():
-    """The first FlashAttention-3-class API installed: FA3's `flash_attn_with_kvcache` (flash_attn_interface,
-    flash_attn_3, sgl_kernel) or FA4's CuTe-DSL `flash_attn.cute.flash_attn_varlen_func` (flash-attn-4)."""
+
+def fa_module(peer: str):
+    """(module, function name) of the first of the peer's APIs that is installed."""
     errors = []
-    for name, fn in (("flash_attn_interface", "flash_attn_with_kvcache"),
-                     ("flash_attn_3.flash_attn_interface", "flash_attn_with_kvcache"),
-                     ("sgl_kernel.flash_attn", "flash_attn_with_kvcache"),
-                     ("flash_attn.cute", "flash_attn_varlen_func")):
+    for name, fn in APIS[peer]:
         try:
-            mod = import_peer(name, "fa3")
+            mod = import_peer(name, peer)
         except PeerUnavailable as exc:
-            errors.append(str(exc).removeprefix("fa3: not installed (").removesuffix(")"))
+            errors.append(str(exc).removeprefix(f"{peer}: not installed (").removesuffix(")"))
             continue
         if hasattr(mod, fn):
             return mod, fn
         errors.append(f"{name}: no {fn}")
-    raise PeerUnavailable("fa3: not installed (" + "; ".join(errors) + ")")
+    raise PeerUnavailable(f"{peer}: not installed (" + "; ".join(errors) + ")")
 
 
-def fa3(shape, b) -> Prepared:
-    """FA3's flash_attn_with_kvcache with a page table (e4m3 Q per tensor on an fp8 cache), or FA4's varlen call."""
+def fa3(shape, b, peer: str = "fa3") -> Prepared:
+    """peer fa3: FA3's flash_attn_with_kvcache with a page table (e4m3 Q per tensor on an fp8 cache); fa4: FA4's
+    varlen call."""
     import torch
 
-    mod, fn = fa3_module()
+    mod, fn = fa_module(peer)
     q, k, v, extra, kv_dtype = b.q, b.k, b.v, {}, shape.kv_dtype
     if fn == "flash_attn_varlen_func":
         # FA4 on sm90 asserts fp8 is SM100-only: it reads a dequantised bf16 copy, made once like flashinfer_bf16

@@ -14,6 +14,7 @@ FACTORIES = {
     "flashinfer_fa3": lambda s, b: flashinfer(s, b, "fa3", False, "flashinfer_fa3"),
     "xqa": xqa,
     "fa3": fa3,
+    "fa4": lambda s, b: fa3(s, b, "fa4"),
     "sglang_triton": lambda s, b: sglang(s, b, split_kv=False),
     "sglang_triton_splitkv": lambda s, b: sglang(s, b, split_kv=True),
     "sdpa": sdpa,

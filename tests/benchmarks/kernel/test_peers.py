@@ -121,7 +121,8 @@ def test_a_peer_that_raises_is_an_error_record(cpu_batch, monkeypatch):
 
 
 @pytest.mark.parametrize("name,module", [("flashinfer", "flashinfer"), ("flashinfer_bf16", "flashinfer"),
-                                         ("fa3", "flash_attn_interface"), ("xqa", "flashinfer")])
+                                         ("fa3", "flash_attn_interface"), ("fa4", "flash_attn"),
+                                         ("xqa", "flashinfer")])
 def test_missing_peers_skip_with_a_not_installed_line(cpu_batch, capsys, name, module):
     if importlib.util.find_spec(module) is not None:
         pytest.skip(f"{module} is installed here")
