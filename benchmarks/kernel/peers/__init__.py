@@ -12,8 +12,8 @@ Each peer is an adapter over a library's public API, imported only when installe
 - fa3 (fa3_peer.py): FlashAttention-3's `flash_attn_with_kvcache` with a page table (fp8 Q quantised per tensor
   for fp8 KV), from a FA3 build or sglang-kernel; fa4: FlashAttention-4's CuTe-DSL `flash_attn_varlen_func` (on
   sm90 on a dequantised bf16 copy: it has no fp8 there);
-- sglang_triton (sglang_peer.py): sglang's Triton kernels (0.5.23, 0.5.17) on its token pool (page 1, the cache viewed as
-  slots), as its Triton backend runs them on an H200: `decode_attention_fwd` for q_len 1, else
+- sglang_triton (sglang_peer.py): sglang's Triton kernels (0.5.23, 0.5.17) on its token pool (page 1, the cache
+  viewed as slots), as its Triton backend runs them on an H200: `decode_attention_fwd` for q_len 1, else
   `extend_attention_fwd` (prefix from the pool, new tokens as extend K/V); sglang_triton_splitkv: its
   `verify_splitkv_fwd`, which sglang dispatches on gfx95 only (same arguments);
 - sdpa (sdpa_peer.py): torch SDPA per sequence on a gathered, dequantised copy (the gather is outside the timed

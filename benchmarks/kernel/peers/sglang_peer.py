@@ -1,4 +1,5 @@
-"""sglang's Triton attention kernels (0.5.23's and 0.5.17's: same modules, same calls) as peers (sglang_triton, sglang_triton_splitkv), on its token pool."""
+"""sglang's Triton attention kernels as peers (sglang_triton, sglang_triton_splitkv), on its token pool: 0.5.23's
+and 0.5.17's have the same modules and calls."""
 from __future__ import annotations
 
 import importlib
