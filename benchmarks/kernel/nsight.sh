@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Nsight Compute evidence for the Hopper main kernels (BENCHMARKS.md "What bounds it"): one eager launch a shape,
+# the build the backend selects for it, DRAM throughput, tensor pipe, warps active, registers, grid.
+#   bash benchmarks/kernel/nsight.sh OUT_DIR      (on an H200, from the repository root; ncu from the CUDA toolkit)
+# Writes OUT_DIR/ncu-SHAPE.csv and OUT_DIR/ncu-SHAPE.err per shape.
+set -u
+out=${1:?usage: nsight.sh OUT_DIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+[ -n "$ncu" ] || { echo "nsight.sh: no ncu on PATH or under /usr/local/cuda*/bin" >&2; exit 1; }
+metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second
+metrics=$metrics,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
+metrics=$metrics,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,launch__grid_size
+profile() {  # SHAPE VARIANT: hopper_proto's first launch of the main kernel (its correctness check)
+    timeout 100 "$ncu" --clock-control none --kernel-name regex:vattn_main_sm90 --launch-count 1 --csv \
+        --metrics "$metrics" python3 -m benchmarks.kernel.hopper_proto --shapes "$1" --replays 1 \
+        --descriptors 8192:1024 --variants "$2" --out "/tmp/nsight-$1.json" > "$out/ncu-$1.csv" 2> "$out/ncu-$1.err"
+    echo "nsight: $1 rc $?"
+}
+# the builds vattn/hopper/backend.py selects: K8 for fp8 caches (two consumer warpgroups at head_dim 128), KV16 for bf16
+for s in 16x35k 16x35k-q1 16x35k-gqa8 bs20-agentic-2.32M; do profile "$s" "k8:K8=1"; done
+for s in 32x8k-hd128-gqa8 32x8k-hd128-gqa4; do profile "$s" "k8:K8=1,K8_CONSUMERS=2"; done
+profile 16x35k-bf16 "kv16:KV16=1,TMA_EVICT_FIRST=1"
