@@ -30,7 +30,7 @@ def fa_module(peer: str):
     raise PeerUnavailable(f"{peer}: not installed (" + "; ".join(errors) + ")")
 
 
-def fa3(shape, b, peer: str = "fa3") -> Prepared:
+def flash_attention(shape, b, peer: str) -> Prepared:
     """peer fa3: FA3's flash_attn_with_kvcache with a page table (e4m3 Q per tensor on an fp8 cache); fa4: FA4's
     varlen call."""
     import torch

@@ -1,7 +1,7 @@
 """The peers by name: what `--peers` accepts and the adapter that prepares each on a batch."""
 from __future__ import annotations
 
-from benchmarks.kernel.peers.fa3_peer import fa3
+from benchmarks.kernel.peers.fa3_peer import flash_attention
 from benchmarks.kernel.peers.flashinfer_peer import flashinfer
 from benchmarks.kernel.peers.sdpa_peer import sdpa
 from benchmarks.kernel.peers.sglang_peer import sglang
@@ -13,8 +13,8 @@ FACTORIES = {
     "flashinfer_bf16": lambda s, b: flashinfer(s, b, "fa2", True, "flashinfer_bf16"),
     "flashinfer_fa3": lambda s, b: flashinfer(s, b, "fa3", False, "flashinfer_fa3"),
     "xqa": xqa,
-    "fa3": fa3,
-    "fa4": lambda s, b: fa3(s, b, "fa4"),
+    "fa3": lambda s, b: flash_attention(s, b, "fa3"),
+    "fa4": lambda s, b: flash_attention(s, b, "fa4"),
     "sglang_triton": lambda s, b: sglang(s, b, split_kv=False),
     "sglang_triton_splitkv": lambda s, b: sglang(s, b, split_kv=True),
     "sdpa": sdpa,

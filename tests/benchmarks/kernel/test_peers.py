@@ -120,6 +120,25 @@ def test_a_peer_that_raises_is_an_error_record(cpu_batch, monkeypatch):
     assert r["error"] == "run failed: RuntimeError: illegal memory access"
 
 
+def test_fa3_and_fa4_each_take_only_their_own_library(monkeypatch):
+    """sglang-kernel's FA3 installed, FA4 not: fa3 is FA3 and fa4 says it is not installed (once one `fa3` peer
+    took whichever of the two imported first)."""
+    import sys
+    import types
+
+    from benchmarks.kernel.peers import fa3_peer
+
+    fake = types.ModuleType("sgl_kernel.flash_attn")
+    fake.flash_attn_with_kvcache = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "sgl_kernel", types.ModuleType("sgl_kernel"))
+    monkeypatch.setitem(sys.modules, "sgl_kernel.flash_attn", fake)
+    for absent in ("flash_attn_interface", "flash_attn_3", "flash_attn", "flash_attn.cute"):
+        monkeypatch.setitem(sys.modules, absent, None)  # None in sys.modules: the import fails
+    assert fa3_peer.fa_module("fa3") == (fake, "flash_attn_with_kvcache")
+    with pytest.raises(peers.PeerUnavailable, match=r"^fa4: not installed \(flash_attn.cute: ModuleNotFoundError"):
+        fa3_peer.fa_module("fa4")
+
+
 @pytest.mark.parametrize("name,module", [("flashinfer", "flashinfer"), ("flashinfer_bf16", "flashinfer"),
                                          ("fa3", "flash_attn_interface"), ("fa4", "flash_attn"),
                                          ("xqa", "flashinfer")])
