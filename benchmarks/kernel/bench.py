@@ -6,7 +6,9 @@
 - time = median over graph replays / R; plan, main and reduce are captured and timed
   separately and together (us = plan + main + reduce in one graph), and layer_us is the attention call
   alone on a plan made before, as an engine runs each layer and as the peers are timed (peers/run.py);
-- each shape's output is checked against vattn.reference (rel Frobenius error).
+- each shape's output is checked against vattn.reference (rel Frobenius error);
+- the paged-gather ceiling: the same batch's KV read through the same page tables by the plainest kernel
+  (gather.py), timed the same way: gather_tbps, what the layout allows at all.
 Bandwidth = KV bytes (sum L x Hkv x D x 2 x bytes per element) / time. The measurement itself
 (batches, timing, the check) is harness.py's, shared with the peers.
 """
@@ -23,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from benchmarks.kernel import harness, peers
+from benchmarks.kernel import gather, harness, peers
 from benchmarks.kernel.configs import CONFIG_FIELDS, best_of_sweep, for_shape, label, parse_config, sweep_configs
 from benchmarks.kernel.harness import Batch, BatchCache
 from benchmarks.kernel.report import format_table, markdown_table
@@ -114,6 +116,10 @@ def bench_shape(shape: Shape, planners, batches: BatchCache, *, replays: int, co
             import torch
 
             torch.cuda.synchronize()
+    # what this batch's paged layout allows at all, by the same method (gather.py)
+    g_us = gather.gather_us(shape, b, replays)
+    for r in records:
+        r.update(gather_us=g_us, gather_tbps=shape.kv_bytes / g_us / 1e6)
     return records
 
 

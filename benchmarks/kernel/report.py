@@ -11,16 +11,17 @@ def _impl(r: dict) -> str:
 
 def format_table(records: list[dict]) -> str:
     head = ("shape", "kv", "q", "pg", "impl", "planner", "us", "plan", "main", "reduce", "TB/s", "%ceil",
-            "xFI-fp8", "rel_err")
+            "%gather", "xFI-fp8", "rel_err")
     rows = [head]
     for r in records:
         if "error" in r:
-            rows.append((r["shape"], "", "", "", r["impl"], r["planner"], "ERROR", r["error"][:60], *[""] * 6))
+            rows.append((r["shape"], "", "", "", r["impl"], r["planner"], "ERROR", r["error"][:60], *[""] * 7))
             continue
         fi = r.get("speedup_vs_flashinfer_fp8")
         rows.append((r["shape"], r["kv_dtype"], r["q_len"], str(r["page_size"]), _impl(r), r["planner"],
                      f"{r['us']:.1f}", f"{r['plan_us']:.1f}", f"{r['main_us']:.1f}", f"{r['reduce_us']:.1f}",
                      f"{r['tbps']:.2f}", f"{100 * r['tbps'] / r['read_ceiling_tbps']:.0f}",
+                     f"{100 * r['tbps'] / r['gather_tbps']:.0f}" if r.get("gather_tbps") else "-",
                      f"{fi:.2f}" if fi else "-", f"{r['rel_err']:.1e}" if r.get("rel_err") is not None else "-"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     return "\n".join(" | ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)

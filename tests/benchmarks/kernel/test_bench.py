@@ -44,6 +44,9 @@ def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_
         (s, p) for s in ("tiny-fp8", "tiny-fp16-page1") for p in ("balanced", "length_aware", "fixed")}
     assert all(r["rel_err"] < 5e-3 and r["nan"] is False and r["device"] == "cpu-interpreter" for r in vattn_rows)
     assert {r["backend"] for r in vattn_rows} == {"triton"}  # the backend that ran the timed main kernel
+    # the paged-gather ceiling, once per shape, on every planner's row (its dry-run time means nothing)
+    assert all(r["gather_us"] > 0 and r["gather_tbps"] > 0 for r in vattn_rows)
+    assert len({(r["shape"], r["gather_us"]) for r in vattn_rows}) == 2
     assert [r["shape"] for r in records if r["impl"] == "sdpa"] == ["tiny-fp8", "tiny-fp16-page1"]
 
 

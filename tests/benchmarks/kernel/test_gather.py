@@ -1,0 +1,70 @@
+"""benchmarks.kernel.gather on a CPU, under Triton's interpreter: the ceiling kernel reads exactly the bytes an
+attention kernel must (every row < L of every page of K and V, through the replica's page table), no others."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# TRITON_INTERPRET must be set before triton is first imported: the kernel runs in a fresh process. It prints,
+# per shape, the kernel's sums and the same sums computed by torch from the pages the table names
+# (gather.reference_sums).
+SCRIPT = r"""
+import json
+import torch
+from benchmarks.kernel import gather, harness
+from benchmarks.kernel.shapes import Shape, tiny_shapes
+
+shapes = tiny_shapes() + [
+    # sequences over several programs (8 pages each), one ending inside a page, one of a single token
+    Shape("gather-chunks", (300, 1, 129), (1, 1, 1), head_dim=32, num_q_heads=2, num_kv_heads=1, q_label="1"),
+]
+
+out = {}
+for shape in shapes:
+    b = harness.Batch(shape, "cpu")
+    r = b.replicas - 1  # not the first replica: each replica has its own pages
+    got = torch.full((shape.batch, gather.chunks(shape)), 12345, dtype=torch.int32)
+    gather.gather_sums(shape, b, r, got)
+    out[shape.name] = dict(got=got.tolist(), want=gather.reference_sums(shape, b, r), chunks=gather.chunks(shape))
+print(json.dumps(out))
+"""
+
+
+def test_the_gather_ceiling_reads_each_sequences_rows_through_its_page_table():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(res) == {"tiny-fp8", "tiny-fp16-page1", "gather-chunks"}
+    assert res["gather-chunks"]["chunks"] == 3  # 300 tokens: 19 pages of 16, over programs of 8 pages
+    for name, r in res.items():
+        assert r["got"] == r["want"], name
+        assert any(v != 0 for row in r["want"] for v in row), name  # the sums are of real data, not zeros
+
+
+@pytest.mark.gpu
+def test_the_gather_ceiling_kernel_on_a_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from benchmarks.kernel import gather, harness
+    from benchmarks.kernel.shapes import Shape
+
+    for shape in (Shape("gather-fp8", (3000, 1, 129, 700), (4,) * 4),  # hd256 fp8 page 16, GQA 16
+                  Shape("gather-hd128", (2000, 33), (4, 4), head_dim=128, num_q_heads=16, num_kv_heads=2),
+                  Shape("gather-bf16-page1", (500, 7), (1, 1), kv_dtype="bf16", page_size=1)):
+        b = harness.Batch(shape, "cuda")
+        got = torch.zeros(shape.batch, gather.chunks(shape), dtype=torch.int32, device="cuda")
+        gather.gather_sums(shape, b, 1, got)
+        assert got.tolist() == gather.reference_sums(shape, b, 1), shape.name
+        assert gather.gather_us(shape, b, 3) > 0
