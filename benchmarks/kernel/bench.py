@@ -8,7 +8,7 @@
   alone on a plan made before, as an engine runs each layer and as the peers are timed (peers/run.py);
 - each shape's output is checked against vattn.reference (rel Frobenius error);
 - the paged-gather ceiling: the same batch's KV read through the same page tables by the plainest kernel
-  (gather.py), timed the same way: gather_tbps, what the layout allows at all.
+  (gather.py), timed the same way: gather_tbps, a practical ceiling for that layout.
 Bandwidth = KV bytes (sum L x Hkv x D x 2 x bytes per element) / time. The measurement itself
 (batches, timing, the check) is harness.py's, shared with the peers.
 """
@@ -116,7 +116,7 @@ def bench_shape(shape: Shape, planners, batches: BatchCache, *, replays: int, co
             import torch
 
             torch.cuda.synchronize()
-    # what this batch's paged layout allows at all, by the same method (gather.py)
+    # a practical ceiling for this batch's paged layout, by the same method (gather.py)
     g_us = gather.gather_us(shape, b, replays)
     for r in records:
         r.update(gather_us=g_us, gather_tbps=shape.kv_bytes / g_us / 1e6)

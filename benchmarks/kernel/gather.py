@@ -4,8 +4,9 @@ The streaming-read ceiling (harness.read_ceiling_tbps) reads one contiguous buff
 pages scattered through a pool, a few KB each (page 16 of fp8 hd256: 4 KB of K and 4 KB of V), and that alone
 streams slower (KERNEL.md: ~3.8 TB/s against 4.5 on an H200). This kernel reads exactly the bytes an
 attention kernel must (every row < L of every page of K and V, nothing else) and sums them, so that the bench can
-give each row's bandwidth as a share of what this batch's layout allows at all, measured in the same run by the
-same method (cold L2, one graph over the R replicas).
+give each row's bandwidth as a share of a practical ceiling for this batch's layout, measured in the same run by
+the same method (cold L2, one graph over the R replicas). A practical ceiling, not a bound: a cleverer reader
+(the copy engine, more bytes in flight) may stream faster.
 """
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ def _cell(r: dict | None) -> str:
             e.split(":")[0]
     ceil = r.get("read_ceiling_tbps")
     pct = f", {100 * r['tbps'] / ceil:.0f}%" if ceil else ""
-    if r.get("gather_tbps"):  # vattn's rows: also the share of what the batch's paged layout allows (gather.py)
+    if r.get("gather_tbps"):  # vattn's rows: also the share of its paged layout's gather ceiling (gather.py)
         pct += f", {100 * r['tbps'] / r['gather_tbps']:.0f}% of gather"
     over = "" if r.get("within_tolerance", True) else " **over tolerance**"
     return f"{r['us']:.1f} ({r['tbps']:.2f}{pct}; err {r['rel_err']:.0e}{over})"
