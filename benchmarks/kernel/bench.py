@@ -116,8 +116,13 @@ def bench_shape(shape: Shape, planners, batches: BatchCache, *, replays: int, co
             import torch
 
             torch.cuda.synchronize()
-    # a practical ceiling for this batch's paged layout, by the same method (gather.py)
-    g_us = gather.gather_us(shape, b, replays)
+    # a practical ceiling for this batch's paged layout, by the same method (gather.py); a reference, so its
+    # failure must not lose vattn's rows
+    try:
+        g_us = gather.gather_us(shape, b, replays)
+    except Exception as exc:
+        print(f"gather ceiling on {shape.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return records
     for r in records:
         r.update(gather_us=g_us, gather_tbps=shape.kv_bytes / g_us / 1e6)
     return records

@@ -68,3 +68,28 @@ def test_the_gather_ceiling_kernel_on_a_gpu():
         gather.gather_sums(shape, b, 1, got)
         assert got.tolist() == gather.reference_sums(shape, b, 1), shape.name
         assert gather.gather_us(shape, b, 3) > 0
+
+
+def test_a_failing_gather_ceiling_keeps_vattns_rows(monkeypatch, capsys):
+    """The ceiling is a reference: when it fails, the shape's vattn rows stay, without its fields. The planners'
+    timing (GPU only) is stubbed; bench_shape's own bookkeeping runs."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("triton")
+    from benchmarks.kernel import bench, gather
+
+    def broken(shape, b, replays):
+        raise RuntimeError("no gather today")
+
+    plan = SimpleNamespace(tensors={"num_items": SimpleNamespace(item=lambda: 128)})
+    times = dict(us=1.0, plan_us=0.1, main_us=0.8, reduce_us=0.1, layer_us=0.9)
+    monkeypatch.setattr(gather, "gather_us", broken)
+    monkeypatch.setattr(bench, "_time_planner", lambda shape, mode, b, ws, replays: (times, lambda: plan))
+    monkeypatch.setattr(bench, "_workspace", lambda shape, b, config: SimpleNamespace(
+        slots=132, programs_per_sm=1, kernel_info={}, config=SimpleNamespace()))
+    monkeypatch.setattr(bench, "_backend_name", lambda ws, b: "triton")
+    batch = SimpleNamespace(device="cpu", replicas=4, l2_cold=True)
+    shape = bench.select("16x35k")[0]
+    recs = bench.bench_shape(shape, ["balanced"], SimpleNamespace(get=lambda s: batch), replays=1, check=False)
+    assert [r["planner"] for r in recs] == ["balanced"] and "gather_tbps" not in recs[0]
+    assert "gather ceiling on 16x35k failed: RuntimeError: no gather today" in capsys.readouterr().err
