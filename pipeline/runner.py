@@ -155,7 +155,8 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
     proc, current = None, "server"
     try:
         proc, result = start_server(engine, a, host, arm, timeout_s=recipe.server.startup_timeout_s,
-                                    progress=say("server"))
+                                    progress=say("server"),
+                                    started=lambda p: manifest.note(a.name, "server", pid=getattr(p, "pid", None)))
         served_by = _served_by(result.info)
         job = {"slurm_job": proc.facts} if getattr(proc, "facts", None) is not None else {}
         if job:

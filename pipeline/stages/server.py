@@ -105,23 +105,26 @@ def served_url(proc: Process, planned: str) -> str:
 
 
 def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, timeout_s: float,
-                 progress=lambda msg: None) -> tuple[Process, ServerResult]:
-    """Start the server and wait for health. The caller stops the returned process."""
+                 progress=lambda msg: None, started=lambda proc: None) -> tuple[Process, ServerResult]:
+    """Start the server and wait for health. The caller stops the returned process. `started(proc)` runs as soon
+    as the process exists (the runner records its pid, so that a resume can stop a server a kill left behind).
+    Until this returns, anything that goes wrong, a SIGTERM's KeyboardInterrupt included, stops the server."""
     if port_in_use(host, arm_run.port):
         raise ServerError(f"server.port: port {arm_run.port} on host {arm_run.host!r} is in use; pick a free "
                           f"port in the recipe or stop what listens there")
     log = f"{arm_run.artifact_dir}/server.log"
     proc = host.start(arm_run.argv, env=arm_run.env, log=log)
-    url = served_url(proc, arm_run.url)
     try:
+        started(proc)
+        url = served_url(proc, arm_run.url)
         waited = wait_healthy(proc, host, url + engine.health_path, log, timeout_s, progress)
+        info = fetch_info(engine, url)
+        write_json_atomic(arm.server_info, info)
     except BaseException:
         proc.stop()
         if host.name != "local":
             host.get(log, arm.server_log)
         raise
-    info = fetch_info(engine, url)
-    write_json_atomic(arm.server_info, info)
     return proc, ServerResult(url=url, command=arm_run.command_line, host=arm_run.host,
                               gpus=list(arm_run.gpus), startup_s=round(waited, 2), info=info)
 

@@ -60,3 +60,61 @@ def test_existing_run_dir_is_never_overwritten(tmp_path):
     p = _run(_recipe(tmp_path, _free_port(), {}), out)
     assert p.returncode != 0 and "already exists and is not empty" in p.stderr
     assert (out / "keep.txt").read_text() == "x"
+
+
+def _start(tmp_path, monkeypatch, where: str):
+    """start_server on a real emulator process with a KeyboardInterrupt (what SIGTERM raises in the runner) at
+    `where`: "started" (just after the process exists) or "info" (after it answered healthy)."""
+    from pipeline.config.recipe import load_recipe
+    from pipeline.engines import get_engine
+    from pipeline.hosts import LocalHost
+    from pipeline.paths import RunPaths
+    from pipeline.plan import build_plan
+    from pipeline.stages import server
+
+    recipe = load_recipe(_recipe(tmp_path, _free_port(), {}))
+    plan = build_plan(recipe, tmp_path / "run")
+    a = plan.arm_runs[0]
+    Path(a.artifact_dir).mkdir(parents=True, exist_ok=True)
+    procs = []
+
+    def started(proc):
+        procs.append(proc)
+        if where == "started":
+            raise KeyboardInterrupt("signal 15")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("signal 15")
+
+    if where == "info":
+        monkeypatch.setattr(server, "write_json_atomic", interrupted)
+    try:
+        server.start_server(get_engine(recipe.engine), a, LocalHost(), RunPaths(Path(plan.run_dir)).arm(a.name),
+                            timeout_s=60, started=started)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt did not surface")
+    return procs, a.port
+
+
+def test_an_interrupt_while_the_server_starts_stops_it(tmp_path, monkeypatch):
+    """A SIGTERM between the server's start and start_server's return (here: once it answered healthy, and just
+    after it started) must not leave it running: a resume would find its port taken (CI, 2026-12-02)."""
+    for where in ("info", "started"):
+        (tmp_path / where).mkdir()
+        procs, port = _start(tmp_path / where, monkeypatch, where)
+        assert len(procs) == 1 and procs[0].poll() is not None, where  # stopped, not left running
+        with socket.socket() as s:  # and its port is free again
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+
+
+def test_the_runner_records_the_servers_pid_as_it_starts(tmp_path):
+    """The manifest names the server's process from its start, not only once healthy: a resume stops a server
+    that a killed run left behind by that pid (runner._kill_leftover)."""
+    p = _run(_recipe(tmp_path, _free_port(), {"max_running_requests": 0}), tmp_path / "run")
+    assert p.returncode == 1
+    manifest = yaml.safe_load((tmp_path / "run" / "manifest.json").read_text())
+    entry = manifest["stages"]["off"]["server"]
+    assert entry["status"] == "failed" and isinstance(entry["pid"], int)
