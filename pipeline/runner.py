@@ -81,20 +81,40 @@ def check_same_gpu_models(stages: dict, arm_run: str, job: dict) -> None:
 
 
 def _kill_leftover(manifest: Manifest, arm_run: ArmRun) -> None:
-    """A server left running by a killed run would hold the port: stop it if it is still ours."""
+    """A server left running by a killed run would hold the port: stop it if it is still ours. Ours: the
+    manifest's pid running the arm's command, or any process writing to the arm's own server log (a kill can
+    land between the server's start and the manifest's record of it)."""
+    if arm_run.host != "local":
+        return
+    pids = set(_writing_to(f"{arm_run.artifact_dir}/server.log"))
     pid = manifest.stage(arm_run.name, "server").get("pid")
-    if not pid or arm_run.host != "local":
-        return
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+        if pid and Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1] == list(arm_run.argv):
+            pids.add(pid)  # (the pid may have been reused by an unrelated process)
     except OSError:
-        return
-    if argv == list(arm_run.argv):  # the pid may have been reused by an unrelated process
+        pass
+    for p in pids:
         try:
-            os.killpg(pid, signal.SIGKILL)
+            group = os.getpgid(p)
+            if group != os.getpgrp():  # LocalHost starts servers in their own session; never our own group
+                os.killpg(group, signal.SIGKILL)  # a server forks workers: its whole group
         except ProcessLookupError:
             pass
+    if pids:
         time.sleep(0.5)
+
+
+def _writing_to(log: str) -> list[int]:
+    """Local processes whose stdout is this file (how LocalHost starts a server), read from /proc."""
+    target = os.path.realpath(log)
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(d / "fd" / "1") == target:
+                found.append(int(d.name))
+        except OSError:  # gone, or not ours to look at
+            continue
+    return found
 
 
 def _pending(plan: RunPlan, manifest: Manifest, a: ArmRun) -> list[str]:

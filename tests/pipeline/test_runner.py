@@ -15,9 +15,9 @@ from pipeline.config.recipe import load_recipe
 TRACE = str(Path(__file__).resolve().parents[2] / "recipes/data/traces/quickstart")
 
 
-def _arm_run(argv: tuple[str, ...]) -> ArmRun:
+def _arm_run(argv: tuple[str, ...], artifact_dir: str = "/tmp") -> ArmRun:
     return ArmRun(name="on", arm="on", round=1, group=1, host="local", gpus=(), port=1, url="http://x",
-                  env={}, argv=argv, artifact_dir="/tmp", local_dir="/tmp")
+                  env={}, argv=argv, artifact_dir=artifact_dir, local_dir=artifact_dir)
 
 
 def test_resume_stops_a_server_left_by_a_killed_run_and_nothing_else(tmp_path):
@@ -40,6 +40,25 @@ def test_resume_stops_a_server_left_by_a_killed_run_and_nothing_else(tmp_path):
     assert other.poll() is None
     other.stop(grace_s=1)
     ours.stop(grace_s=1)
+
+
+def test_resume_stops_a_server_the_manifest_never_named_by_its_log(tmp_path):
+    """A kill between a server's start and the manifest's record of its pid: the server writing to the arm's
+    own server log is stopped; one writing to another run's log is not."""
+    from pipeline.runner import _kill_leftover
+
+    sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    ours = LocalHost().start(sleeper, env={}, log=str(tmp_path / "ours/server.log"))
+    theirs = LocalHost().start(sleeper, env={}, log=str(tmp_path / "theirs/server.log"))
+    manifest = Manifest(tmp_path / "manifest.json", {"stages": {"on": {"server": {"status": "failed"}}}})
+    time.sleep(0.3)
+
+    _kill_leftover(manifest, _arm_run(sleeper, artifact_dir=str(tmp_path / "ours")))
+    time.sleep(0.3)
+    assert ours.poll() is not None and theirs.poll() is None
+    theirs.stop(grace_s=1)
 
 
 def _plan_and_manifest(tmp_path, mode: str, stages: dict):
