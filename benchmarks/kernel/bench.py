@@ -116,15 +116,16 @@ def bench_shape(shape: Shape, planners, batches: BatchCache, *, replays: int, co
             import torch
 
             torch.cuda.synchronize()
-    # a practical ceiling for this batch's paged layout, by the same method (gather.py); a reference, so its
-    # failure must not lose vattn's rows
-    try:
-        g_us = gather.gather_us(shape, b, replays)
-    except Exception as exc:
-        print(f"gather ceiling on {shape.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return records
+    # a practical ceiling for this batch's paged layout, by the same method (gather.py), measured once per batch
+    # (a sweep times many configs on one); a reference, so its failure must not lose vattn's rows
+    if b.gather_us is None:
+        try:
+            b.gather_us = gather.gather_us(shape, b, replays)
+        except Exception as exc:
+            print(f"gather ceiling on {shape.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return records
     for r in records:
-        r.update(gather_us=g_us, gather_tbps=shape.kv_bytes / g_us / 1e6)
+        r.update(gather_us=b.gather_us, gather_tbps=shape.kv_bytes / b.gather_us / 1e6)
     return records
 
 

@@ -84,6 +84,7 @@ class Batch:
         self.k_descale = torch.tensor([0.9], device=device) if fp8 else None
         self.v_descale = torch.tensor([1.1], device=device) if fp8 else None
         self.scale = 1.0 / math.sqrt(d)
+        self.gather_us: float | None = None  # benchmarks.kernel.gather's ceiling of this batch, once measured
 
     def _table(self, shape: Shape, pages: list[int], ids):
         """[B, max pages] int32: sequence b's pages, taken in order from this replica's slice of the permutation."""

@@ -88,7 +88,7 @@ def test_a_failing_gather_ceiling_keeps_vattns_rows(monkeypatch, capsys):
     monkeypatch.setattr(bench, "_workspace", lambda shape, b, config: SimpleNamespace(
         slots=132, programs_per_sm=1, kernel_info={}, config=SimpleNamespace()))
     monkeypatch.setattr(bench, "_backend_name", lambda ws, b: "triton")
-    batch = SimpleNamespace(device="cpu", replicas=4, l2_cold=True)
+    batch = SimpleNamespace(device="cpu", replicas=4, l2_cold=True, gather_us=None)
     shape = bench.select("16x35k")[0]
     recs = bench.bench_shape(shape, ["balanced"], SimpleNamespace(get=lambda s: batch), replays=1, check=False)
     assert [r["planner"] for r in recs] == ["balanced"] and "gather_tbps" not in recs[0]
