@@ -34,6 +34,12 @@ for shape in shapes:
     got = torch.full((shape.batch, gather.chunks(shape)), 12345, dtype=torch.int32)
     gather.gather_sums(shape, b, r, got)
     out[shape.name] = dict(got=got.tolist(), want=gather.reference_sums(shape, b, r), chunks=gather.chunks(shape))
+# the same reads cut into programs of 3 pages, on 2 warps
+shape = shapes[-1]
+b = harness.Batch(shape, "cpu")
+got = torch.full((shape.batch, gather.chunks(shape, 3)), 12345, dtype=torch.int32)
+gather.gather_sums(shape, b, 0, got, pages_per_program=3, num_warps=2)
+out["gather-chunks-3"] = dict(got=got.tolist(), want=gather.reference_sums(shape, b, 0, 3), chunks=gather.chunks(shape, 3))
 print(json.dumps(out))
 """
 
@@ -45,8 +51,9 @@ def test_the_gather_ceiling_reads_each_sequences_rows_through_its_page_table():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(res) == {"tiny-fp8", "tiny-fp16-page1", "gather-chunks"}
+    assert set(res) == {"tiny-fp8", "tiny-fp16-page1", "gather-chunks", "gather-chunks-3"}
     assert res["gather-chunks"]["chunks"] == 3  # 300 tokens: 19 pages of 16, over programs of 8 pages
+    assert res["gather-chunks-3"]["chunks"] == 7  # ... over programs of 3 pages
     for name, r in res.items():
         assert r["got"] == r["want"], name
         assert any(v != 0 for row in r["want"] for v in row), name  # the sums are of real data, not zeros
@@ -68,6 +75,18 @@ def test_the_gather_ceiling_kernel_on_a_gpu():
         gather.gather_sums(shape, b, 1, got)
         assert got.tolist() == gather.reference_sums(shape, b, 1), shape.name
         assert gather.gather_us(shape, b, 3) > 0
+
+
+def test_program_shapes_cut_the_longest_sequence_as_asked():
+    from benchmarks.kernel import gather
+    from benchmarks.kernel.shapes import select
+
+    shape = select("16x35k")[0]  # 35,000 tokens: 2188 pages of 16
+    assert gather.program_shapes(shape, [8, 32], [8, 1]) == [8, 32, 274, 2188]
+    with pytest.raises(SystemExit, match="--warps: got '4,x'; allowed: comma-separated positive integers"):
+        gather.main(["--warps", "4,x"])
+    with pytest.raises(SystemExit, match="--pages-per-program: got '0'"):
+        gather.main(["--pages-per-program", "0"])
 
 
 def test_a_failing_gather_ceiling_keeps_vattns_rows(monkeypatch, capsys):
