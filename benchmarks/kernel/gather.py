@@ -145,20 +145,23 @@ def main(argv=None) -> int:
     batches = harness.BatchCache("cuda")
     records = []
     for shape in select(a.shapes):
-        b = batches.get(shape)
         for pages in program_shapes(shape, per_program, per_sequence):
             for nw in warps:
-                us = gather_us(shape, b, a.replays, pages, nw)
                 rec = dict(shape=shape.name, pages_per_program=pages, programs=shape.batch * chunks(shape, pages),
-                           num_warps=nw, us=us, tbps=shape.kv_bytes / us / 1e6)
+                           num_warps=nw)
+                try:
+                    rec["us"] = gather_us(shape, batches.get(shape), a.replays, pages, nw)
+                    rec["tbps"] = shape.kv_bytes / rec["us"] / 1e6
+                except Exception as e:  # keep the other rows
+                    rec["error"] = f"{type(e).__name__}: {e}"
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
+                with open(a.out, "w") as f:  # after every row: a crash keeps the rows before it
+                    json.dump(records, f, indent=1)
     print(f"{'shape':24s} {'pages/program':>13s} {'programs':>8s} {'warps':>5s} {'us':>8s} {'TB/s':>5s}")
     for r in records:
-        print(f"{r['shape']:24s} {r['pages_per_program']:13d} {r['programs']:8d} {r['num_warps']:5d} "
-              f"{r['us']:8.1f} {r['tbps']:5.2f}")
+        timing = f"{r['us']:8.1f} {r['tbps']:5.2f}" if "us" in r else f"error: {r['error'][:200]}"
+        print(f"{r['shape']:24s} {r['pages_per_program']:13d} {r['programs']:8d} {r['num_warps']:5d} {timing}")
     return 0
 
 

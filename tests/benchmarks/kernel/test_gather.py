@@ -89,6 +89,26 @@ def test_program_shapes_cut_the_longest_sequence_as_asked():
         gather.main(["--pages-per-program", "0"])
 
 
+def test_the_gather_cli_keeps_every_row_when_one_fails(tmp_path, monkeypatch):
+    """A failing program shape is a row with its error; the others are timed and every row is on disk."""
+    from benchmarks.kernel import gather
+
+    def timed(shape, b, replays, pages, warps):
+        if pages == 32:
+            raise RuntimeError("out of memory")
+        return 100.0
+
+    monkeypatch.setattr(gather, "gather_us", timed)
+    monkeypatch.setattr(gather.harness, "BatchCache", lambda device: {})
+    out = tmp_path / "g.json"
+    gather.main(["--shapes", "16x35k", "--pages-per-program", "8,32", "--programs-per-sequence", "8",
+                 "--out", str(out)])
+    rows = json.loads(out.read_text())
+    assert [(r["pages_per_program"], "error" in r) for r in rows] == [(8, False), (32, True), (274, False)]
+    assert rows[1]["error"] == "RuntimeError: out of memory" and rows[0]["tbps"] == pytest.approx(
+        286_720_000 / 100.0 / 1e6)
+
+
 def test_a_failing_gather_ceiling_keeps_vattns_rows(monkeypatch, capsys):
     """The ceiling is a reference: when it fails, the shape's vattn rows stay, without its fields. The planners'
     timing (GPU only) is stubbed; bench_shape's own bookkeeping runs."""
