@@ -90,6 +90,16 @@ def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monke
     assert "C7513" not in report and "serialized" not in report, report
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_head_dim_256_on_128_token_tiles_builds_the_tma_kernel_alone(tmp_path, monkeypatch):
+    # a measurement build (S on m64n128k32, one fp16 V stage beside 2 slots of 64 KB): it must build, within one
+    # CTA's shared memory, without serialised wgmmas; its few spilled registers are what it is measured with
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16, K8=1, BLOCK_N=128))).read_text()
+    assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
+    assert "C7513" not in report and "serialized" not in report, report
+
+
 def test_tma_map_layout_is_one_page_of_one_head_innermost_first():
     torch = pytest.importorskip("torch")
     # [num_pages, PAGE, Hkv, D] e4m3, and the same cache seen through a layer-interleaved buffer (page stride 2x)

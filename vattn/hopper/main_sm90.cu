@@ -62,7 +62,9 @@
 
 static_assert(BLOCK_N % PAGE == 0 || PAGE % BLOCK_N == 0, "a tile covers whole pages or lies in one");
 static_assert(HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 128 or 256");
-static_assert(BLOCK_N == 64 || (BLOCK_N == 128 && HEAD_DIM == 128), "64-token tiles, or 128 at head_dim 128");
+// 128-token tiles build the TMA kernels alone: at head_dim 128 the default, at head_dim 256 a measurement build
+// (S on m64n128k32 e4m3, half the instructions a token; ptxas spills ~40 bytes there, benchmarks/NOTES.md)
+static_assert(BLOCK_N == 64 || BLOCK_N == 128, "64- or 128-token tiles");
 
 // Byte offset of element (row, col) of a [rows][HEAD_DIM] fp16 tile stored as NREGIONS regions of
 // [rows][64]: 128-byte rows, 16-byte chunks XOR-swizzled by row % 8 (wgmma's 128B swizzle; regions are
@@ -177,7 +179,7 @@ __device__ __forceinline__ void load_pages(int (&pg)[TILE_PAGES], const int* bt_
 }
 
 // vattn_main_sm90's producer (head_dim 256 only; the kernel itself is further below)
-#if HEAD_DIM == 256
+#if HEAD_DIM == 256 && BLOCK_N == 64
 // The producer warpgroup works in two halves of 64 threads: half j fills stage j with tiles j, j + 2, ...
 // A half's loads of its next tile are issued only after its fence: fence.proxy.async is a MEMBAR, which
 // waits for every memory access the thread has in flight, prefetched loads included. The two halves keep
@@ -240,7 +242,7 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
   }
 }
 
-#endif  // HEAD_DIM == 256
+#endif  // HEAD_DIM == 256 && BLOCK_N == 64
 
 // The parameters every kernel takes after Q and its caches, in the order vattn/hopper/build.py's bind passes them:
 // the page table and lengths, the descales and scale, the plan's work items, the partials and out, V's descriptor.
@@ -631,7 +633,7 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
 }
 
 
-#if HEAD_DIM == 256
+#if HEAD_DIM == 256 && BLOCK_N == 64
 extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
     const uint8_t* k, int64_t skp, int64_t sks, int64_t skh,
@@ -752,7 +754,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   next_kernel_may_launch();
   store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
 }
-#endif  // HEAD_DIM == 256
+#endif  // HEAD_DIM == 256 && BLOCK_N == 64
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -806,8 +808,8 @@ static_assert(K8_CONSUMERS == 1 || (K8_CONSUMERS == 2 && HEAD_DIM == 128), "a se
 #ifndef K8_RAW_SLOTS
 #define K8_RAW_SLOTS (K8_CONSUMERS > 1 ? 3 : 4 * 256 * 64 / (HEAD_DIM * BLOCK_N))  // 128 KB of K and V in flight
 #endif
-#ifndef K8_VSTAGES
-#define K8_VSTAGES STAGES                 // fp16 V stages
+#ifndef K8_VSTAGES  // fp16 V stages: one at head_dim 256 on 128-token tiles (64 KB, beside 2 slots of 64 KB)
+#define K8_VSTAGES (HEAD_DIM * BLOCK_N > 256 * 64 ? 1 : STAGES)
 #endif
 // K8_CPASYNC=1 (opt-in, for measuring whether TMA's count of small copies bounds the stream): the copy warp's 32
 // lanes gather each tile with 16-byte cp.async instead of one thread's TMA copies (K written in the layout TMA's
