@@ -5,12 +5,19 @@ one H200 invocation: correctness against vattn.reference through vattn's reduce,
 
 The Hopper kernels run one CTA per SM (160 KB of shared memory; k8: 225 KB), so their plan is balanced for 132
 slots per KV head; the Triton kernel keeps its own plan (2 programs per SM). Both are timed like the bench: CUDA-graph
-replays over L2-cold replicas of the KV pool."""
+replays over L2-cold replicas of the KV pool.
+
+Identical builds can drift apart by several percent within one run on the long batches (benchmarks/NOTES.md
+P45), so `--rounds R` times the variants R times in alternating order (forward, then backward) and records each
+variant's median over the rounds, with every round's time beside it.
+
+    python -m benchmarks.kernel.hopper_proto --shapes 16x35k --variants "a:K8=1;b:K8=1,BLOCK_N=128" --rounds 3"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -29,10 +36,25 @@ def _plan_tensors(shape, slots: int, device: str, overhead: int):
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
 
 
+def alternating_rounds(names: list, rounds: int) -> list:
+    """The order in which `rounds` rounds time the variants: forward, backward, forward, ... so that a drift over
+    the run weighs on every variant alike."""
+    return [name for r in range(rounds) for name in (names if r % 2 == 0 else names[::-1])]
+
+
+def time_in_rounds(timers: dict, rounds: int) -> dict:
+    """name -> every round's time of timers[name]() (a callable returning us), in alternating_rounds' order."""
+    times = {name: [] for name in timers}
+    for name in alternating_rounds(list(timers), rounds):
+        times[name].append(timers[name]())
+    return times
+
+
 def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
-              reduce_variants: dict | None = None, chain: bool = False, overhead: int | None = None) -> dict:
+              reduce_variants: dict | None = None, chain: bool = False, overhead: int | None = None,
+              rounds: int = 1) -> dict:
     """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with);
-    reduce_variants: name -> launch_reduce keyword arguments (ints)."""
+    reduce_variants: name -> launch_reduce keyword arguments (ints); rounds: alternating_rounds of the timing."""
     import torch
 
     import vattn
@@ -60,12 +82,12 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
                         skip_whole=True)
 
     per = lambda fn: harness.timed_graph(fn, replays) / b.replicas
-    kernels = {}
+    kernels, timers = {}, {}
     for name, defines in variants.items():
         kern = kernels[name] = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
 
-        def hopper(r, v_lbo, v_sbo, plan=plan):  # an ordinary launch: as a programmatic dependent, each replica's
-            # kernel would start in the tail of the one before
+        def hopper(r, v_lbo, v_sbo, kern=kern):  # an ordinary launch: as a programmatic dependent, each replica's
+            # kernel would start in the tail of the one before (kern bound now: it is timed after the loop)
             kern.launch(*b.attention_args(r), plan, o_part, lse_part, b.out, v_lbo=v_lbo, v_sbo=v_sbo, pdl=False)
 
         for lbo, sbo in descriptors:  # which reading of the MN-major V descriptor is right shows here
@@ -76,12 +98,21 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             torch.cuda.synchronize()
             rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
         lbo, sbo = descriptors[0]
-        rec[f"hopper_main_us_{name}"] = per(lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
-        if "PROFILE_STAMPS" in defines:  # the last replay's CTAs, stage by stage
-            rec[f"stamps_{name}"] = read_stamps(kern)
+        timers[name] = lambda hopper=hopper, lbo=lbo, sbo=sbo: per(
+            lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
+    for name, times in time_in_rounds(timers, rounds).items():
+        rec[f"hopper_main_us_{name}"] = statistics.median(times)
+        if rounds > 1:
+            rec[f"rounds_us_{name}"] = times
+        if "PROFILE_STAMPS" in variants[name]:  # the kernel's last launch's CTAs, stage by stage
+            rec[f"stamps_{name}"] = read_stamps(kernels[name])
+    lbo, sbo = descriptors[0]
+    for name in variants:
         for spm in slots_per_sm[1:]:  # the same build on a plan for more CTAs than SMs (timed only)
-            rec[f"hopper_main_us_{name}@{spm}perSM"] = per(
-                lambda: [hopper(r, lbo, sbo, plans[spm]) for r in range(b.replicas)])
+            kern = kernels[name]
+            rec[f"hopper_main_us_{name}@{spm}perSM"] = per(lambda: [
+                kern.launch(*b.attention_args(r), plans[spm], o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo,
+                            pdl=False) for r in range(b.replicas)])
     rec["hopper_main_us"] = best_main_us(rec, variants, descriptors[0], shape.kv_dtype)
     rec["hopper_reduce_us"] = per(lambda: [reduce() for _ in range(b.replicas)])
     if reduce_variants:  # the reduce's launch shapes, on the first variant's partials (checked, then timed)
@@ -224,8 +255,12 @@ def main(argv=None) -> int:
                     "launched as a programmatic dependent and not (each variant without a timing-only PROFILE_ switch)")
     ap.add_argument("--overhead", type=int, default=None, help="the balanced plan's piece overhead in tiles "
                     "(default: the Hopper backend's for the shape's KV dtype)")
+    ap.add_argument("--rounds", type=int, default=1, help="time the variants this many times, in alternating order; "
+                    "each variant's time is its median over the rounds")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error(f"--rounds: got {a.rounds}; allowed: an integer >= 1")
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
     reduce_variants = {n: {k: int(v) for k, v in kw.items()} for n, kw in _variants(a.reduce_variants).items()}
     batches = harness.BatchCache("cuda")
@@ -234,7 +269,7 @@ def main(argv=None) -> int:
         try:
             rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
                             tuple(int(x) for x in a.slots_per_sm.split(",")), reduce_variants,
-                            a.chain, a.overhead)
+                            a.chain, a.overhead, a.rounds)
         except Exception as e:  # keep the other shapes' rows
             rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")
         records.append(rec)

@@ -1,6 +1,8 @@
 """benchmarks.kernel.hopper_proto's choice of the best Hopper time: timing-only builds and wrong outputs never count."""
 
-from benchmarks.kernel.hopper_proto import _variants, best_main_us
+import pytest
+
+from benchmarks.kernel.hopper_proto import _variants, alternating_rounds, best_main_us, main, time_in_rounds
 
 
 def _rec(**variants):
@@ -26,3 +28,18 @@ def test_best_skips_profile_builds_and_out_of_tolerance_outputs():
 def test_best_is_none_when_nothing_counts():
     variants = _variants("noload:PROFILE_NO_LOAD=1")
     assert best_main_us(_rec(noload=(70.0, 1e-3, False)), variants, (8192, 1024), "fp8") is None
+
+
+def test_rounds_alternate_so_that_a_drift_weighs_on_every_variant_alike():
+    assert alternating_rounds(["a", "b", "c"], 1) == ["a", "b", "c"]
+    assert alternating_rounds(["a", "b", "c"], 3) == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    # a GPU that slows by 1 us a measurement: a steady 10 us build and its twin get the same median
+    clock = iter(range(100))
+    times = time_in_rounds({"a": lambda: 10 + next(clock), "b": lambda: 10 + next(clock)}, 4)
+    assert times == {"a": [10, 13, 14, 17], "b": [11, 12, 15, 16]}
+    assert sorted(times["a"])[1:3] == [13, 14] and sorted(times["b"])[1:3] == [12, 15]  # medians 13.5 both
+
+
+def test_rounds_below_one_are_refused():
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0"])
