@@ -224,7 +224,8 @@ class MainSm90:
             consumers = int(self.defines.get("K8_CONSUMERS", 1))
             raw = int(self.defines.get("K8_RAW_SLOTS", 3 if consumers > 1 else 4 * 256 * 64 // (head_dim * n)))
             vstages = int(self.defines.get("K8_VSTAGES", 1 if head_dim * n > 256 * 64 else STAGES))
-            merge = (head_dim // 2 + 4) * 128 * 4 if consumers > 1 else 0
+            # (head_dim 256 hands the state over in the slots and V stages, K8_MERGE_IN_SLOTS)
+            merge = (head_dim // 2 + 4) * 128 * 4 if consumers > 1 and head_dim == 128 else 0
             self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * n * head_dim + vstages * n * head_dim * 2 \
                 + 2 * raw * 8 + QROWS * 4 + merge
             self.threads = 128 * (1 + consumers)

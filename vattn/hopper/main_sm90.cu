@@ -788,23 +788,34 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // Shared memory (D = HEAD_DIM, N = BLOCK_N): Q hi and lo (2 x 64 x D bytes), K8_RAW_SLOTS e4m3 slots of K and V
 // (2 x N x D), K8_VSTAGES fp16 V stages (N x D x 2). hd256: 32 + 4 x 32 + 2 x 32 KB; hd128 with 128-token tiles:
 // 16 + 4 x 32 + 2 x 32 KB.
-// K8_CONSUMERS=2 (head_dim 128; opt-in while it is measured): two consumer warpgroups, warps 0-3 on the piece's
-// even tiles and warps 8-11 on its odd ones, each with its own running max, sums and O. Head_dim 128's consumer
-// is bound per tile by its dependent chain, not by a pipe (benchmarks/NOTES.md P31): this keeps two chains in
-// flight without halving the tile. Each fp16 V stage then serves one warpgroup. At the end the second hands its
-// state to the first through shared memory (K8_MERGE_FLOATS), and the first merges and stores. Shared memory
-// takes 3 e4m3 slots instead of 4, and setmaxnreg moves registers from the copy and widening warps to the
-// consumers (a CTA of 384 threads starts at 168 a thread).
+// K8_CONSUMERS=2 (the default at head_dim 128; a measurement build at 256): two consumer warpgroups, warps 0-3
+// on the piece's even tiles and warps 8-11 on its odd ones, each with its own running max, sums and O. Head_dim
+// 128's consumer is bound per tile by its dependent chain, not by a pipe (benchmarks/NOTES.md P31): this keeps two
+// chains in flight without halving the tile. The fp16 V stages alternate between the warpgroups (one each by
+// default; with one each, the widening warps, which take the tiles in order, cannot get a warpgroup's next V
+// ready before its last P.V is done). At the end the second hands its state to the first through shared memory
+// (K8_MERGE_FLOATS), and the first merges and stores. Shared memory takes 3 e4m3 slots instead of 4, and
+// setmaxnreg moves registers from the copy and widening warps to the consumers (a CTA of 384 threads starts at
+// 168 a thread).
 #ifndef K8_CONSUMERS
 #define K8_CONSUMERS 1
 #endif
 #define K8_THREADS (128 * (1 + K8_CONSUMERS))
-// 128 x 104 + 256 x 200 = 384 x 168, the registers the CTA starts with. ptxas: no spills; the widening warps spill
-// at 88 (their loads in flight), the consumers serialise their wgmmas at 176
-#define K8_PRODUCER_REGS 104
-#define K8_CONSUMER_REGS 200
+// Registers a thread after setmaxnreg: producer x 128 + consumer x 256 = 384 x 168, what the CTA starts with.
+// Head_dim 128: 104 / 200 (ptxas: no spills; the widening warps spill at 88 with all their loads in flight, the
+// consumers serialise their wgmmas at 176). Head_dim 256, whose O alone is 128 registers a thread: 56 / 224, the
+// widening then converting K8_WIDEN_BATCH vectors at a time
+#ifndef K8_PRODUCER_REGS
+#define K8_PRODUCER_REGS (HEAD_DIM == 256 ? 56 : 104)
+#endif
+#ifndef K8_CONSUMER_REGS
+#define K8_CONSUMER_REGS (HEAD_DIM == 256 ? 224 : 200)
+#endif
+static_assert(K8_PRODUCER_REGS * 128 + K8_CONSUMER_REGS * 256 <= 384 * 168, "setmaxnreg within the CTA's registers");
 #define K8_MERGE_FLOATS (K8_CONSUMERS > 1 ? (O_REGS + 4) * 128 : 0)  // O, m0, m1, l0, l1 of each thread
-static_assert(K8_CONSUMERS == 1 || (K8_CONSUMERS == 2 && HEAD_DIM == 128), "a second consumer at head_dim 128");
+// Head_dim 256's hand-over (66 KB) has no room of its own: it goes where the slots and V stages were, past the
+// staged result, once both warpgroups' loops are done (K8_BAR_LOOPS)
+#define K8_MERGE_IN_SLOTS (K8_CONSUMERS > 1 && HEAD_DIM == 256)
 #ifndef K8_RAW_SLOTS
 #define K8_RAW_SLOTS (K8_CONSUMERS > 1 ? 3 : 4 * 256 * 64 / (HEAD_DIM * BLOCK_N))  // 128 KB of K and V in flight
 #endif
@@ -823,7 +834,8 @@ static_assert(K8_CONSUMERS == 1 || (K8_CONSUMERS == 2 && HEAD_DIM == 128), "a se
 #define K8_BAR_CONSUMER (1 + 2 * K8_VSTAGES)
 #define K8_BAR_MERGE (2 + 2 * K8_VSTAGES)  // K8_CONSUMERS=2: the second warpgroup's state is in shared memory
 #define K8_BAR_STAGE (3 + 2 * K8_VSTAGES)  // STAGE_OUT: the first consumer warpgroup's staged result
-static_assert(K8_CONSUMERS == 1 || K8_VSTAGES == 2, "two consumers: one fp16 V stage each");
+#define K8_BAR_LOOPS (4 + 2 * K8_VSTAGES)  // K8_MERGE_IN_SLOTS: the first warpgroup is done with every slot
+static_assert(K8_CONSUMERS == 1 || K8_VSTAGES % 2 == 0, "two consumers: the fp16 V stages alternate between them");
 #define K8_TILE (BLOCK_N * HEAD_DIM)      // one e4m3 K or V tile
 #define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
 #define K8_VH (BLOCK_N * HEAD_DIM * 2)    // one fp16 V stage
@@ -832,7 +844,15 @@ static_assert(K8_CONSUMERS == 1 || K8_VSTAGES == 2, "two consumers: one fp16 V s
 static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one column");
 #define K8_SMEM (1024 + 2 * K8_Q + K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH + 2 * K8_RAW_SLOTS * 8 \
                  + QROWS * 4 \
-                 + K8_MERGE_FLOATS * 4)
+                 + (K8_MERGE_IN_SLOTS ? 0 : K8_MERGE_FLOATS * 4))
+// the staged result's rows, rounded to 1 KB: the hand-over starts past them (K8_MERGE_IN_SLOTS)
+#define K8_MERGE_OFFSET ((QROWS * (HEAD_DIM * 4 + 32) + 1023) / 1024 * 1024)
+static_assert(!K8_MERGE_IN_SLOTS || K8_MERGE_OFFSET + K8_MERGE_FLOATS * 4 <= K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH,
+              "the hand-over fits the slots and V stages");
+// widening: e4m3 vectors a thread loads before it converts them (all of them unless the registers are few)
+#ifndef K8_WIDEN_BATCH
+#define K8_WIDEN_BATCH (K8_CONSUMERS > 1 && K8_PRODUCER_REGS < 88 ? 4 : 16)
+#endif
 static_assert(K8_SMEM <= 227 * 1024, "shared memory of one CTA");
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
 // a page must be whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary): other page sizes build
@@ -961,8 +981,10 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
   uint64_t* raw_full = reinterpret_cast<uint64_t*>(sv + K8_VSTAGES * K8_VH);
   uint64_t* raw_empty = raw_full + K8_RAW_SLOTS;
   float* row_scale = reinterpret_cast<float*>(raw_empty + K8_RAW_SLOTS);
-#if K8_CONSUMERS > 1
-  float* merge = row_scale + QROWS;  // the second consumer warpgroup's state at the end
+#if K8_MERGE_IN_SLOTS
+  float* merge = reinterpret_cast<float*>(raw + K8_MERGE_OFFSET);  // the second consumer warpgroup's state at the end
+#elif K8_CONSUMERS > 1
+  float* merge = row_scale + QROWS;
 #endif
 
   STAMP_GLOBAL(0, 14);
@@ -1075,21 +1097,26 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       const int col = 16 * a + 128 * half, row0 = (wtid / 32) * R + 2 * pair + ((a >> 2) ^ swap);
       constexpr int ROW_STEP = K8_WIDEN / G, N_VEC = (BLOCK_N + ROW_STEP - 1) / ROW_STEP;
       static_assert(R % 2 == 0 && ROW_STEP % 2 == 0, "row pairs of opposite parity");
-      uint4 x[N_VEC];
+      constexpr int WB = K8_WIDEN_BATCH < N_VEC ? K8_WIDEN_BATCH : N_VEC;
 #pragma unroll
-      for (int j = 0; j < N_VEC; ++j) {
-        const int row = row0 + j * ROW_STEP;  // rows past the piece: zeros (never an e4m3 NaN pattern)
-        x[j] = row < rows_valid ? *reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col) : make_uint4(0, 0, 0, 0);
-      }
+      for (int j0 = 0; j0 < N_VEC; j0 += WB) {
+        uint4 x[WB];
 #pragma unroll
-      for (int j = 0; j < N_VEC; ++j) {
-        const int row = row0 + j * ROW_STEP;
-        if (row < BLOCK_N) {
-          uint4 lo, hi;
-          widen16(x[j], lo, hi);
-          char* sub = dst + (row / SUB_N) * (SUB_N * HEAD_DIM * 2);  // issue_pv's sub-tiles of 64 rows
-          *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col)) = lo;
-          *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col + 8)) = hi;
+        for (int j = j0; j < j0 + WB && j < N_VEC; ++j) {
+          const int row = row0 + j * ROW_STEP;  // rows past the piece: zeros (never an e4m3 NaN pattern)
+          x[j - j0] = row < rows_valid ? *reinterpret_cast<const uint4*>(src + row * HEAD_DIM + col)
+                                       : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = j0; j < j0 + WB && j < N_VEC; ++j) {
+          const int row = row0 + j * ROW_STEP;
+          if (row < BLOCK_N) {
+            uint4 lo, hi;
+            widen16(x[j - j0], lo, hi);
+            char* sub = dst + (row / SUB_N) * (SUB_N * HEAD_DIM * 2);  // issue_pv's sub-tiles of 64 rows
+            *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col)) = lo;
+            *reinterpret_cast<uint4*>(sub + swz(SUB_N, row % SUB_N, col + 8)) = hi;
+          }
         }
       }
 #endif
@@ -1226,6 +1253,10 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       [&](int i) { if (i + K8_VSTAGES < n_tiles) bar_arrive(K8_BAR_EMPTY_V + i % K8_VSTAGES, K8_BAR_COUNT); },
       [&](int i) { return sv_addr + (i % K8_VSTAGES) * K8_VH; }, wg);
 #if K8_CONSUMERS > 1
+#if K8_MERGE_IN_SLOTS  // the hand-over overwrites slots and V stages: only once the first warpgroup is done with them
+  if (wg == 0) bar_arrive(K8_BAR_LOOPS, 256);
+  else bar_sync(K8_BAR_LOOPS, 256);
+#endif
   if (wg == 1) {  // hand the state over (one column a thread: no bank conflicts) and leave
 #pragma unroll
     for (int j = 0; j < O_REGS; ++j) merge[j * 128 + ctid] = o[j];
@@ -1246,8 +1277,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
 #endif
   next_kernel_may_launch();
   STAMP(0, 16, 0);
-#if STAGE_OUT  // the raw slots are free: every tile's copies have landed and been read
-  static_assert(STAGE_BYTES <= K8_RAW_SLOTS * 2 * K8_TILE, "the staged result fits the raw slots");
+#if STAGE_OUT  // the raw slots and the V stages after them are free: every tile's copies have landed and been read
+  static_assert(STAGE_BYTES <= K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH, "the staged result fits the slots");
   store_result_staged(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane,
                       ctid, raw, K8_BAR_STAGE);
 #else
