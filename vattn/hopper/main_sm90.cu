@@ -846,12 +846,12 @@ static_assert(K8_WIDEN % (HEAD_DIM / 16) == 0, "a widening thread keeps one colu
                  + QROWS * 4 \
                  + (K8_MERGE_IN_SLOTS ? 0 : K8_MERGE_FLOATS * 4))
 // the staged result's rows, rounded to 1 KB: the hand-over starts past them (K8_MERGE_IN_SLOTS)
-#define K8_MERGE_OFFSET ((QROWS * (HEAD_DIM * 4 + 32) + 1023) / 1024 * 1024)
+#define K8_MERGE_OFFSET ((STAGE_BYTES + 1023) / 1024 * 1024)
 static_assert(!K8_MERGE_IN_SLOTS || K8_MERGE_OFFSET + K8_MERGE_FLOATS * 4 <= K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH,
               "the hand-over fits the slots and V stages");
 // widening: e4m3 vectors a thread loads before it converts them (all of them unless the registers are few)
 #ifndef K8_WIDEN_BATCH
-#define K8_WIDEN_BATCH (K8_CONSUMERS > 1 && K8_PRODUCER_REGS < 88 ? 4 : 16)
+#define K8_WIDEN_BATCH (K8_CONSUMERS > 1 && K8_PRODUCER_REGS < 88 ? 4 : 64)
 #endif
 static_assert(K8_SMEM <= 227 * 1024, "shared memory of one CTA");
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
