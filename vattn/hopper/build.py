@@ -18,8 +18,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("main_sm90.cu")
 CACHE = Path(os.environ.get("VATTN_CACHE", Path.home() / ".cache" / "vattn"))
-THREADS = 256
-QROWS, BLOCK_N, STAGES = 64, 64, 2  # as main_sm90.cu (BLOCK_N: its default tile)
+QROWS = 64  # as main_sm90.cu: the packed query rows of a CTA
 MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (the TMA kernels): one per (K, V) cache pair
 
 
@@ -212,25 +211,6 @@ class MainSm90:
         self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | dict(extra_defines or {})
         self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
         self.kv16 = name == "vattn_main_sm90_kv16"
-        self.threads = THREADS
-        if self.kv16:  # Q, bf16 K + V slots, 4 mbarriers a slot
-            tile = BLOCK_N * head_dim * 2
-            slots = int(self.defines.get("KV16_SLOTS", 128 * 1024 // (2 * tile)))
-            self.smem = 1024 + QROWS * head_dim * 2 + slots * 2 * tile + 4 * slots * 8
-            self.threads = 160  # the consumer warpgroup and the copy warp
-        elif self.tma:  # Q hi and lo, e4m3 K + V slots, fp16 V stages (2), 2 mbarriers a slot, 64 row scales
-            # (K8_CONSUMERS=2: a second consumer warpgroup, 3 slots, and its state handed over at the end)
-            n = int(self.defines.get("BLOCK_N", BLOCK_N))
-            consumers = int(self.defines.get("K8_CONSUMERS", 1))
-            raw = int(self.defines.get("K8_RAW_SLOTS", 3 if consumers > 1 else 4 * 256 * 64 // (head_dim * n)))
-            vstages = int(self.defines.get("K8_VSTAGES", 1 if head_dim * n > 256 * 64 else STAGES))
-            # (head_dim 256 hands the state over in the slots and V stages, K8_MERGE_IN_SLOTS)
-            merge = (head_dim // 2 + 4) * 128 * 4 if consumers > 1 and head_dim == 128 else 0
-            self.smem = 1024 + 2 * QROWS * head_dim + raw * 2 * n * head_dim + vstages * n * head_dim * 2 \
-                + 2 * raw * 8 + QROWS * 4 + merge
-            self.threads = 128 * (1 + consumers)
-        else:  # Q, K and V stages (fp16)
-            self.smem = 1024 + QROWS * head_dim * 2 + 2 * STAGES * BLOCK_N * head_dim * 2
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
         drv = _driver()
         image = compile_cubin(self.defines).read_bytes()
@@ -239,6 +219,12 @@ class MainSm90:
         drv.check(drv.lib.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
         drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, name.encode()),
                   "cuModuleGetFunction")
+        # the kernel's shared memory and threads, as its source computes them from the defines
+        shape, addr, size = (ctypes.c_int * 2)(), ctypes.c_uint64(), ctypes.c_size_t()
+        drv.check(drv.lib.cuModuleGetGlobal_v2(ctypes.byref(addr), ctypes.byref(size), self.module,
+                                               f"{name}_launch".encode()), "cuModuleGetGlobal")
+        drv.check(drv.lib.cuMemcpyDtoH_v2(shape, addr, ctypes.c_size_t(ctypes.sizeof(shape))), "cuMemcpyDtoH")
+        self.smem, self.threads = shape
         drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
 
     def launch(self, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,

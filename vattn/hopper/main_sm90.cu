@@ -613,12 +613,20 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   for (int i = first + STEP; i < n_tiles; i += STEP) {
     k_ready(i);
     wg_fence();
+#ifndef PROFILE_NO_S  // timing only: the consumer without its Q.K^T (softmax on the last scores)
     issue_s(sc, i);
+#endif
     wg_commit();
     rescale_o<LAZY>(o, alpha0, alpha1);
     v_ready(i - STEP);
+#ifndef PROFILE_NO_PV  // timing only: the consumer without its P.V
     issue_pv<BF16>(o, pa, v_addr(i - STEP), v_lbo, v_sbo);
+#endif
+#ifdef PROFILE_NO_PV
+    wg_wait0();
+#else
     wg_wait1();  // S(i) is complete (P(i - STEP).V runs on): K(i) is free
+#endif
     k_free(i);
     softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
     wg_wait0();  // P(i - STEP).V is complete: V(i - STEP) and the A fragments are free
@@ -634,6 +642,7 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
 
 
 #if HEAD_DIM == 256 && BLOCK_N == 64
+extern "C" __constant__ int vattn_main_sm90_launch[2] = {1024 + Q_BYTES + 2 * STAGES * TILE_BYTES, 256};
 extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
     const uint8_t* k, int64_t skp, int64_t sks, int64_t skh,
@@ -816,11 +825,14 @@ static_assert(K8_PRODUCER_REGS * 128 + K8_CONSUMER_REGS * 256 <= 384 * 168, "set
 // Head_dim 256's hand-over (66 KB) has no room of its own: it goes where the slots and V stages were, past the
 // staged result, once both warpgroups' loops are done (K8_BAR_LOOPS)
 #define K8_MERGE_IN_SLOTS (K8_CONSUMERS > 1 && HEAD_DIM == 256)
+#define K8_HD256_N64 (HEAD_DIM == 256 && BLOCK_N == 64 && K8_CONSUMERS == 1)  // the default head_dim-256 build
+// e4m3 K and V slots in flight: 96 KB at head_dim 256 on 64-token tiles, whose copies streamed faster with
+// fewer bytes in flight and whose kernel was fastest with three slots and three fp16 V stages (NOTES P50-P52)
 #ifndef K8_RAW_SLOTS
-#define K8_RAW_SLOTS (K8_CONSUMERS > 1 ? 3 : 4 * 256 * 64 / (HEAD_DIM * BLOCK_N))  // 128 KB of K and V in flight
+#define K8_RAW_SLOTS (K8_CONSUMERS > 1 || K8_HD256_N64 ? 3 : 4 * 256 * 64 / (HEAD_DIM * BLOCK_N))
 #endif
 #ifndef K8_VSTAGES  // fp16 V stages: one at head_dim 256 on 128-token tiles (64 KB, beside 2 slots of 64 KB)
-#define K8_VSTAGES (HEAD_DIM * BLOCK_N > 256 * 64 ? 1 : STAGES)
+#define K8_VSTAGES (HEAD_DIM * BLOCK_N > 256 * 64 ? 1 : K8_HD256_N64 ? 3 : STAGES)
 #endif
 // K8_CPASYNC=1 (opt-in, for measuring whether TMA's count of small copies bounds the stream): the copy warp's 32
 // lanes gather each tile with 16-byte cp.async instead of one thread's TMA copies (K written in the layout TMA's
@@ -854,6 +866,8 @@ static_assert(!K8_MERGE_IN_SLOTS || K8_MERGE_OFFSET + K8_MERGE_FLOATS * 4 <= K8_
 #define K8_WIDEN_BATCH (K8_CONSUMERS > 1 && K8_PRODUCER_REGS < 88 ? 4 : 64)
 #endif
 static_assert(K8_SMEM <= 227 * 1024, "shared memory of one CTA");
+// what the host launches it with (vattn.hopper.build reads it after loading): dynamic shared memory, threads
+extern "C" __constant__ int vattn_main_sm90_k8_launch[2] = {K8_SMEM, K8_THREADS};
 static_assert(HEAD_DIM % 128 == 0, "e4m3 rows in 128-byte regions");
 // a page must be whole 8-row swizzle atoms (TMA writes it at a 1024-byte boundary): other page sizes build
 // vattn_main_sm90 alone
@@ -930,6 +944,16 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, int c0,
       "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
       ::"r"(smem_u32(dst)), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_u32(bar)) : "memory");
 #endif
+}
+
+// K8_L2_AHEAD=L (a measurement switch): the copy thread prefetches tile t + K8_RAW_SLOTS + L - 1's pages into L2
+// before it waits for tile t's slot, so DRAM reads run L tiles further ahead than the slots in shared memory
+#ifndef K8_L2_AHEAD
+#define K8_L2_AHEAD 0
+#endif
+__device__ __forceinline__ void tma_prefetch_4d(const void* tmap, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];"
+               ::"l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
 // Two e4m3 <-> an fp16 pair (saturating to e4m3's largest).
@@ -1048,8 +1072,34 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       int pg[TILE_PAGES];
       load_pages(pg, bt_row, start, end);
       STAMP(128, 10, pg[0]);
+#if K8_L2_AHEAD
+      constexpr int PF = K8_RAW_SLOTS + K8_L2_AHEAD - 1;  // tile t's round prefetches tile t + PF
+      int pf[TILE_PAGES];  // the pages of the tile to prefetch next
+      auto prefetch_tile = [&](int tile) {
+        const int tps = start + tile * BLOCK_N, pages = min(TILE_PAGES, (end - tps + PAGE - 1) / PAGE);
+#pragma unroll
+        for (int p = 0; p < TILE_PAGES; ++p) {
+          if (p < pages) {
+#pragma unroll
+            for (int g = 0; g < HEAD_DIM / 128; ++g) tma_prefetch_4d(&tmap_k, g * 128, h, 0, pf[p]);
+            tma_prefetch_4d(&tmap_v, 0, h, 0, pf[p]);
+          }
+        }
+      };
+      for (int t = K8_RAW_SLOTS; t < PF && t < n_tiles; ++t) {  // the loop prefetches from tile PF on
+        load_pages(pf, bt_row, start + t * BLOCK_N, end);
+        prefetch_tile(t);
+      }
+      load_pages(pf, bt_row, start + PF * BLOCK_N, end);
+#endif
       for (int t = 0; t < n_tiles; ++t) {
         const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
+#if K8_L2_AHEAD
+        if (t + PF < n_tiles) {
+          prefetch_tile(t + PF);
+          load_pages(pf, bt_row, start + (t + PF + 1) * BLOCK_N, end);  // used next round
+        }
+#endif
         if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
         const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
 #ifdef PROFILE_NO_LOAD  // timing only: the slots are handed over unfilled (no DRAM traffic)
@@ -1308,6 +1358,7 @@ static_assert(BLOCK_N == 64, "64-token tiles: K and V share one layout, the fp16
 #define KV16_BAR_CONSUMER 1  // the consumer warpgroup's own named barrier
 #define KV16_SMEM (1024 + Q_BYTES + KV16_SLOTS * 2 * KV16_TILE + 4 * KV16_SLOTS * 8)
 static_assert(KV16_SMEM <= 227 * 1024, "shared memory of one CTA");
+extern "C" __constant__ int vattn_main_sm90_kv16_launch[2] = {KV16_SMEM, KV16_THREADS};
 
 // Rows rows_valid .. BLOCK_N - 1 of a bf16 V tile zeroed: the copy engine loaded whole pages, and the tokens
 // past the piece (or pages never loaded) may hold any bits; a masked p = 0 times a NaN there would still be NaN.
