@@ -946,16 +946,6 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const void* tmap, int c0,
 #endif
 }
 
-// K8_L2_AHEAD=L (a measurement switch): the copy thread prefetches tile t + K8_RAW_SLOTS + L - 1's pages into L2
-// before it waits for tile t's slot, so DRAM reads run L tiles further ahead than the slots in shared memory
-#ifndef K8_L2_AHEAD
-#define K8_L2_AHEAD 0
-#endif
-__device__ __forceinline__ void tma_prefetch_4d(const void* tmap, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];"
-               ::"l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-
 // Two e4m3 <-> an fp16 pair (saturating to e4m3's largest).
 __device__ __forceinline__ __half2 e4m3x2_to_half2(uint16_t x) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)x, __NV_E4M3);
@@ -1072,34 +1062,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       int pg[TILE_PAGES];
       load_pages(pg, bt_row, start, end);
       STAMP(128, 10, pg[0]);
-#if K8_L2_AHEAD
-      constexpr int PF = K8_RAW_SLOTS + K8_L2_AHEAD - 1;  // tile t's round prefetches tile t + PF
-      int pf[TILE_PAGES];  // the pages of the tile to prefetch next
-      auto prefetch_tile = [&](int tile) {
-        const int tps = start + tile * BLOCK_N, pages = min(TILE_PAGES, (end - tps + PAGE - 1) / PAGE);
-#pragma unroll
-        for (int p = 0; p < TILE_PAGES; ++p) {
-          if (p < pages) {
-#pragma unroll
-            for (int g = 0; g < HEAD_DIM / 128; ++g) tma_prefetch_4d(&tmap_k, g * 128, h, 0, pf[p]);
-            tma_prefetch_4d(&tmap_v, 0, h, 0, pf[p]);
-          }
-        }
-      };
-      for (int t = K8_RAW_SLOTS; t < PF && t < n_tiles; ++t) {  // the loop prefetches from tile PF on
-        load_pages(pf, bt_row, start + t * BLOCK_N, end);
-        prefetch_tile(t);
-      }
-      load_pages(pf, bt_row, start + PF * BLOCK_N, end);
-#endif
       for (int t = 0; t < n_tiles; ++t) {
         const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
-#if K8_L2_AHEAD
-        if (t + PF < n_tiles) {
-          prefetch_tile(t + PF);
-          load_pages(pf, bt_row, start + (t + PF + 1) * BLOCK_N, end);  // used next round
-        }
-#endif
         if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
         const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
 #ifdef PROFILE_NO_LOAD  // timing only: the slots are handed over unfilled (no DRAM traffic)
