@@ -183,7 +183,10 @@ STAMP_ROW = 24
 STAMP_SLOTS = {1: "work item read", 2: "barriers initialised", 3: "Q arrived", 4: "Q split and stored",
                5: "K(0) landed", 6: "S(0) done", 7: "V(0) widened", 8: "P.V done", 16: "next kernel let launch",
                17: "result staged", 9: "result stored", 10: "copy: pages read", 11: "copy: tile 0 issued",
-               12: "widen: tile 0 landed", 13: "widen: V(0) widened"}
+               12: "widen: tile 0 landed", 13: "widen: V(0) widened", 18: "tile 16: top", 19: "tile 16: S issued",
+               20: "tile 16: P.V(15) issued", 21: "tile 16: S done", 22: "tile 16: softmax done",
+               23: "tile 16: P packed"}
+LOOP_SLOTS = (18, 19, 20, 21, 22, 23)  # a steady-state iteration of the consumer loop (main_sm90.cu STAMP_LOOP)
 
 
 def read_stamps(kern) -> dict:
@@ -210,6 +213,10 @@ def read_stamps(kern) -> dict:
     ghz = statistics.median((c[9] - c[0]) / max(1, c[15] - c[14]) for c in ctas)
     out = {name: round(statistics.median((c[slot] - c[0]) / ghz / 1e3 for c in ctas if c[slot]), 2)
            for slot, name in STAMP_SLOTS.items() if any(c[slot] for c in ctas)}
+    looped = [c for c in ctas if all(c[slot] for slot in LOOP_SLOTS)]
+    if looped:  # one steady-state iteration, stage by stage: the median over CTAs of each stage's SM cycles
+        out["tile 16 cycles"] = {f"{STAMP_SLOTS[a]} -> {STAMP_SLOTS[b][9:]}": statistics.median(c[b] - c[a] for c in looped)
+                                 for a, b in zip(LOOP_SLOTS, LOOP_SLOTS[1:])}
     starts, ends = [c[14] for c in ctas], [c[15] for c in ctas]
     return out | {"CTAs": len(ctas), "SM GHz": round(ghz, 3), "CTA start spread": (max(starts) - min(starts)) / 1e3,
                   "kernel span": (max(ends) - min(starts)) / 1e3}

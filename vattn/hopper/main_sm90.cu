@@ -112,7 +112,11 @@ __device__ __forceinline__ void stamp_at(int slot, float dep, bool global_timer)
 }
 #define STAMP(who, slot, dep) do { if (threadIdx.x == (who)) stamp_at((slot), (float)(dep), false); } while (0)
 #define STAMP_GLOBAL(who, slot) do { if (threadIdx.x == (who)) stamp_at((slot), 0.f, true); } while (0)
+// one steady-state iteration of the consumer loop (its tile STAMP_TILE), stage by stage in slots 18-23
+#define STAMP_TILE 16
+#define STAMP_LOOP(i, slot, dep) do { if ((i) == STAMP_TILE) STAMP(0, (slot), (dep)); } while (0)
 #else
+#define STAMP_LOOP(i, slot, dep) do { } while (0)
 #define STAMP(who, slot, dep) do { } while (0)
 #define STAMP_GLOBAL(who, slot) do { } while (0)
 #endif
@@ -350,10 +354,24 @@ __device__ __forceinline__ Rows rows_of(int warp, int lane, const Item& it, floa
   return r;
 }
 
+// A row's max or sum over this thread's scores in column blocks J .. J + N - 1 (row 0: sc[4j], sc[4j + 1]; row 1:
+// sc[4j + 2], sc[4j + 3]) as a tree: the softmax runs on one warp a scheduler, so its dependent chains are its time
+template <bool MAX, int J = 0, int N = BLOCK_N / 8>
+__device__ __forceinline__ float row_reduce(const float (&sc)[BLOCK_N / 2], int row) {
+  if constexpr (N == 1) {
+    const float a = sc[4 * J + 2 * row], b = sc[4 * J + 2 * row + 1];
+    return MAX ? fmaxf(a, b) : a + b;
+  } else {
+    const float a = row_reduce<MAX, J, N / 2>(sc, row), b = row_reduce<MAX, J + N / 2, N / 2>(sc, row);
+    return MAX ? fmaxf(a, b) : a + b;
+  }
+}
+
 // Online softmax of the score tile at KV position ts, in place: sc becomes exp2(S - new max) (unpacked P), the
 // running max and per-thread sums advance, and alpha is the factor O must be rescaled by before P.V.
 // LAZY (FlashAttention-4's trick): a row's running max moves only when the tile's max passes it by more than
 // 8 (log2 units), so P stays <= 2^8 (fp16 holds it) and most tiles of a long piece need no rescale of O.
+#ifdef SOFTMAX_SEQUENTIAL  // measurement switch: the scale multiplied first, the max and sums as chains
 template <bool LAZY>
 __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw, float& alpha0, float& alpha1, int ts) {
   const int end = rw.end, limit0 = rw.limit0, limit1 = rw.limit1, cq = rw.cq;
@@ -401,6 +419,51 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw,
   l0 = l0 * alpha0 + ps0;  // per-thread partial sums; the quad's are added once, at the end
   l1 = l1 * alpha1 + ps1;
 }
+
+#else
+template <bool LAZY>
+__device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw, float& alpha0, float& alpha1, int ts) {
+  const int end = rw.end, limit0 = rw.limit0, limit1 = rw.limit1, cq = rw.cq;
+  const float qk_scale0 = rw.qk_scale0, qk_scale1 = rw.qk_scale1;
+  float &m0 = rw.m0, &m1 = rw.m1, &l0 = rw.l0, &l1 = rw.l1;
+  const bool masked = (ts + BLOCK_N > rw.unmasked_end) || (rw.n_q * GQA < QROWS);
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int pos = ts + 8 * j + cq + e;
+        if (!(pos < end && pos < limit0)) sc[4 * j + e] = -INFINITY;
+        if (!(pos < end && pos < limit1)) sc[4 * j + 2 + e] = -INFINITY;
+      }
+    }
+  }
+  // the maxima of the raw scores, scaled after (the scales are positive); each score's scale and the max's
+  // subtraction are then one FMA
+  float mx0 = row_reduce<true>(sc, 0), mx1 = row_reduce<true>(sc, 1);
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2)) * qk_scale0;
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2)) * qk_scale1;
+  const float mn0 = LAZY ? (mx0 > m0 + 8.f ? mx0 : m0) : fmaxf(m0, mx0);
+  const float mn1 = LAZY ? (mx1 > m1 + 8.f ? mx1 : m1) : fmaxf(m1, mx1);
+  const float ref0 = mn0 == -INFINITY ? 0.f : mn0, ref1 = mn1 == -INFINITY ? 0.f : mn1;
+  alpha0 = fast_exp2(m0 - ref0);
+  alpha1 = fast_exp2(m1 - ref1);
+  m0 = mn0;
+  m1 = mn1;
+#pragma unroll
+  for (int j = 0; j < BLOCK_N / 8; ++j) {
+    sc[4 * j] = fast_exp2(fmaf(sc[4 * j], qk_scale0, -ref0));
+    sc[4 * j + 1] = fast_exp2(fmaf(sc[4 * j + 1], qk_scale0, -ref0));
+    sc[4 * j + 2] = fast_exp2(fmaf(sc[4 * j + 2], qk_scale1, -ref1));
+    sc[4 * j + 3] = fast_exp2(fmaf(sc[4 * j + 3], qk_scale1, -ref1));
+  }
+  l0 = l0 * alpha0 + row_reduce<false>(sc, 0);  // per-thread partial sums; the quad's are added once, at the end
+  l1 = l1 * alpha1 + row_reduce<false>(sc, 1);
+}
+
+#endif
 
 // P as wgmma's A fragments (fp16, or bf16 to meet a bf16 V): k-step kk holds column blocks 2kk, 2kk + 1.
 template <bool BF16>
@@ -611,27 +674,33 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + first * BLOCK_N);
   pack_p<BF16>(sc, pa);
   for (int i = first + STEP; i < n_tiles; i += STEP) {
+    STAMP_LOOP(i, 18, pa[0]);
     k_ready(i);
     wg_fence();
 #ifndef PROFILE_NO_S  // timing only: the consumer without its Q.K^T (softmax on the last scores)
     issue_s(sc, i);
 #endif
     wg_commit();
+    STAMP_LOOP(i, 19, 0);
     rescale_o<LAZY>(o, alpha0, alpha1);
     v_ready(i - STEP);
 #ifndef PROFILE_NO_PV  // timing only: the consumer without its P.V
     issue_pv<BF16>(o, pa, v_addr(i - STEP), v_lbo, v_sbo);
 #endif
+    STAMP_LOOP(i, 20, 0);
 #ifdef PROFILE_NO_PV
     wg_wait0();
 #else
     wg_wait1();  // S(i) is complete (P(i - STEP).V runs on): K(i) is free
 #endif
+    STAMP_LOOP(i, 21, sc[0]);
     k_free(i);
     softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
+    STAMP_LOOP(i, 22, sc[BLOCK_N / 2 - 1] + rw.l1);
     wg_wait0();  // P(i - STEP).V is complete: V(i - STEP) and the A fragments are free
     v_free(i - STEP);
     pack_p<BF16>(sc, pa);
+    STAMP_LOOP(i, 23, pa[BLOCK_N / 4 - 1]);
   }
   const int last = STEP == 1 ? n_tiles - 1 : first + (n_tiles - 1 - first) / STEP * STEP;  // this loop's last tile
   rescale_o<LAZY>(o, alpha0, alpha1);
