@@ -371,7 +371,13 @@ __device__ __forceinline__ float row_reduce(const float (&sc)[BLOCK_N / 2], int 
 // running max and per-thread sums advance, and alpha is the factor O must be rescaled by before P.V.
 // LAZY (FlashAttention-4's trick): a row's running max moves only when the tile's max passes it by more than
 // 8 (log2 units), so P stays <= 2^8 (fp16 holds it) and most tiles of a long piece need no rescale of O.
-#ifdef SOFTMAX_SEQUENTIAL  // measurement switch: the scale multiplied first, the max and sums as chains
+// SOFTMAX_TREE: the row maxima and sums as trees on the raw scores, each score's scale and max subtraction one FMA
+// (the default at head_dim 128: its main kernel 3.6% faster, NOTES P55); otherwise the scale is multiplied first and
+// the maxima and sums are chains (head_dim 256: the tree made the k8 consumer 8% slower, the kernel 1% slower)
+#ifndef SOFTMAX_TREE
+#define SOFTMAX_TREE (HEAD_DIM == 128)
+#endif
+#if !SOFTMAX_TREE
 template <bool LAZY>
 __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw, float& alpha0, float& alpha1, int ts) {
   const int end = rw.end, limit0 = rw.limit0, limit1 = rw.limit1, cq = rw.cq;
