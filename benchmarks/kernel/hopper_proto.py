@@ -189,6 +189,16 @@ STAMP_SLOTS = {1: "work item read", 2: "barriers initialised", 3: "Q arrived", 4
 LOOP_SLOTS = (18, 19, 20, 21, 22, 23)  # a steady-state iteration of the consumer loop (main_sm90.cu STAMP_LOOP)
 
 
+def loop_stage_cycles(ctas: list) -> dict:
+    """One steady-state iteration of the consumer loop, stage by stage: for each pair of consecutive LOOP_SLOTS,
+    the median over the CTAs that stamped them all of the SM cycles between the two (clock64 counts cycles)."""
+    import statistics
+
+    looped = [c for c in ctas if all(c[slot] for slot in LOOP_SLOTS)]
+    return {f"{STAMP_SLOTS[a]} -> {STAMP_SLOTS[b].split(': ')[1]}": statistics.median(c[b] - c[a] for c in looped)
+            for a, b in zip(LOOP_SLOTS, LOOP_SLOTS[1:])} if looped else {}
+
+
 def read_stamps(kern) -> dict:
     """Per stage of a PROFILE_STAMPS build's last launch: the median over its CTAs of the time since the CTA
     started, in us (clock64 at the SM clock that %globaltimer gives over the CTA's life); and the spread of the
@@ -213,10 +223,9 @@ def read_stamps(kern) -> dict:
     ghz = statistics.median((c[9] - c[0]) / max(1, c[15] - c[14]) for c in ctas)
     out = {name: round(statistics.median((c[slot] - c[0]) / ghz / 1e3 for c in ctas if c[slot]), 2)
            for slot, name in STAMP_SLOTS.items() if any(c[slot] for c in ctas)}
-    looped = [c for c in ctas if all(c[slot] for slot in LOOP_SLOTS)]
-    if looped:  # one steady-state iteration, stage by stage: the median over CTAs of each stage's SM cycles
-        out["tile 16 cycles"] = {f"{STAMP_SLOTS[a]} -> {STAMP_SLOTS[b][9:]}": statistics.median(c[b] - c[a] for c in looped)
-                                 for a, b in zip(LOOP_SLOTS, LOOP_SLOTS[1:])}
+    cycles = loop_stage_cycles(ctas)
+    if cycles:
+        out["tile 16 cycles"] = cycles
     starts, ends = [c[14] for c in ctas], [c[15] for c in ctas]
     return out | {"CTAs": len(ctas), "SM GHz": round(ghz, 3), "CTA start spread": (max(starts) - min(starts)) / 1e3,
                   "kernel span": (max(ends) - min(starts)) / 1e3}

@@ -1,6 +1,7 @@
 """The Hopper main kernel (vattn/hopper): its generated source compiles for sm_90a wherever nvcc is, and on an
 sm_90 GPU its partials, merged by vattn's reduce, match vattn.reference on ragged batches."""
 
+import re
 import shutil
 
 import pytest
@@ -52,7 +53,6 @@ def test_no_kernel_reads_global_memory_before_it_waits_for_the_kernel_before_it(
     """The main kernels launch as programmatic dependents: a load ahead of griddepcontrol.wait (SASS ACQBULK)
     could read a plan, Q or cache the kernel before is still writing. nvcc moves ld.global.nc (LDG.E.CONSTANT:
     `const __restrict__` inputs, __ldg) across the wait, so none may be left at all."""
-    import re
     import subprocess
 
     from benchmarks.kernel.sass import _tool
@@ -88,6 +88,20 @@ def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monke
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
     assert "C7513" not in report and "serialized" not in report, report
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("defines", [dict(K8=1), dict(KV16=1), dict(K8=1, HEAD_DIM=128, GQA=8, K8_CONSUMERS=2)])
+def test_every_kernel_of_a_build_exports_its_launch_shape(tmp_path, monkeypatch, defines):
+    # MainSm90 launches with the shared memory and threads the source computes (`<kernel>_launch`), read from the
+    # loaded module: a build whose kernel lacks it could not be launched
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | defines)
+    kernels = re.findall(r"Compiling entry function '(\w+)'", build.ptxas_report(cubin).read_text())
+    assert kernels
+    image = cubin.read_bytes()
+    for name in kernels:
+        assert f"{name}_launch".encode() + b"\0" in image, name
 
 
 # head_dim 256's measurement builds (benchmarks/NOTES.md, "Next GPU session"): S on m64n128k32 (one fp16 V stage

@@ -2,7 +2,8 @@
 
 import pytest
 
-from benchmarks.kernel.hopper_proto import _variants, alternating_rounds, best_main_us, main, time_in_rounds
+from benchmarks.kernel.hopper_proto import (STAMP_ROW, _variants, alternating_rounds, best_main_us,
+                                            loop_stage_cycles, main, time_in_rounds)
 
 
 def _rec(**variants):
@@ -43,3 +44,20 @@ def test_rounds_alternate_so_that_a_drift_weighs_on_every_variant_alike():
 def test_rounds_below_one_are_refused():
     with pytest.raises(SystemExit):
         main(["--rounds", "0"])
+
+
+def test_loop_stages_are_medians_of_each_ctas_own_differences_and_skip_ctas_without_the_loop():
+    def cta(top, *stages):  # clock64 at the iteration's top, then the cycles each stage took
+        row = [0] * STAMP_ROW
+        row[18] = top
+        for slot, took in zip(range(19, 24), stages):
+            row[slot] = row[slot - 1] + took
+        return row
+
+    ctas = [cta(1000, 500, 400, 100, 700, 150), cta(9000, 600, 450, 200, 800, 100), cta(50, 550, 420, 150, 750, 120),
+            [0] * STAMP_ROW]  # the last CTA's piece was too short to reach the stamped tile
+    assert loop_stage_cycles(ctas) == {
+        "tile 16: top -> S issued": 550, "tile 16: S issued -> P.V(15) issued": 420,
+        "tile 16: P.V(15) issued -> S done": 150, "tile 16: S done -> softmax done": 750,
+        "tile 16: softmax done -> P packed": 120}
+    assert loop_stage_cycles([[0] * STAMP_ROW]) == {}
