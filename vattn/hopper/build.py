@@ -223,7 +223,9 @@ class MainSm90:
         shape, addr, size = (ctypes.c_int * 2)(), ctypes.c_uint64(), ctypes.c_size_t()
         drv.check(drv.lib.cuModuleGetGlobal_v2(ctypes.byref(addr), ctypes.byref(size), self.module,
                                                f"{name}_launch".encode()), "cuModuleGetGlobal")
-        drv.check(drv.lib.cuMemcpyDtoH_v2(shape, addr, ctypes.c_size_t(ctypes.sizeof(shape))), "cuMemcpyDtoH")
+        if size.value != ctypes.sizeof(shape):
+            raise RuntimeError(f"{name}_launch: {size.value} bytes in the module, expected {ctypes.sizeof(shape)}")
+        drv.check(drv.lib.cuMemcpyDtoH_v2(shape, addr, size), "cuMemcpyDtoH")
         self.smem, self.threads = shape
         drv.check(drv.lib.cuFuncSetAttribute(self.fn, 8, self.smem), "cuFuncSetAttribute(max dynamic smem)")
 

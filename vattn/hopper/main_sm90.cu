@@ -870,15 +870,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 //   * The other three producer warps widen V to fp16 (the P.V wgmma takes a 16-bit MN-major B) into K8_VSTAGES
 //     stages, as in vattn_main_sm90.
 // Shared memory (D = HEAD_DIM, N = BLOCK_N): Q hi and lo (2 x 64 x D bytes), K8_RAW_SLOTS e4m3 slots of K and V
-// (2 x N x D), K8_VSTAGES fp16 V stages (N x D x 2). hd256: 32 + 4 x 32 + 2 x 32 KB; hd128 with 128-token tiles:
-// 16 + 4 x 32 + 2 x 32 KB.
+// (2 x N x D), K8_VSTAGES fp16 V stages (N x D x 2). hd256: 32 + 3 x 32 + 3 x 32 KB; hd128 (128-token tiles, two
+// consumer warpgroups): 16 + 3 x 32 + 2 x 32 KB and the 34 KB hand-over.
 // K8_CONSUMERS=2 (the default at head_dim 128; a measurement build at 256): two consumer warpgroups, warps 0-3
 // on the piece's even tiles and warps 8-11 on its odd ones, each with its own running max, sums and O. Head_dim
 // 128's consumer is bound per tile by its dependent chain, not by a pipe (benchmarks/NOTES.md P31): this keeps two
 // chains in flight without halving the tile. The fp16 V stages alternate between the warpgroups (one each by
 // default; with one each, the widening warps, which take the tiles in order, cannot get a warpgroup's next V
 // ready before its last P.V is done). At the end the second hands its state to the first through shared memory
-// (K8_MERGE_FLOATS), and the first merges and stores. Shared memory takes 3 e4m3 slots instead of 4, and
+// (K8_MERGE_FLOATS), and the first merges and stores. Shared memory takes 3 e4m3 slots, and
 // setmaxnreg moves registers from the copy and widening warps to the consumers (a CTA of 384 threads starts at
 // 168 a thread).
 #ifndef K8_CONSUMERS
