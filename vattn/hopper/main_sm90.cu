@@ -367,6 +367,21 @@ __device__ __forceinline__ float row_reduce(const float (&sc)[BLOCK_N / 2], int 
   }
 }
 
+// The rows' running maxima advance to the tile's (scaled) maxima mx0, mx1 (LAZY: only when passed by more than 8);
+// alpha is O's rescale factor, ref what the exponentials subtract (0 for a row with nothing yet)
+template <bool LAZY>
+__device__ __forceinline__ void advance_max(Rows& rw, float mx0, float mx1, float& alpha0, float& alpha1, float& ref0,
+                                            float& ref1) {
+  const float mn0 = LAZY ? (mx0 > rw.m0 + 8.f ? mx0 : rw.m0) : fmaxf(rw.m0, mx0);
+  const float mn1 = LAZY ? (mx1 > rw.m1 + 8.f ? mx1 : rw.m1) : fmaxf(rw.m1, mx1);
+  ref0 = mn0 == -INFINITY ? 0.f : mn0;
+  ref1 = mn1 == -INFINITY ? 0.f : mn1;
+  alpha0 = fast_exp2(rw.m0 - ref0);
+  alpha1 = fast_exp2(rw.m1 - ref1);
+  rw.m0 = mn0;
+  rw.m1 = mn1;
+}
+
 // Online softmax of the score tile at KV position ts, in place: sc becomes exp2(S - new max) (unpacked P), the
 // running max and per-thread sums advance, and alpha is the factor O must be rescaled by before P.V.
 // LAZY (FlashAttention-4's trick): a row's running max moves only when the tile's max passes it by more than
@@ -382,7 +397,7 @@ template <bool LAZY>
 __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw, float& alpha0, float& alpha1, int ts) {
   const int end = rw.end, limit0 = rw.limit0, limit1 = rw.limit1, cq = rw.cq;
   const float qk_scale0 = rw.qk_scale0, qk_scale1 = rw.qk_scale1;
-  float &m0 = rw.m0, &m1 = rw.m1, &l0 = rw.l0, &l1 = rw.l1;
+  float &l0 = rw.l0, &l1 = rw.l1;
   const bool masked = (ts + BLOCK_N > rw.unmasked_end) || (rw.n_q * GQA < QROWS);
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -405,13 +420,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw,
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
-  const float mn0 = LAZY ? (mx0 > m0 + 8.f ? mx0 : m0) : fmaxf(m0, mx0);
-  const float mn1 = LAZY ? (mx1 > m1 + 8.f ? mx1 : m1) : fmaxf(m1, mx1);
-  const float ref0 = mn0 == -INFINITY ? 0.f : mn0, ref1 = mn1 == -INFINITY ? 0.f : mn1;
-  alpha0 = fast_exp2(m0 - ref0);
-  alpha1 = fast_exp2(m1 - ref1);
-  m0 = mn0;
-  m1 = mn1;
+  float ref0, ref1;
+  advance_max<LAZY>(rw, mx0, mx1, alpha0, alpha1, ref0, ref1);
   float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
   for (int j = 0; j < BLOCK_N / 8; ++j) {
@@ -431,7 +441,7 @@ template <bool LAZY>
 __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw, float& alpha0, float& alpha1, int ts) {
   const int end = rw.end, limit0 = rw.limit0, limit1 = rw.limit1, cq = rw.cq;
   const float qk_scale0 = rw.qk_scale0, qk_scale1 = rw.qk_scale1;
-  float &m0 = rw.m0, &m1 = rw.m1, &l0 = rw.l0, &l1 = rw.l1;
+  float &l0 = rw.l0, &l1 = rw.l1;
   const bool masked = (ts + BLOCK_N > rw.unmasked_end) || (rw.n_q * GQA < QROWS);
   if (masked) {
 #pragma unroll
@@ -451,13 +461,8 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw,
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2)) * qk_scale0;
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2)) * qk_scale1;
-  const float mn0 = LAZY ? (mx0 > m0 + 8.f ? mx0 : m0) : fmaxf(m0, mx0);
-  const float mn1 = LAZY ? (mx1 > m1 + 8.f ? mx1 : m1) : fmaxf(m1, mx1);
-  const float ref0 = mn0 == -INFINITY ? 0.f : mn0, ref1 = mn1 == -INFINITY ? 0.f : mn1;
-  alpha0 = fast_exp2(m0 - ref0);
-  alpha1 = fast_exp2(m1 - ref1);
-  m0 = mn0;
-  m1 = mn1;
+  float ref0, ref1;
+  advance_max<LAZY>(rw, mx0, mx1, alpha0, alpha1, ref0, ref1);
 #pragma unroll
   for (int j = 0; j < BLOCK_N / 8; ++j) {
     sc[4 * j] = fast_exp2(fmaf(sc[4 * j], qk_scale0, -ref0));
