@@ -179,24 +179,38 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
 
 # PROFILE_STAMPS builds: what each slot of main_sm90.cu's vattn_stamps marks (clock64 of one thread of the CTA),
 # STAMP_ROW slots a CTA; slots 14 and 15 are %globaltimer at the CTA's start and end
-STAMP_ROW = 24
+STAMP_ROW = 30
 STAMP_SLOTS = {1: "work item read", 2: "barriers initialised", 3: "Q arrived", 4: "Q split and stored",
                5: "K(0) landed", 6: "S(0) done", 7: "V(0) widened", 8: "P.V done", 16: "next kernel let launch",
                17: "result staged", 9: "result stored", 10: "copy: pages read", 11: "copy: tile 0 issued",
                12: "widen: tile 0 landed", 13: "widen: V(0) widened", 18: "tile 16: top", 19: "tile 16: S issued",
-               20: "tile 16: P.V(15) issued", 21: "tile 16: S done", 22: "tile 16: softmax done",
-               23: "tile 16: P packed"}
-LOOP_SLOTS = (18, 19, 20, 21, 22, 23)  # a steady-state iteration of the consumer loop (main_sm90.cu STAMP_LOOP)
+               20: "tile 16: last P.V issued", 21: "tile 16: S done", 22: "tile 16: softmax done",
+               23: "tile 16: P packed", 24: "tile 17: top", 25: "tile 17: S issued", 26: "tile 17: last P.V issued",
+               27: "tile 17: S done", 28: "tile 17: softmax done", 29: "tile 17: P packed"}
+# a steady-state iteration of the consumer loop (main_sm90.cu STAMP_LOOP): tile 16 by thread 0, tile 17 by thread
+# 256 (the second consumer warpgroup's first thread, where there is one)
+LOOP_SLOTS = (18, 19, 20, 21, 22, 23)
+SECOND_LOOP_SLOTS = (24, 25, 26, 27, 28, 29)
 
 
-def loop_stage_cycles(ctas: list) -> dict:
-    """One steady-state iteration of the consumer loop, stage by stage: for each pair of consecutive LOOP_SLOTS,
-    the median over the CTAs that stamped them all of the SM cycles between the two (clock64 counts cycles)."""
+def loop_stage_cycles(ctas: list, slots: tuple = LOOP_SLOTS) -> dict:
+    """One steady-state iteration of the consumer loop, stage by stage: for each pair of consecutive slots, the
+    median over the CTAs that stamped them all of the SM cycles between the two (clock64 counts cycles)."""
     import statistics
 
-    looped = [c for c in ctas if all(c[slot] for slot in LOOP_SLOTS)]
+    looped = [c for c in ctas if all(c[slot] for slot in slots)]
     return {f"{STAMP_SLOTS[a]} -> {STAMP_SLOTS[b].split(': ')[1]}": statistics.median(c[b] - c[a] for c in looped)
-            for a, b in zip(LOOP_SLOTS, LOOP_SLOTS[1:])} if looped else {}
+            for a, b in zip(slots, slots[1:])} if looped else {}
+
+
+def second_warpgroup_timeline(ctas: list) -> dict:
+    """Two consumer warpgroups: each of the second's stamped stages (tile 17) in SM cycles after the first's tile
+    16 began (median over the CTAs that stamped both), to see whether one's softmax runs while the other issues."""
+    import statistics
+
+    both = [c for c in ctas if all(c[slot] for slot in LOOP_SLOTS + SECOND_LOOP_SLOTS)]
+    return {STAMP_SLOTS[slot]: statistics.median(c[slot] - c[LOOP_SLOTS[0]] for c in both)
+            for slot in SECOND_LOOP_SLOTS} if both else {}
 
 
 def read_stamps(kern) -> dict:
@@ -223,9 +237,11 @@ def read_stamps(kern) -> dict:
     ghz = statistics.median((c[9] - c[0]) / max(1, c[15] - c[14]) for c in ctas)
     out = {name: round(statistics.median((c[slot] - c[0]) / ghz / 1e3 for c in ctas if c[slot]), 2)
            for slot, name in STAMP_SLOTS.items() if any(c[slot] for c in ctas)}
-    cycles = loop_stage_cycles(ctas)
-    if cycles:
-        out["tile 16 cycles"] = cycles
+    for key, value in (("tile 16 cycles", loop_stage_cycles(ctas)),
+                       ("tile 17 cycles", loop_stage_cycles(ctas, SECOND_LOOP_SLOTS)),
+                       ("tile 17 after tile 16's top", second_warpgroup_timeline(ctas))):
+        if value:
+            out[key] = value
     starts, ends = [c[14] for c in ctas], [c[15] for c in ctas]
     return out | {"CTAs": len(ctas), "SM GHz": round(ghz, 3), "CTA start spread": (max(starts) - min(starts)) / 1e3,
                   "kernel span": (max(ends) - min(starts)) / 1e3}

@@ -99,7 +99,7 @@ __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync
 // stage produced: the stamp is taken after it exists (a load's stamp after its data arrived, not after its issue).
 #ifdef PROFILE_STAMPS
 #define STAMP_CTAS 4096
-#define STAMP_SLOTS 24  // benchmarks.kernel.hopper_proto.STAMP_ROW
+#define STAMP_SLOTS 30  // benchmarks.kernel.hopper_proto.STAMP_ROW
 __device__ unsigned long long vattn_stamps[STAMP_CTAS * STAMP_SLOTS];
 __device__ __forceinline__ void stamp_at(int slot, float dep, bool global_timer) {
   unsigned long long t;
@@ -112,9 +112,13 @@ __device__ __forceinline__ void stamp_at(int slot, float dep, bool global_timer)
 }
 #define STAMP(who, slot, dep) do { if (threadIdx.x == (who)) stamp_at((slot), (float)(dep), false); } while (0)
 #define STAMP_GLOBAL(who, slot) do { if (threadIdx.x == (who)) stamp_at((slot), 0.f, true); } while (0)
-// one steady-state iteration of the consumer loop (its tile STAMP_TILE), stage by stage in slots 18-23
+// one steady-state iteration of the consumer loop, stage by stage: tile STAMP_TILE by thread 0 in slots 18-23, and
+// the next tile by thread 256 in slots 24-29 (with two consumer warpgroups, the second's iteration beside the first's)
 #define STAMP_TILE 16
-#define STAMP_LOOP(i, slot, dep) do { if ((i) == STAMP_TILE) STAMP(0, (slot), (dep)); } while (0)
+#define STAMP_LOOP(i, slot, dep) do {                                \
+    if ((i) == STAMP_TILE) STAMP(0, (slot), (dep));                    \
+    else if ((i) == STAMP_TILE + 1) STAMP(256, (slot) + 6, (dep));     \
+  } while (0)
 #else
 #define STAMP_LOOP(i, slot, dep) do { } while (0)
 #define STAMP(who, slot, dep) do { } while (0)

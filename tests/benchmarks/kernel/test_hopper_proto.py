@@ -2,8 +2,8 @@
 
 import pytest
 
-from benchmarks.kernel.hopper_proto import (STAMP_ROW, _variants, alternating_rounds, best_main_us,
-                                            loop_stage_cycles, main, time_in_rounds)
+from benchmarks.kernel.hopper_proto import (SECOND_LOOP_SLOTS, STAMP_ROW, _variants, alternating_rounds, best_main_us,
+                                            loop_stage_cycles, main, second_warpgroup_timeline, time_in_rounds)
 
 
 def _rec(**variants):
@@ -46,18 +46,35 @@ def test_rounds_below_one_are_refused():
         main(["--rounds", "0"])
 
 
-def test_loop_stages_are_medians_of_each_ctas_own_differences_and_skip_ctas_without_the_loop():
-    def cta(top, *stages):  # clock64 at the iteration's top, then the cycles each stage took
-        row = [0] * STAMP_ROW
-        row[18] = top
-        for slot, took in zip(range(19, 24), stages):
-            row[slot] = row[slot - 1] + took
-        return row
+def _cta(top, stages, first=18):
+    """A CTA's stamp row: clock64 at an iteration's top in slot `first`, then the cycles each stage took."""
+    row = [0] * STAMP_ROW
+    row[first] = top
+    for slot, took in zip(range(first + 1, first + 6), stages):
+        row[slot] = row[slot - 1] + took
+    return row
 
-    ctas = [cta(1000, 500, 400, 100, 700, 150), cta(9000, 600, 450, 200, 800, 100), cta(50, 550, 420, 150, 750, 120),
+
+def test_loop_stages_are_medians_of_each_ctas_own_differences_and_skip_ctas_without_the_loop():
+    ctas = [_cta(1000, (500, 400, 100, 700, 150)), _cta(9000, (600, 450, 200, 800, 100)),
+            _cta(50, (550, 420, 150, 750, 120)),
             [0] * STAMP_ROW]  # the last CTA's piece was too short to reach the stamped tile
     assert loop_stage_cycles(ctas) == {
-        "tile 16: top -> S issued": 550, "tile 16: S issued -> P.V(15) issued": 420,
-        "tile 16: P.V(15) issued -> S done": 150, "tile 16: S done -> softmax done": 750,
+        "tile 16: top -> S issued": 550, "tile 16: S issued -> last P.V issued": 420,
+        "tile 16: last P.V issued -> S done": 150, "tile 16: S done -> softmax done": 750,
         "tile 16: softmax done -> P packed": 120}
     assert loop_stage_cycles([[0] * STAMP_ROW]) == {}
+    assert second_warpgroup_timeline(ctas) == {}  # one consumer warpgroup: no tile 17 stamps
+
+
+def test_second_warpgroup_stages_are_timed_from_the_first_ones_iteration():
+    # the second warpgroup's tile 17 starts 300 cycles after the first's tile 16 in one CTA, 500 in another
+    ctas = []
+    for top, offset in ((1000, 300), (7000, 500), (40, 400)):
+        row = _cta(top, (500, 400, 100, 700, 150))
+        second = _cta(top + offset, (100, 200, 300, 400, 500), first=SECOND_LOOP_SLOTS[0])
+        ctas.append([a or b for a, b in zip(row, second)])
+    assert second_warpgroup_timeline(ctas) == {
+        "tile 17: top": 400, "tile 17: S issued": 500, "tile 17: last P.V issued": 700, "tile 17: S done": 1000,
+        "tile 17: softmax done": 1400, "tile 17: P packed": 1900}
+    assert loop_stage_cycles(ctas, SECOND_LOOP_SLOTS)["tile 17: S done -> softmax done"] == 400
