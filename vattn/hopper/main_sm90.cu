@@ -396,6 +396,13 @@ __device__ __forceinline__ void advance_max(Rows& rw, float mx0, float mx1, floa
 #ifndef SOFTMAX_TREE
 #define SOFTMAX_TREE (HEAD_DIM == 128)
 #endif
+// SOFTMAX_MASK_APART, SOFTMAX_SCALE_IN_EXP (measurement switches of the chain version): see there
+#ifndef SOFTMAX_MASK_APART
+#define SOFTMAX_MASK_APART 0
+#endif
+#ifndef SOFTMAX_SCALE_IN_EXP
+#define SOFTMAX_SCALE_IN_EXP 0
+#endif
 #if !SOFTMAX_TREE
 template <bool LAZY>
 __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw, float& alpha0, float& alpha1, int ts) {
@@ -404,16 +411,35 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw,
   float &l0 = rw.l0, &l1 = rw.l1;
   const bool masked = (ts + BLOCK_N > rw.unmasked_end) || (rw.n_q * GQA < QROWS);
   float mx0 = -INFINITY, mx1 = -INFINITY;
+#if SOFTMAX_MASK_APART  // the mask as its own pass, branched around on unmasked tiles (not issued predicated off)
+  if (masked) {
+#pragma unroll
+    for (int j = 0; j < BLOCK_N / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int pos = ts + 8 * j + cq + e;
+        if (!(pos < end && pos < limit0)) sc[4 * j + e] = -INFINITY;
+        if (!(pos < end && pos < limit1)) sc[4 * j + 2 + e] = -INFINITY;
+      }
+    }
+  }
+#endif
 #pragma unroll
   for (int j = 0; j < BLOCK_N / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
+#if SOFTMAX_SCALE_IN_EXP  // the maxima of the raw scores (the scales are positive), scaled after
+      float a = sc[4 * j + e], b = sc[4 * j + 2 + e];
+#else
       float a = sc[4 * j + e] * qk_scale0, b = sc[4 * j + 2 + e] * qk_scale1;
+#endif
+#if !SOFTMAX_MASK_APART
       if (masked) {
         int pos = ts + 8 * j + cq + e;
         if (!(pos < end && pos < limit0)) a = -INFINITY;
         if (!(pos < end && pos < limit1)) b = -INFINITY;
       }
+#endif
       sc[4 * j + e] = a;
       sc[4 * j + 2 + e] = b;
       mx0 = fmaxf(mx0, a);
@@ -424,15 +450,26 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw,
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 1));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, 2));
+#if SOFTMAX_SCALE_IN_EXP
+  mx0 *= qk_scale0;
+  mx1 *= qk_scale1;
+#endif
   float ref0, ref1;
   advance_max<LAZY>(rw, mx0, mx1, alpha0, alpha1, ref0, ref1);
   float ps0 = 0.f, ps1 = 0.f;
 #pragma unroll
   for (int j = 0; j < BLOCK_N / 8; ++j) {
+#if SOFTMAX_SCALE_IN_EXP
+    sc[4 * j] = fast_exp2(fmaf(sc[4 * j], qk_scale0, -ref0));
+    sc[4 * j + 1] = fast_exp2(fmaf(sc[4 * j + 1], qk_scale0, -ref0));
+    sc[4 * j + 2] = fast_exp2(fmaf(sc[4 * j + 2], qk_scale1, -ref1));
+    sc[4 * j + 3] = fast_exp2(fmaf(sc[4 * j + 3], qk_scale1, -ref1));
+#else
     sc[4 * j] = fast_exp2(sc[4 * j] - ref0);
     sc[4 * j + 1] = fast_exp2(sc[4 * j + 1] - ref0);
     sc[4 * j + 2] = fast_exp2(sc[4 * j + 2] - ref1);
     sc[4 * j + 3] = fast_exp2(sc[4 * j + 3] - ref1);
+#endif
     ps0 += sc[4 * j] + sc[4 * j + 1];
     ps1 += sc[4 * j + 2] + sc[4 * j + 3];
   }
@@ -660,16 +697,27 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
 // (uncommitted), k_free(i) hands its K back; v_ready(i) / v_free(i) the same for its V at v_addr(i): fp16, or
 // bf16 with BF16 (P is packed to match). The loop runs the piece's tiles first, first + step, ... (two consumer
 // warpgroups: every other tile each, STEP 2); the hand-overs take the tile's index in the piece.
+// `turns` (two consumer warpgroups: PingPong) orders their wgmma issues: each issues its S and P.V in its turn.
+struct NoTurns {
+  __device__ __forceinline__ void begin(int) {}
+  __device__ __forceinline__ void take() {}
+  __device__ __forceinline__ void give() {}
+  __device__ __forceinline__ void finish() {}
+};
 template <bool LAZY, bool BF16, int STEP = 1, class KReady, class IssueS, class KFree, class VReady, class VFree,
-          class VAddr>
+          class VAddr, class Turns = NoTurns>
 __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int start, int n_tiles, int v_lbo, int v_sbo,
                                              KReady k_ready, IssueS issue_s, KFree k_free, VReady v_ready,
-                                             VFree v_free, VAddr v_addr, int first = 0) {
+                                             VFree v_free, VAddr v_addr, int first = 0, Turns turns = Turns()) {
   float sc[BLOCK_N / 2];
   uint32_t pa[BLOCK_N / 4];
   float alpha0 = 1.f, alpha1 = 1.f;
   if (n_tiles == 0) return;
-  if (STEP > 1 && n_tiles <= first) return;  // (STEP 1 starts at tile 0: the one-consumer kernels' code as it was)
+  turns.begin(n_tiles);
+  if (STEP > 1 && n_tiles <= first) {  // (STEP 1 starts at tile 0: the one-consumer kernels' code as it was)
+    turns.finish();
+    return;
+  }
   if (STEP == 1) first = 0;
 #ifdef PROFILE_NO_CONSUME  // timing only: the hand-overs without the consumer's math (the producer alone)
   for (int i = first; i < n_tiles; i += STEP) {
@@ -681,9 +729,11 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   return;
 #endif
   k_ready(first);
+  turns.take();
   wg_fence();
   issue_s(sc, first);
   wg_commit();
+  turns.give();
   wg_wait0();
   k_free(first);
   softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + first * BLOCK_N);
@@ -691,6 +741,7 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   for (int i = first + STEP; i < n_tiles; i += STEP) {
     STAMP_LOOP(i, 18, pa[0]);
     k_ready(i);
+    turns.take();
     wg_fence();
 #ifndef PROFILE_NO_S  // timing only: the consumer without its Q.K^T (softmax on the last scores)
     issue_s(sc, i);
@@ -702,6 +753,7 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
 #ifndef PROFILE_NO_PV  // timing only: the consumer without its P.V
     issue_pv<BF16>(o, pa, v_addr(i - STEP), v_lbo, v_sbo);
 #endif
+    turns.give();
     STAMP_LOOP(i, 20, 0);
 #ifdef PROFILE_NO_PV
     wg_wait0();
@@ -720,7 +772,10 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   const int last = STEP == 1 ? n_tiles - 1 : first + (n_tiles - 1 - first) / STEP * STEP;  // this loop's last tile
   rescale_o<LAZY>(o, alpha0, alpha1);
   v_ready(last);
+  turns.take();
   issue_pv<BF16>(o, pa, v_addr(last), v_lbo, v_sbo);
+  turns.give();
+  turns.finish();
   wg_wait0();
 }
 
@@ -931,6 +986,36 @@ static_assert(K8_PRODUCER_REGS * 128 + K8_CONSUMER_REGS * 256 <= 384 * 168, "set
 #define K8_BAR_MERGE (2 + 2 * K8_VSTAGES)  // K8_CONSUMERS=2: the second warpgroup's state is in shared memory
 #define K8_BAR_STAGE (3 + 2 * K8_VSTAGES)  // STAGE_OUT: the first consumer warpgroup's staged result
 #define K8_BAR_LOOPS (4 + 2 * K8_VSTAGES)  // K8_MERGE_IN_SLOTS: the first warpgroup is done with every slot
+#define K8_BAR_TURN (5 + 2 * K8_VSTAGES)   // K8_PINGPONG: the first warpgroup's turn to issue; + 1: the second's
+static_assert(K8_BAR_TURN + 1 < 16, "named barriers 0-15");
+// K8_PINGPONG (two consumer warpgroups): they take turns issuing their wgmmas, FlashAttention-3's scheduler
+// barriers. Left alone they run in phase (clock stamps, benchmarks/NOTES.md P56): both issue, then both run their
+// softmax with the tensor pipe idle. In turns, one's softmax runs while the other's wgmmas do. A warpgroup takes
+// ceil(n / 2) + 1 turns (its tiles' S, then its last P.V); the second, one tile short on odd n, pads with empty
+// turns, and gives no turn after its last, so that every arrival on the two barriers is waited for.
+#ifndef K8_PINGPONG
+#define K8_PINGPONG 0
+#endif
+struct PingPong {
+  int wg, left;
+  __device__ __forceinline__ void begin(int n_tiles) {
+    left = (n_tiles + 1) / 2 + 1;
+    if (wg == 1) bar_arrive(K8_BAR_TURN, 256);  // the first warpgroup goes first
+  }
+  __device__ __forceinline__ void take() {
+    bar_sync(K8_BAR_TURN + wg, 256);
+    --left;
+  }
+  __device__ __forceinline__ void give() {
+    if (wg == 0 || left > 0) bar_arrive(K8_BAR_TURN + 1 - wg, 256);
+  }
+  __device__ __forceinline__ void finish() {
+    while (left > 0) {
+      take();
+      give();
+    }
+  }
+};
 static_assert(K8_CONSUMERS == 1 || K8_VSTAGES % 2 == 0, "two consumers: the fp16 V stages alternate between them");
 #define K8_TILE (BLOCK_N * HEAD_DIM)      // one e4m3 K or V tile
 #define K8_Q (QROWS * HEAD_DIM)           // e4m3 Q hi or lo
@@ -1349,7 +1434,12 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
         if (i == 0) STAMP(0, 7, 0);
       },
       [&](int i) { if (i + K8_VSTAGES < n_tiles) bar_arrive(K8_BAR_EMPTY_V + i % K8_VSTAGES, K8_BAR_COUNT); },
-      [&](int i) { return sv_addr + (i % K8_VSTAGES) * K8_VH; }, wg);
+      [&](int i) { return sv_addr + (i % K8_VSTAGES) * K8_VH; }, wg,
+#if K8_CONSUMERS > 1 && K8_PINGPONG
+      PingPong{wg, 0});
+#else
+      NoTurns());
+#endif
 #if K8_CONSUMERS > 1
 #if K8_MERGE_IN_SLOTS  // the hand-over overwrites slots and V stages: only once the first warpgroup is done with them
   if (wg == 0) bar_arrive(K8_BAR_LOOPS, 256);
