@@ -698,6 +698,9 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
 // bf16 with BF16 (P is packed to match). The loop runs the piece's tiles first, first + step, ... (two consumer
 // warpgroups: every other tile each, STEP 2); the hand-overs take the tile's index in the piece.
 // `turns` (two consumer warpgroups: PingPong) orders their wgmma issues: each issues its S and P.V in its turn.
+#ifndef P_DOUBLE
+#define P_DOUBLE 0
+#endif
 struct NoTurns {
   __device__ __forceinline__ void begin(int) {}
   __device__ __forceinline__ void take() {}
@@ -711,6 +714,11 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
                                              VFree v_free, VAddr v_addr, int first = 0, Turns turns = Turns()) {
   float sc[BLOCK_N / 2];
   uint32_t pa[BLOCK_N / 4];
+  // P_DOUBLE (one consumer warpgroup): P(i) is packed into pb while P(i - 1).V still reads pa, and moved to pa
+  // once that wgmma is done, so the softmax never waits for it (with one buffer ptxas waits for P(i - 1).V
+  // before the pack, which it interleaves with the exponentials)
+  constexpr bool DOUBLE_P = P_DOUBLE && STEP == 1;
+  uint32_t pb[DOUBLE_P ? BLOCK_N / 4 : 1];
   float alpha0 = 1.f, alpha1 = 1.f;
   if (n_tiles == 0) return;
   turns.begin(n_tiles);
@@ -737,7 +745,10 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   wg_wait0();
   k_free(first);
   softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + first * BLOCK_N);
-  pack_p<BF16>(sc, pa);
+  if constexpr (DOUBLE_P)
+    pack_p<BF16>(sc, pb);
+  else
+    pack_p<BF16>(sc, pa);
   for (int i = first + STEP; i < n_tiles; i += STEP) {
     STAMP_LOOP(i, 18, pa[0]);
     k_ready(i);
@@ -748,6 +759,14 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
 #endif
     wg_commit();
     STAMP_LOOP(i, 19, 0);
+    if constexpr (DOUBLE_P) {
+      // P(i - 2).V is complete: V(i - 2) is free, O can be rescaled. S(i) is awaited too (wait_group 1 here
+      // makes ptxas serialise every wgmma, C7514); the warp was held issuing it anyway
+      wg_wait0();
+      if (i > first + STEP) v_free(i - 2 * STEP);
+#pragma unroll
+      for (int k = 0; k < BLOCK_N / 4; ++k) pa[k] = pb[k];
+    }
     rescale_o<LAZY>(o, alpha0, alpha1);
     v_ready(i - STEP);
 #ifndef PROFILE_NO_PV  // timing only: the consumer without its P.V
@@ -764,12 +783,23 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
     k_free(i);
     softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
     STAMP_LOOP(i, 22, sc[BLOCK_N / 2 - 1] + rw.l1);
-    wg_wait0();  // P(i - STEP).V is complete: V(i - STEP) and the A fragments are free
-    v_free(i - STEP);
-    pack_p<BF16>(sc, pa);
-    STAMP_LOOP(i, 23, pa[BLOCK_N / 4 - 1]);
+    if constexpr (DOUBLE_P) {
+      pack_p<BF16>(sc, pb);
+      STAMP_LOOP(i, 23, pb[BLOCK_N / 4 - 1]);
+    } else {
+      wg_wait0();  // P(i - STEP).V is complete: V(i - STEP) and the A fragments are free
+      v_free(i - STEP);
+      pack_p<BF16>(sc, pa);
+      STAMP_LOOP(i, 23, pa[BLOCK_N / 4 - 1]);
+    }
   }
   const int last = STEP == 1 ? n_tiles - 1 : first + (n_tiles - 1 - first) / STEP * STEP;  // this loop's last tile
+  if constexpr (DOUBLE_P) {
+    wg_wait0();
+    if (last > first) v_free(last - 1);  // the loop ran: P(last - 1).V was in flight
+#pragma unroll
+    for (int k = 0; k < BLOCK_N / 4; ++k) pa[k] = pb[k];
+  }
   rescale_o<LAZY>(o, alpha0, alpha1);
   v_ready(last);
   turns.take();
