@@ -391,17 +391,19 @@ __device__ __forceinline__ void advance_max(Rows& rw, float mx0, float mx1, floa
 // LAZY (FlashAttention-4's trick): a row's running max moves only when the tile's max passes it by more than
 // 8 (log2 units), so P stays <= 2^8 (fp16 holds it) and most tiles of a long piece need no rescale of O.
 // SOFTMAX_TREE: the row maxima and sums as trees on the raw scores, each score's scale and max subtraction one FMA
-// (the default at head_dim 128: its main kernel 3.6% faster, NOTES P55); otherwise the scale is multiplied first and
-// the maxima and sums are chains (head_dim 256: the tree made the k8 consumer 8% slower, the kernel 1% slower)
+// (the default at head_dim 128: its main kernel 3.6% faster, NOTES P55); otherwise the maxima and sums are chains
+// (head_dim 256: the tree made the k8 consumer 8% slower, the kernel 1% slower)
 #ifndef SOFTMAX_TREE
 #define SOFTMAX_TREE (HEAD_DIM == 128)
 #endif
-// SOFTMAX_MASK_APART, SOFTMAX_SCALE_IN_EXP (measurement switches of the chain version): see there
-#ifndef SOFTMAX_MASK_APART
-#define SOFTMAX_MASK_APART 0
-#endif
+// SOFTMAX_SCALE_IN_EXP (the chain version): the maxima of the raw scores, each score's scale and max subtraction
+// then one FMA; the default of the k8 kernel's builds (K8=1; 1-2% faster on 21 of 25 paired rounds, NOTES P59)
 #ifndef SOFTMAX_SCALE_IN_EXP
+#if defined(K8) && K8
+#define SOFTMAX_SCALE_IN_EXP 1
+#else
 #define SOFTMAX_SCALE_IN_EXP 0
+#endif
 #endif
 #if !SOFTMAX_TREE
 template <bool LAZY>
@@ -411,19 +413,6 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw,
   float &l0 = rw.l0, &l1 = rw.l1;
   const bool masked = (ts + BLOCK_N > rw.unmasked_end) || (rw.n_q * GQA < QROWS);
   float mx0 = -INFINITY, mx1 = -INFINITY;
-#if SOFTMAX_MASK_APART  // the mask as its own pass, branched around on unmasked tiles (not issued predicated off)
-  if (masked) {
-#pragma unroll
-    for (int j = 0; j < BLOCK_N / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int pos = ts + 8 * j + cq + e;
-        if (!(pos < end && pos < limit0)) sc[4 * j + e] = -INFINITY;
-        if (!(pos < end && pos < limit1)) sc[4 * j + 2 + e] = -INFINITY;
-      }
-    }
-  }
-#endif
 #pragma unroll
   for (int j = 0; j < BLOCK_N / 8; ++j) {
 #pragma unroll
@@ -433,13 +422,11 @@ __device__ __forceinline__ void softmax_tile(float (&sc)[BLOCK_N / 2], Rows& rw,
 #else
       float a = sc[4 * j + e] * qk_scale0, b = sc[4 * j + 2 + e] * qk_scale1;
 #endif
-#if !SOFTMAX_MASK_APART
       if (masked) {
         int pos = ts + 8 * j + cq + e;
         if (!(pos < end && pos < limit0)) a = -INFINITY;
         if (!(pos < end && pos < limit1)) b = -INFINITY;
       }
-#endif
       sc[4 * j + e] = a;
       sc[4 * j + 2 + e] = b;
       mx0 = fmaxf(mx0, a);
@@ -698,9 +685,6 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
 // bf16 with BF16 (P is packed to match). The loop runs the piece's tiles first, first + step, ... (two consumer
 // warpgroups: every other tile each, STEP 2); the hand-overs take the tile's index in the piece.
 // `turns` (two consumer warpgroups: PingPong) orders their wgmma issues: each issues its S and P.V in its turn.
-#ifndef P_DOUBLE
-#define P_DOUBLE 0
-#endif
 struct NoTurns {
   __device__ __forceinline__ void begin(int) {}
   __device__ __forceinline__ void take() {}
@@ -714,11 +698,6 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
                                              VFree v_free, VAddr v_addr, int first = 0, Turns turns = Turns()) {
   float sc[BLOCK_N / 2];
   uint32_t pa[BLOCK_N / 4];
-  // P_DOUBLE (one consumer warpgroup): P(i) is packed into pb while P(i - 1).V still reads pa, and moved to pa
-  // once that wgmma is done, so the softmax never waits for it (with one buffer ptxas waits for P(i - 1).V
-  // before the pack, which it interleaves with the exponentials)
-  constexpr bool DOUBLE_P = P_DOUBLE && STEP == 1;
-  uint32_t pb[DOUBLE_P ? BLOCK_N / 4 : 1];
   float alpha0 = 1.f, alpha1 = 1.f;
   if (n_tiles == 0) return;
   turns.begin(n_tiles);
@@ -745,10 +724,7 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
   wg_wait0();
   k_free(first);
   softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + first * BLOCK_N);
-  if constexpr (DOUBLE_P)
-    pack_p<BF16>(sc, pb);
-  else
-    pack_p<BF16>(sc, pa);
+  pack_p<BF16>(sc, pa);
   for (int i = first + STEP; i < n_tiles; i += STEP) {
     STAMP_LOOP(i, 18, pa[0]);
     k_ready(i);
@@ -759,14 +735,6 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
 #endif
     wg_commit();
     STAMP_LOOP(i, 19, 0);
-    if constexpr (DOUBLE_P) {
-      // P(i - 2).V is complete: V(i - 2) is free, O can be rescaled. S(i) is awaited too (wait_group 1 here
-      // makes ptxas serialise every wgmma, C7514); the warp was held issuing it anyway
-      wg_wait0();
-      if (i > first + STEP) v_free(i - 2 * STEP);
-#pragma unroll
-      for (int k = 0; k < BLOCK_N / 4; ++k) pa[k] = pb[k];
-    }
     rescale_o<LAZY>(o, alpha0, alpha1);
     v_ready(i - STEP);
 #ifndef PROFILE_NO_PV  // timing only: the consumer without its P.V
@@ -783,23 +751,12 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
     k_free(i);
     softmax_tile<LAZY>(sc, rw, alpha0, alpha1, start + i * BLOCK_N);
     STAMP_LOOP(i, 22, sc[BLOCK_N / 2 - 1] + rw.l1);
-    if constexpr (DOUBLE_P) {
-      pack_p<BF16>(sc, pb);
-      STAMP_LOOP(i, 23, pb[BLOCK_N / 4 - 1]);
-    } else {
-      wg_wait0();  // P(i - STEP).V is complete: V(i - STEP) and the A fragments are free
-      v_free(i - STEP);
-      pack_p<BF16>(sc, pa);
-      STAMP_LOOP(i, 23, pa[BLOCK_N / 4 - 1]);
-    }
+    wg_wait0();  // P(i - STEP).V is complete: V(i - STEP) and the A fragments are free
+    v_free(i - STEP);
+    pack_p<BF16>(sc, pa);
+    STAMP_LOOP(i, 23, pa[BLOCK_N / 4 - 1]);
   }
   const int last = STEP == 1 ? n_tiles - 1 : first + (n_tiles - 1 - first) / STEP * STEP;  // this loop's last tile
-  if constexpr (DOUBLE_P) {
-    wg_wait0();
-    if (last > first) v_free(last - 1);  // the loop ran: P(last - 1).V was in flight
-#pragma unroll
-    for (int k = 0; k < BLOCK_N / 4; ++k) pa[k] = pb[k];
-  }
   rescale_o<LAZY>(o, alpha0, alpha1);
   v_ready(last);
   turns.take();
