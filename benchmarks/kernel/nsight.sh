@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Nsight Compute evidence for the Hopper main kernels (BENCHMARKS.md "What bounds it"): one eager launch a shape,
 # the build the backend selects for it, DRAM throughput, tensor pipe, warps active, registers, grid.
-#   bash benchmarks/kernel/nsight.sh OUT_DIR      (on an H200, from the repository root; ncu from the CUDA toolkit)
+#   bash benchmarks/kernel/nsight.sh OUT_DIR [SHAPE ...]   (on an H200, from the repository root; ncu from the
+#   CUDA toolkit; the shapes below by default, or those named of them)
 # Writes OUT_DIR/ncu-SHAPE.csv and OUT_DIR/ncu-SHAPE.err per shape.
 set -u
-out=${1:?usage: nsight.sh OUT_DIR}
+out=${1:?usage: nsight.sh OUT_DIR [SHAPE ...]}
+shift
+only=" $* "
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
@@ -13,6 +16,7 @@ metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapse
 metrics=$metrics,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
 metrics=$metrics,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,launch__grid_size
 profile() {  # SHAPE VARIANT: hopper_proto's first launch of the main kernel (its correctness check)
+    [ "$only" = "  " ] || [[ "$only" == *" $1 "* ]] || return 0
     timeout 100 "$ncu" --clock-control none --kernel-name regex:vattn_main_sm90 --launch-count 1 --csv \
         --metrics "$metrics" python3 -m benchmarks.kernel.hopper_proto --shapes "$1" --replays 1 \
         --descriptors 8192:1024 --variants "$2" --out "/tmp/nsight-$1.json" > "$out/ncu-$1.csv" 2> "$out/ncu-$1.err"
