@@ -974,15 +974,16 @@ static_assert(K8_PRODUCER_REGS * 128 + K8_CONSUMER_REGS * 256 <= 384 * 168, "set
 #define K8_BAR_STAGE (3 + 2 * K8_VSTAGES)  // STAGE_OUT: the first consumer warpgroup's staged result
 #define K8_BAR_LOOPS (4 + 2 * K8_VSTAGES)  // K8_MERGE_IN_SLOTS: the first warpgroup is done with every slot
 #define K8_BAR_TURN (5 + 2 * K8_VSTAGES)   // K8_PINGPONG: the first warpgroup's turn to issue; + 1: the second's
-static_assert(K8_BAR_TURN + 1 < 16, "named barriers 0-15");
-// K8_PINGPONG (two consumer warpgroups): they take turns issuing their wgmmas, FlashAttention-3's scheduler
-// barriers. Left alone they run in phase (clock stamps, benchmarks/NOTES.md P56): both issue, then both run their
-// softmax with the tensor pipe idle. In turns, one's softmax runs while the other's wgmmas do. A warpgroup takes
-// ceil(n / 2) + 1 turns (its tiles' S, then its last P.V); the second, one tile short on odd n, pads with empty
-// turns, and gives no turn after its last, so that every arrival on the two barriers is waited for.
+// K8_PINGPONG (a measurement switch for two consumer warpgroups): they take turns issuing their wgmmas,
+// FlashAttention-3's scheduler barriers. Left alone they run in phase (clock stamps, benchmarks/NOTES.md P56): both
+// issue, then both run their softmax with the tensor pipe idle. In turns the consumer alone is 5-14% faster, no
+// whole kernel (P57, P60). A warpgroup takes ceil(n / 2) + 1 turns (its tiles' S, then its last P.V); the second,
+// one tile short on odd n, pads with empty turns, and gives no turn after its last, so that every arrival on the
+// two barriers is waited for.
 #ifndef K8_PINGPONG
 #define K8_PINGPONG 0
 #endif
+static_assert(!K8_PINGPONG || K8_BAR_TURN + 1 < 16, "named barriers 0-15");
 struct PingPong {
   int wg, left;
   __device__ __forceinline__ void begin(int n_tiles) {
