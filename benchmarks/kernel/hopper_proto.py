@@ -9,7 +9,8 @@ replays over L2-cold replicas of the KV pool.
 
 Identical builds can drift apart by several percent within one run on the long batches (benchmarks/NOTES.md
 P45), so `--rounds R` times the variants R times in alternating order (forward, then backward) and records each
-variant's median over the rounds, with every round's time beside it.
+variant's median over the rounds, with every round's time beside it and the rounds in which it ran faster than
+the first variant (`faster_rounds_NAME`).
 
     python -m benchmarks.kernel.hopper_proto --shapes 16x35k --variants "a:K8=1;b:K8=1,BLOCK_N=128" --rounds 3"""
 
@@ -48,6 +49,14 @@ def time_in_rounds(timers: dict, rounds: int) -> dict:
     for name in alternating_rounds(list(timers), rounds):
         times[name].append(timers[name]())
     return times
+
+
+def rounds_faster(times: dict) -> dict:
+    """name -> (rounds in which it ran faster than the first variant, rounds), for each variant after the first.
+    A round times every variant within moments of the others, so this pairing holds where a GPU drifts by more
+    than the builds differ over a call (10-16% on some machines, benchmarks/NOTES.md P58-P60)."""
+    base, *others = times
+    return {name: (sum(t < b for t, b in zip(times[name], times[base])), len(times[base])) for name in others}
 
 
 def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
@@ -100,7 +109,11 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         lbo, sbo = descriptors[0]
         timers[name] = lambda hopper=hopper, lbo=lbo, sbo=sbo: per(
             lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
-    for name, times in time_in_rounds(timers, rounds).items():
+    timed = time_in_rounds(timers, rounds)
+    if rounds > 1:
+        for name, (won, of) in rounds_faster(timed).items():
+            rec[f"faster_rounds_{name}"] = f"{won}/{of}"  # than the first variant, round by round
+    for name, times in timed.items():
         rec[f"hopper_main_us_{name}"] = statistics.median(times)
         if rounds > 1:
             rec[f"rounds_us_{name}"] = times
@@ -314,7 +327,9 @@ def main(argv=None) -> int:
             print(f"{r['shape']:20s} error: {r['error'][:200]}")
             continue
         errs = " ".join(f"{k[8:]}={v:.1e}" for k, v in r.items() if k.startswith("rel_err"))
-        stages = " ".join(f"{k[15:]}={v:.1f}" for k, v in r.items() if k.startswith("hopper_main_us_"))
+        stages = " ".join(f"{k[15:]}={v:.1f}" + (f" (faster in {r['faster_rounds_' + k[15:]]})"
+                                                   if f"faster_rounds_{k[15:]}" in r else "")
+                          for k, v in r.items() if k.startswith("hopper_main_us_"))
         stages += "".join(f" {k}={v:.1f}" for k, v in r.items() if k.startswith(("reduce_us_", "chain_us_")))
         best = r["hopper_main_us"]
         hopper = f"{best:12.1f} {r['hopper_main_tbps']:6.2f}" if best else f"{'-':>12s} {'-':>6s}"

@@ -3,7 +3,8 @@
 import pytest
 
 from benchmarks.kernel.hopper_proto import (SECOND_LOOP_SLOTS, STAMP_ROW, _variants, alternating_rounds, best_main_us,
-                                            loop_stage_cycles, main, second_warpgroup_timeline, time_in_rounds)
+                                            loop_stage_cycles, main, rounds_faster, second_warpgroup_timeline,
+                                            time_in_rounds)
 
 
 def _rec(**variants):
@@ -39,6 +40,13 @@ def test_rounds_alternate_so_that_a_drift_weighs_on_every_variant_alike():
     times = time_in_rounds({"a": lambda: 10 + next(clock), "b": lambda: 10 + next(clock)}, 4)
     assert times == {"a": [10, 13, 14, 17], "b": [11, 12, 15, 16]}
     assert sorted(times["a"])[1:3] == [13, 14] and sorted(times["b"])[1:3] == [12, 15]  # medians 13.5 both
+
+
+def test_rounds_faster_pairs_each_round_with_the_first_variants():
+    # a GPU slowing by 10 us a round hides a 1 us gain from the medians' ranges, not from the pairing
+    times = {"base": [80.0, 90.0, 100.0], "new": [79.0, 89.0, 99.0], "worse": [81.0, 89.5, 101.0]}
+    assert rounds_faster(times) == {"new": (3, 3), "worse": (1, 3)}
+    assert rounds_faster({"only": [1.0, 2.0]}) == {}
 
 
 def test_rounds_below_one_are_refused():
