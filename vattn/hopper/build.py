@@ -255,9 +255,9 @@ class MainSm90:
         drv = _driver()
         fixed = lambda x: ("u64", int(x))
         # the call's tensors by position: q 0, k_cache 1, v_cache 2, block_tables 3, seq_lens 4, cu_seqlens_q 5,
-        # k_descale 6, v_descale 7, out 8; the TMA kernels take the caches by tensor map (k8 with K8_CPASYNC or
-        # K8_V_CPASYNC by address too)
-        caches = [] if self.tma and not (_flag(self.defines, "K8_CPASYNC") or _flag(self.defines, "K8_V_CPASYNC")) else [
+        # k_descale 6, v_descale 7, out 8; the TMA kernels take the caches by tensor map (k8 with K8_CPASYNC by
+        # address too)
+        caches = [] if self.tma and not _flag(self.defines, "K8_CPASYNC") else [
             ("ptr", 1), *map(fixed, k_cache.stride()[:3]), ("ptr", 2), *map(fixed, v_cache.stride()[:3])]
         params = [
             ("ptr", 0), fixed(q.stride(0)), fixed(q.stride(1)), *caches,

@@ -966,12 +966,6 @@ static_assert(K8_PRODUCER_REGS * 128 + K8_CONSUMER_REGS * 256 <= 384 * 168, "set
 #ifndef K8_CPASYNC
 #define K8_CPASYNC 0
 #endif
-// K8_V_CPASYNC=1 (a measurement switch: do two copy paths stream more than TMA alone?): K by TMA as in the default,
-// V by the widening threads' own 16-byte cp.async, each thread loading the chunks it widens, RAW_SLOTS - 1 tiles
-// ahead; raw_full then counts K's bytes alone
-#ifndef K8_V_CPASYNC
-#define K8_V_CPASYNC 0
-#endif
 // k8's named barriers: FULL_V(s) / EMPTY_V(s) per fp16 V stage, then the consumer warpgroup's own
 #define K8_BAR_FULL_V 1
 #define K8_BAR_EMPTY_V (1 + K8_VSTAGES)
@@ -1143,7 +1137,7 @@ __device__ __forceinline__ void merge_consumer_state(float (&o)[O_REGS], Rows& r
 
 extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
-#if K8_CPASYNC || K8_V_CPASYNC
+#if K8_CPASYNC
     const uint8_t* k, int64_t skp, int64_t sks, int64_t skh,
     const uint8_t* v, int64_t svp, int64_t svs, int64_t svh,
 #endif
@@ -1233,36 +1227,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
         mbar_arrive(&raw_full[r]);
         continue;
 #endif
-        char* rk = raw + r * 2 * K8_TILE;
-#if defined(PROFILE_COPY_ORDER) || defined(PROFILE_COPY_ONLY) || K8_V_CPASYNC  // timing only (with PROFILE_NO_CONSUME): the stream's
-        // order (0: each page's K boxes then its V box; 1: V first; 2: the tile's K boxes, then its V boxes) or one
-        // cache alone (PROFILE_COPY_ONLY 1: K, 2: V)
-#ifndef PROFILE_COPY_ORDER
-#define PROFILE_COPY_ORDER 0
-#endif
-#ifndef PROFILE_COPY_ONLY
-#define PROFILE_COPY_ONLY 0
-#endif
-        constexpr bool copy_k = PROFILE_COPY_ONLY != 2, copy_v = PROFILE_COPY_ONLY != 1 && !K8_V_CPASYNC;
-        mbar_expect_tx(&raw_full[r], pages * PAGE * HEAD_DIM * (int(copy_k) + int(copy_v)));
-        auto load_k = [&](int p) {
-#pragma unroll
-          for (int g = 0; g < HEAD_DIM / 128; ++g)
-            tma_load_4d(rk + g * (BLOCK_N * 128) + p * PAGE * 128, &tmap_k, g * 128, h, 0, pg[p], &raw_full[r]);
-        };
-        auto load_v = [&](int p) { tma_load_4d(rk + K8_TILE + p * PAGE * HEAD_DIM, &tmap_v, 0, h, 0, pg[p], &raw_full[r]); };
-#pragma unroll
-        for (int p = 0; p < TILE_PAGES; ++p) {
-          if (p >= pages) continue;
-          if (PROFILE_COPY_ORDER == 1 && copy_v) load_v(p);
-          if (copy_k) load_k(p);
-          if (PROFILE_COPY_ORDER == 0 && copy_v) load_v(p);
-        }
-#pragma unroll
-        for (int p = 0; p < TILE_PAGES; ++p)
-          if (PROFILE_COPY_ORDER == 2 && copy_v && p < pages) load_v(p);
-#else
         mbar_expect_tx(&raw_full[r], pages * PAGE * HEAD_DIM * 2);
+        char* rk = raw + r * 2 * K8_TILE;
 #pragma unroll
         for (int p = 0; p < TILE_PAGES; ++p) {
           if (p < pages) {
@@ -1272,7 +1238,6 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
             tma_load_4d(rk + K8_TILE + p * PAGE * HEAD_DIM, &tmap_v, 0, h, 0, pg[p], &raw_full[r]);
           }
         }
-#endif
         if (t == 0) STAMP(128, 11, 0);
         if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);  // used next round: its latency hides
       }
@@ -1281,57 +1246,10 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     }
     // ---------------- widening warps: V e4m3 rows -> fp16 stages ----------------
     const int wtid = ptid - 32;
-#if K8_V_CPASYNC
-    // the same lane map as the widening below: the chunks a thread loads are the chunks it widens, so its own
-    // cp.async.wait_group is all the synchronisation they need
-    constexpr int VG = HEAD_DIM / 16, VR = 32 / VG, V_STEP = K8_WIDEN / VG, V_VEC = (BLOCK_N + V_STEP - 1) / V_STEP;
-    constexpr int V_AHEAD = K8_RAW_SLOTS - 1;
-    int vcol, vrow0;
-    {
-      const int wl = wtid % 32, quarter = wl / 8, a = wl % 8;
-      const int half = VG == 16 ? quarter & 1 : 0, swap = VG == 16 ? quarter >> 1 : quarter & 1,
-                pair = VG == 16 ? 0 : quarter >> 1;
-      vcol = 16 * a + 128 * half;
-      vrow0 = (wtid / 32) * VR + 2 * pair + ((a >> 2) ^ swap);
-    }
-    const uint8_t* vh_base = v + h * svh + vcol;
-    int vpg[TILE_PAGES];
-    auto issue_v = [&](int t) {  // tile t's chunks of this thread into its slot's V half; rows past the piece: zeros
-      const int ts = start + t * BLOCK_N;
-      char* vdst = raw + (t % K8_RAW_SLOTS) * 2 * K8_TILE + K8_TILE + vcol;
-#pragma unroll
-      for (int j = 0; j < V_VEC; ++j) {
-        const int row = vrow0 + j * V_STEP;
-        if (row < BLOCK_N) {
-          int page = vpg[0];  // vpg[row / PAGE] by selects: a dynamic index would put vpg in local memory
-#pragma unroll
-          for (int p = 1; p < TILE_PAGES; ++p) page = row >= p * PAGE ? vpg[p] : page;
-          cp_async16(vdst + row * HEAD_DIM, vh_base + (int64_t)page * svp + (row % PAGE) * svs, ts + row < end ? 16 : 0);
-        }
-      }
-    };
-    for (int t = 0; t < V_AHEAD; ++t) {
-      if (t < n_tiles) {
-        load_pages(vpg, bt_row, start + t * BLOCK_N, end);
-        issue_v(t);
-      }
-      cp_async_commit();
-    }
-    if (V_AHEAD < n_tiles) load_pages(vpg, bt_row, start + V_AHEAD * BLOCK_N, end);
-#endif
     for (int i = 0; i < n_tiles; ++i) {
       const int r = i % K8_RAW_SLOTS, s = i % K8_VSTAGES;
       const int rows_valid = min(BLOCK_N, end - (start + i * BLOCK_N));
-#if K8_V_CPASYNC
-      if (i + V_AHEAD < n_tiles) {  // into the slot of tile i - 1, whose chunks this thread has widened
-        issue_v(i + V_AHEAD);
-        if (i + V_AHEAD + 1 < n_tiles) load_pages(vpg, bt_row, start + (i + V_AHEAD + 1) * BLOCK_N, end);
-      }
-      cp_async_commit();
-      cp_async_wait<V_AHEAD>();  // tile i's chunks have landed
-#else
       mbar_wait(&raw_full[r], (i / K8_RAW_SLOTS) & 1);
-#endif
       if (i == 0) STAMP(160, 12, 0);
       if (i >= K8_VSTAGES) bar_sync(K8_BAR_EMPTY_V + s, K8_BAR_COUNT);  // P(i - K8_VSTAGES).V is done with stage s
       const char* src = raw + r * 2 * K8_TILE + K8_TILE;
