@@ -957,12 +957,6 @@ static_assert(K8_PRODUCER_REGS * 128 + K8_CONSUMER_REGS * 256 <= 384 * 168, "set
 #ifndef K8_RAW_SLOTS
 #define K8_RAW_SLOTS (K8_CONSUMERS > 1 || K8_HD256_N64 ? 3 : 4 * 256 * 64 / (HEAD_DIM * BLOCK_N))
 #endif
-// K8_IN_FLIGHT (a measurement switch, below K8_RAW_SLOTS): the copy thread issues tile t only once tile
-// t - K8_IN_FLIGHT has landed, so that fewer tiles stream at once than the slots could hold (the copies alone ran
-// fastest at 2 slots, the kernel at 3)
-#ifndef K8_IN_FLIGHT
-#define K8_IN_FLIGHT K8_RAW_SLOTS
-#endif
 #ifndef K8_VSTAGES  // fp16 V stages: one at head_dim 256 on 128-token tiles (64 KB, beside 2 slots of 64 KB)
 #define K8_VSTAGES (HEAD_DIM * BLOCK_N > 256 * 64 ? 1 : K8_HD256_N64 ? 3 : STAGES)
 #endif
@@ -1228,12 +1222,6 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       for (int t = 0; t < n_tiles; ++t) {
         const int r = t % K8_RAW_SLOTS, ts = start + t * BLOCK_N;
         if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
-#if K8_IN_FLIGHT < K8_RAW_SLOTS
-        if (t >= K8_IN_FLIGHT) {  // (its phase cannot have moved on: tile t - K8_IN_FLIGHT + K8_RAW_SLOTS is not issued yet)
-          const int landed = t - K8_IN_FLIGHT;
-          mbar_wait(&raw_full[landed % K8_RAW_SLOTS], (landed / K8_RAW_SLOTS) & 1);
-        }
-#endif
         const int pages = min(TILE_PAGES, (end - ts + PAGE - 1) / PAGE);
 #ifdef PROFILE_NO_LOAD  // timing only: the slots are handed over unfilled (no DRAM traffic)
         mbar_arrive(&raw_full[r]);
