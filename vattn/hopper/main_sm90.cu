@@ -79,6 +79,17 @@ __device__ __forceinline__ uint64_t desc(uint32_t smem_addr, uint32_t lbo, uint3
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);  // layout type 1: 128B swizzle
 }
 
+// K8_DESC_ADD=1 (a measurement switch): each k-step's descriptor as the tile's base descriptor plus the step's
+// offset (one 32-bit add), not rebuilt from its address (add, mask, shift, or: ~5 uniform instructions a
+// descriptor, 16 a tile for K alone, on the consumer's issue path). The start address field (bits 0-13, in 16-byte
+// units) cannot carry out: shared memory ends below 2^18 bytes.
+#ifndef K8_DESC_ADD
+#define K8_DESC_ADD 0
+#endif
+__device__ __forceinline__ uint64_t desc_plus(uint64_t base, uint32_t offset_bytes) {
+  const uint32_t lo = (uint32_t)base + (offset_bytes >> 4), hi = (uint32_t)(base >> 32);
+  return ((uint64_t)hi << 32) | lo;
+}
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // The first 1024-byte boundary of dynamic shared memory (the 128B swizzle's atom), as an offset from the
 // __shared__ array itself: a pointer rounded through an integer is generic to the compiler, and every access
@@ -532,9 +543,16 @@ template <bool BF16>
 __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const uint32_t (&pa)[BLOCK_N / 4], uint32_t sv_addr,
                                          int v_lbo, int v_sbo) {
   wg_fence();
+#if K8_DESC_ADD
+  const uint64_t dv0 = desc(sv_addr, v_lbo, v_sbo);
+#endif
 #pragma unroll
   for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+#if K8_DESC_ADD
+    const uint64_t dv = desc_plus(dv0, (kk / 4) * (SUB_N * HEAD_DIM * 2) + (kk % 4) * 16 * 128);
+#else
     const uint64_t dv = desc(sv_addr + (kk / 4) * (SUB_N * HEAD_DIM * 2) + (kk % 4) * 16 * 128, v_lbo, v_sbo);
+#endif
     if (BF16)
       wgmma_rs_nd_bf16(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv);
     else
@@ -1045,14 +1063,21 @@ __device__ __forceinline__ uint32_t swz8(int rows, int row, int col) {
 #define wgmma_ss_e4m3 CAT(CAT(wgmma_ss_n, BLOCK_N), _e4m3)  // S = Q.K^T, N = BLOCK_N
 __device__ __forceinline__ void issue_qk8(float (&sc)[BLOCK_N / 2], uint32_t qhi_addr, uint32_t qlo_addr,
                                           uint32_t sk_addr) {
+#if K8_DESC_ADD
+  const uint64_t kd = desc(sk_addr, 16, 1024), qd[2] = {desc(qhi_addr, 16, 1024), desc(qlo_addr, 16, 1024)};
+#endif
 #pragma unroll
   for (int part = 0; part < K8_QPARTS; ++part) {
 #pragma unroll
     for (int kk = 0; kk < HEAD_DIM / 32; ++kk) {
       uint32_t qoff = (kk / 4) * (QROWS * 128) + (kk % 4) * 32;
       uint32_t koff = (kk / 4) * (BLOCK_N * 128) + (kk % 4) * 32;
+#if K8_DESC_ADD
+      wgmma_ss_e4m3(sc, desc_plus(qd[part], qoff), desc_plus(kd, koff), part > 0 || kk > 0);
+#else
       wgmma_ss_e4m3(sc, desc((part ? qlo_addr : qhi_addr) + qoff, 16, 1024), desc(sk_addr + koff, 16, 1024),
                         part > 0 || kk > 0);
+#endif
     }
   }
 }
