@@ -79,10 +79,11 @@ __device__ __forceinline__ uint64_t desc(uint32_t smem_addr, uint32_t lbo, uint3
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);  // layout type 1: 128B swizzle
 }
 
-// K8_DESC_ADD=1 (a measurement switch): each k-step's descriptor as the tile's base descriptor plus the step's
-// offset (one 32-bit add), not rebuilt from its address (add, mask, shift, or: ~5 uniform instructions a
-// descriptor, 16 a tile for K alone, on the consumer's issue path). The start address field (bits 0-13, in 16-byte
-// units) cannot carry out: shared memory ends below 2^18 bytes.
+// K8_DESC_ADD=1 (a measurement switch for the k8 builds, benchmarks/NOTES.md "Next GPU session"): each k-step's
+// wgmma descriptor as its tile's base descriptor plus the step's offset (one 32-bit add) instead of rebuilt from
+// its address (add, mask, shift, or), on the consumer's issue path: head_dim 256's loop iteration 547 -> 511 SASS
+// instructions. The same values: the start address field (bits 0-13, 16-byte units) holds any shared-memory
+// address (all below 2^18 bytes), so base + offset never carries out of it.
 #ifndef K8_DESC_ADD
 #define K8_DESC_ADD 0
 #endif
