@@ -164,7 +164,9 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path (pdl: the main
     kernel a programmatic dependent of the plan, which lets it launch at once, and the reduce (launch_reduce's
     defaults, or reduce_kw) of the main kernel), with the reduce's alone (reducepdl) and as ordinary launches
-    (nopdl); each checked."""
+    (nopdl); each checked. Where the chain's time over the main kernel's goes: the main kernel on the plan
+    already made, then the reduce as its dependent (mainreduce, checked), and the plan then the main kernel as
+    its dependent without a reduce (planmain, timed only: it leaves split sequences' rows unmerged)."""
     import torch
 
     from vattn import kernel as K
@@ -174,18 +176,25 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     lbo, sbo = descriptor
     rec = {}
-    for name, main_pdl, pdl in (("pdl", True, True), ("reducepdl", False, True), ("nopdl", False, False)):
-        def call(r, main_pdl=main_pdl, pdl=pdl):
-            plan_gpu(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, slots=sm, mode="balanced", out=out_plan,
-                     overhead=overhead, let_next_launch=main_pdl)
-            kern.launch(*b.attention_args(r), out_plan, o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo, pdl=main_pdl)
-            K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
-                            skip_whole=True, pdl=pdl, **(reduce_kw or {}))
+    stages = (("pdl", True, True, True, True), ("reducepdl", True, False, True, True),
+              ("nopdl", True, False, True, False), ("mainreduce", False, False, True, True),
+              ("planmain", True, True, False, False))
+    for name, with_plan, main_pdl, with_reduce, pdl in stages:
+        def call(r, with_plan=with_plan, main_pdl=main_pdl, with_reduce=with_reduce, pdl=pdl):
+            if with_plan:
+                plan_gpu(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, slots=sm, mode="balanced", out=out_plan,
+                         overhead=overhead, let_next_launch=main_pdl)
+            kern.launch(*b.attention_args(r), out_plan if with_plan else plan, o_part, lse_part, b.out, v_lbo=lbo,
+                        v_sbo=sbo, pdl=main_pdl)
+            if with_reduce:
+                K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
+                                skip_whole=True, pdl=pdl, **(reduce_kw or {}))
 
         b.out.fill_(float("nan"))
         call(0)
         torch.cuda.synchronize()
-        rec[f"rel_err_chain_{name}"], rec[f"nan_chain_{name}"] = harness.check(b.out, ref)
+        if with_reduce:
+            rec[f"rel_err_chain_{name}"], rec[f"nan_chain_{name}"] = harness.check(b.out, ref)
         rec[f"chain_us_{name}"] = harness.timed_graph(lambda: [call(r) for r in range(b.replicas)], replays) / b.replicas
     return rec
 

@@ -107,13 +107,13 @@ def test_every_kernel_of_a_build_exports_its_launch_shape(tmp_path, monkeypatch,
 # head_dim 256's measurement builds (benchmarks/NOTES.md, "Next GPU session"): S on m64n128k32 (one fp16 V stage
 # beside 2 slots of 64 KB); two consumer warpgroups with two fp16 V stages each (also with clock stamps of both
 # warpgroups' loop iterations), and taking turns to issue on 3 slots; the chain softmax scaling each score
-# before its maxima (the default until session 20); each wgmma descriptor as its tile's base plus an offset
-# (K8_DESC_ADD: 36 instructions fewer a loop iteration, session 21). They must build within one CTA's shared
+# before its maxima (the default until session 20); each wgmma descriptor rebuilt from its address (K8_DESC_ADD=0,
+# the default until session 22). They must build within one CTA's shared
 # memory without serialised wgmmas; their few spilled registers are what they are measured with
 C2V4 = dict(K8_CONSUMERS=2, K8_RAW_SLOTS=2, K8_VSTAGES=4)
 MEASUREMENT_BUILDS = {"n128": dict(BLOCK_N=128), "c2v4": C2V4, "c2v4-stamps": C2V4 | dict(PROFILE_STAMPS=1),
                       "c2-pingpong": dict(K8_CONSUMERS=2, K8_PINGPONG=1, K8_RAW_SLOTS=3, K8_VSTAGES=2),
-                      "softmax-chain-scaled-first": dict(SOFTMAX_SCALE_IN_EXP=0), "desc-add": dict(K8_DESC_ADD=1)}
+                      "softmax-chain-scaled-first": dict(SOFTMAX_SCALE_IN_EXP=0), "desc-rebuilt": dict(K8_DESC_ADD=0)}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

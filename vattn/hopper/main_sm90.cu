@@ -79,13 +79,14 @@ __device__ __forceinline__ uint64_t desc(uint32_t smem_addr, uint32_t lbo, uint3
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);  // layout type 1: 128B swizzle
 }
 
-// K8_DESC_ADD=1 (a measurement switch for the k8 builds, benchmarks/NOTES.md "Next GPU session"): each k-step's
-// wgmma descriptor as its tile's base descriptor plus the step's offset (one 32-bit add) instead of rebuilt from
-// its address (add, mask, shift, or), on the consumer's issue path: head_dim 256's loop iteration 547 -> 511 SASS
-// instructions. The same values: the start address field (bits 0-13, 16-byte units) holds any shared-memory
-// address (all below 2^18 bytes), so base + offset never carries out of it.
+// K8_DESC_ADD=1 (the default): each k-step's wgmma descriptor as its tile's base descriptor plus the step's offset
+// (one 32-bit add) instead of rebuilt from its address (add, mask, shift, or), on the consumer's issue path: head_dim
+// 256's loop iteration 547 -> 511 SASS instructions; the main kernel 0.6-1.8% faster on 16x35k, q1 and 16x119k in
+// every round, head_dim 128 unchanged (benchmarks/NOTES.md P64, P65). The same values: the start address field
+// (bits 0-13, 16-byte units) holds any shared-memory address (all below 2^18 bytes), so base + offset never carries
+// out of it. 0 rebuilds each descriptor (a measurement switch).
 #ifndef K8_DESC_ADD
-#define K8_DESC_ADD 0
+#define K8_DESC_ADD 1
 #endif
 __device__ __forceinline__ uint64_t desc_plus(uint64_t base, uint32_t offset_bytes) {
   const uint32_t lo = (uint32_t)base + (offset_bytes >> 4), hi = (uint32_t)(base >> 32);
