@@ -329,16 +329,150 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
   return true;
 }
 
+// FUSED_PLAN=1 (a measurement build of the k8 kernel, benchmarks/NOTES.md P66): every CTA makes the balanced plan
+// itself from the lengths instead of reading the plan kernel's work list, to time a chain without the plan kernel
+// and without the work list's dependent loads. The batch, the slot budget and the piece overhead are compile-time
+// (FP_BATCH, FP_BUDGET = slots / Hkv, FP_OVERHEAD); the answer is vattn.planner's balanced plan exactly: the
+// smallest piece cap that fits the budget (an 8-ary search over planner._split_balanced's bracket), the items in
+// row order, and program p running the p-th split item, then the single ones. Warp 0 makes it (lanes over the
+// batch) and hands the item to the CTA through `bcast` (8 ints of shared memory no one reads before the CTA's
+// first __syncthreads after this).
+#ifndef FUSED_PLAN
+#define FUSED_PLAN 0
+#endif
+#if FUSED_PLAN
+#define FP_CHUNKS ((FP_BATCH + 31) / 32)
+#define FP_TILE 64  // vattn.planner.KV_TILE
+__device__ __forceinline__ int warp_sum(int v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+  return v;
+}
+__device__ __forceinline__ int warp_max(int v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(~0u, v, o));
+  return v;
+}
+__device__ __forceinline__ int warp_exclusive_scan(int v, int& total) {
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(~0u, x, o);
+    if ((threadIdx.x & 31) >= o) x += y;
+  }
+  total = __shfl_sync(~0u, x, 31);
+  return x - v;
+}
+__device__ __forceinline__ bool plan_item(Item& it, int program, const int* seq_lens, const int* cu_q, const int* bt,
+                                       int64_t stride_bt, int* bcast) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int len[FP_CHUNKS], tiles[FP_CHUNKS], q0[FP_CHUNKS], nq[FP_CHUNKS];
+    int live = 0, total = 0, longest = 0;
+#pragma unroll
+    for (int c = 0; c < FP_CHUNKS; ++c) {
+      const int b = c * 32 + lane;
+      const bool in = b < FP_BATCH;
+      len[c] = in ? seq_lens[b] : 0;
+      q0[c] = in ? cu_q[b] : 0;
+      nq[c] = in ? cu_q[b + 1] - q0[c] : 0;
+      tiles[c] = nq[c] > 0 ? (len[c] + FP_TILE - 1) / FP_TILE : 0;
+      live += tiles[c] > 0;
+      total += tiles[c];
+      longest = max(longest, tiles[c]);
+    }
+    live = warp_sum(live), total = warp_sum(total), longest = warp_max(longest);
+    int item[7] = {-1, 0, 0, 0, 0, 0, 0};  // seq, part, start, end, kv_len, q0, n_q
+    if (live > 0) {
+      const int budget = max(live, FP_BUDGET);
+      const int lo0 = max((total + budget - 1) / budget, 1), slack = max(budget - live, 1);
+      int hi = budget <= live ? longest : min(longest, max(lo0, (total + slack - 1) / slack));
+      int lo = max(lo0 - FP_OVERHEAD, 1);
+      while (lo < hi) {  // hi fits; each round tests 8 caps and keeps the gap between the last misfit and first fit
+        const int step = (hi - lo + 7) / 8;
+        int held[8], packed[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int cap = min(lo + k * step, hi);
+          held[k] = 0, packed[k] = 0;
+#pragma unroll
+          for (int c = 0; c < FP_CHUNKS; ++c) {
+            const int t = tiles[c];
+            if (t > 0 && 2 * t <= cap) packed[k] += t + FP_OVERHEAD;
+            else held[k] += (t + cap - 1) / cap;
+          }
+        }
+        int new_lo = lo, new_hi = hi;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int cap = min(lo + k * step, hi);
+          const int need = warp_sum(held[k]) + (warp_sum(packed[k]) + cap + FP_OVERHEAD - 1) / (cap + FP_OVERHEAD);
+          if (need <= budget || cap >= hi) new_hi = min(new_hi, cap);
+          else new_lo = max(new_lo, cap + 1);
+        }
+        lo = new_lo, hi = new_hi;
+      }
+      const int seg = max(hi, FP_OVERHEAD);
+      int n_split = 0;
+#pragma unroll
+      for (int c = 0; c < FP_CHUNKS; ++c) {
+        const int k = tiles[c] > 0 ? (tiles[c] + seg - 1) / seg : 0;
+        n_split += warp_sum(k > 1 ? k : 0);
+      }
+      int row0 = 0, split0 = 0, single0 = 0;  // items, split items, single items of the chunks before
+#pragma unroll
+      for (int c = 0; c < FP_CHUNKS; ++c) {
+        const int k = tiles[c] > 0 ? (tiles[c] + seg - 1) / seg : 0;
+        int rows, splits, singles;
+        const int row = row0 + warp_exclusive_scan(k, rows);
+        const int split = split0 + warp_exclusive_scan(k > 1 ? k : 0, splits);
+        const int single = single0 + warp_exclusive_scan(k == 1, singles);
+        const bool mine = program < n_split ? k > 1 && split <= program && program < split + k
+                                            : k == 1 && single == program - n_split;
+        const unsigned who = __ballot_sync(~0u, mine);
+        if (who) {
+          const int src = __ffs(who) - 1;
+          const int piece = program < n_split ? program - split : 0;
+          const int st = piece * seg * FP_TILE;
+          const int mine_item[7] = {c * 32 + lane, row + piece, st, min(len[c], st + seg * FP_TILE), len[c], q0[c],
+                                    nq[c]};
+#pragma unroll
+          for (int f = 0; f < 7; ++f) item[f] = __shfl_sync(~0u, mine_item[f], src);
+        }
+        row0 += rows, split0 += splits, single0 += singles;
+      }
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int f = 0; f < 7; ++f) bcast[f] = item[f];
+    }
+  }
+  __syncthreads();
+  const int seq = bcast[0];
+  if (seq < 0) return false;
+  it.part = bcast[1];
+  it.start = bcast[2];
+  it.end = bcast[3];
+  it.kv_len = bcast[4];
+  it.q0 = bcast[5];
+  it.n_q = bcast[6];
+  it.n_tiles = (it.end - it.start + BLOCK_N - 1) / BLOCK_N;
+  it.bt_row = bt + (int64_t)seq * stride_bt;
+  return true;
+}
+#endif
+
 // A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's KV head
 // h, its work item `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a
 // fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
 #define CTA_WORK_ITEM()                                                                                               \
+  CTA_WORK_ITEM_BY(read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, \
+                             bt, stride_bt))
+#define CTA_WORK_ITEM_BY(READ)                                                                                        \
   wait_for_previous_kernel();                                                                                         \
   const int h = blockIdx.x;                                                                                           \
   Item it;                                                                                                            \
-  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,           \
-                 stride_bt))                                                                                          \
-    return;                                                                                                           \
+  if (!(READ)) return;                                                                                                \
   const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;                          \
   const int tid = threadIdx.x
 
@@ -1197,7 +1331,11 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     prefetch_tensor_map(&tmap_k);
     prefetch_tensor_map(&tmap_v);
   }
+#if FUSED_PLAN
+  CTA_WORK_ITEM_BY(plan_item(it, blockIdx.y, seq_lens, cu_q, bt, stride_bt, reinterpret_cast<int*>(sq_lo)));
+#else
   CTA_WORK_ITEM();
+#endif
   STAMP(0, 1, it.q0);
   const int* bt_row = it.bt_row;
 #ifdef PROFILE_EMPTY  // timing only: the launch and the work item's loads, nothing else
