@@ -333,7 +333,7 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
 // itself from the lengths instead of reading the plan kernel's work list, to time a chain without the plan kernel
 // and without the work list's dependent loads. The batch, the slot budget and the piece overhead are compile-time
 // (FP_BATCH, FP_BUDGET = slots / Hkv, FP_OVERHEAD); the answer is vattn.planner's balanced plan exactly: the
-// smallest piece cap that fits the budget (an 8-ary search over planner._split_balanced's bracket), the items in
+// smallest piece cap that fits the budget (32 caps a round, one a lane, over planner._split_balanced's bracket), the items in
 // row order, and program p running the p-th split item, then the single ones. Warp 0 makes it (lanes over the
 // batch) and hands the item to the CTA through `bcast` (8 ints of shared memory no one reads before the CTA's
 // first __syncthreads after this).
@@ -343,32 +343,11 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
 #if FUSED_PLAN
 #define FP_CHUNKS ((FP_BATCH + 31) / 32)
 #define FP_TILE 64  // vattn.planner.KV_TILE
-__device__ __forceinline__ int warp_sum(int v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
-  return v;
-}
-__device__ __forceinline__ int warp_max(int v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(~0u, v, o));
-  return v;
-}
-__device__ __forceinline__ int warp_exclusive_scan(int v, int& total) {
-  int x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(~0u, x, o);
-    if ((threadIdx.x & 31) >= o) x += y;
-  }
-  total = __shfl_sync(~0u, x, 31);
-  return x - v;
-}
 __device__ __forceinline__ bool plan_item(Item& it, int program, const int* seq_lens, const int* cu_q, const int* bt,
                                        int64_t stride_bt, int* bcast) {
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     int len[FP_CHUNKS], tiles[FP_CHUNKS], q0[FP_CHUNKS], nq[FP_CHUNKS];
-    int live = 0, total = 0, longest = 0;
 #pragma unroll
     for (int c = 0; c < FP_CHUNKS; ++c) {
       const int b = c * 32 + lane;
@@ -377,69 +356,63 @@ __device__ __forceinline__ bool plan_item(Item& it, int program, const int* seq_
       q0[c] = in ? cu_q[b] : 0;
       nq[c] = in ? cu_q[b + 1] - q0[c] : 0;
       tiles[c] = nq[c] > 0 ? (len[c] + FP_TILE - 1) / FP_TILE : 0;
-      live += tiles[c] > 0;
-      total += tiles[c];
-      longest = max(longest, tiles[c]);
     }
-    live = warp_sum(live), total = warp_sum(total), longest = warp_max(longest);
+    int all_tiles[FP_BATCH], live = 0, total = 0, longest = 0;  // every lane the whole batch: no reductions
+#pragma unroll
+    for (int b = 0; b < FP_BATCH; ++b) {
+      all_tiles[b] = __shfl_sync(~0u, tiles[b / 32], b % 32);
+      live += all_tiles[b] > 0, total += all_tiles[b], longest = max(longest, all_tiles[b]);
+    }
     int item[7] = {-1, 0, 0, 0, 0, 0, 0};  // seq, part, start, end, kv_len, q0, n_q
     if (live > 0) {
       const int budget = max(live, FP_BUDGET);
       const int lo0 = max((total + budget - 1) / budget, 1), slack = max(budget - live, 1);
       int hi = budget <= live ? longest : min(longest, max(lo0, (total + slack - 1) / slack));
       int lo = max(lo0 - FP_OVERHEAD, 1);
-      while (lo < hi) {  // hi fits; each round tests 8 caps and keeps the gap between the last misfit and first fit
-        const int step = (hi - lo + 7) / 8;
-        int held[8], packed[8];
+      while (lo < hi) {  // hi fits; each round tests 32 caps and keeps the gap between the last misfit and first fit
+        const int step = (hi - lo + 30) / 31, cap = min(lo + lane * step, hi);  // lane 31's cap is hi
+        int held = 0, packed = 0;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int cap = min(lo + k * step, hi);
-          held[k] = 0, packed[k] = 0;
-#pragma unroll
-          for (int c = 0; c < FP_CHUNKS; ++c) {
-            const int t = tiles[c];
-            if (t > 0 && 2 * t <= cap) packed[k] += t + FP_OVERHEAD;
-            else held[k] += (t + cap - 1) / cap;
-          }
+        for (int b = 0; b < FP_BATCH; ++b) {
+          const int t = all_tiles[b];
+          if (t > 0 && 2 * t <= cap) packed += t + FP_OVERHEAD;
+          else held += (t + cap - 1) / cap;
         }
-        int new_lo = lo, new_hi = hi;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int cap = min(lo + k * step, hi);
-          const int need = warp_sum(held[k]) + (warp_sum(packed[k]) + cap + FP_OVERHEAD - 1) / (cap + FP_OVERHEAD);
-          if (need <= budget || cap >= hi) new_hi = min(new_hi, cap);
-          else new_lo = max(new_lo, cap + 1);
-        }
-        lo = new_lo, hi = new_hi;
+        const int need = held + (packed + cap + FP_OVERHEAD - 1) / (cap + FP_OVERHEAD);
+        const int first_fit = __ffs(__ballot_sync(~0u, need <= budget || cap >= hi)) - 1;  // caps rise by lane
+        const int below = __shfl_sync(~0u, cap, max(first_fit - 1, 0));
+        lo = first_fit > 0 ? below + 1 : lo;
+        hi = __shfl_sync(~0u, cap, first_fit);
       }
+      // the item of program p, on every lane from the whole batch (no shuffles on the way): the pieces in row order,
+      // the split ones launched first
       const int seg = max(hi, FP_OVERHEAD);
-      int n_split = 0;
+      int pieces[FP_BATCH], n_split = 0;
 #pragma unroll
-      for (int c = 0; c < FP_CHUNKS; ++c) {
-        const int k = tiles[c] > 0 ? (tiles[c] + seg - 1) / seg : 0;
-        n_split += warp_sum(k > 1 ? k : 0);
+      for (int b = 0; b < FP_BATCH; ++b) {
+        pieces[b] = all_tiles[b] > 0 ? (all_tiles[b] + seg - 1) / seg : 0;
+        n_split += pieces[b] > 1 ? pieces[b] : 0;
       }
-      int row0 = 0, split0 = 0, single0 = 0;  // items, split items, single items of the chunks before
+      int row = 0, split = 0, single = 0, found = -1, piece = 0, w = 0;
 #pragma unroll
-      for (int c = 0; c < FP_CHUNKS; ++c) {
-        const int k = tiles[c] > 0 ? (tiles[c] + seg - 1) / seg : 0;
-        int rows, splits, singles;
-        const int row = row0 + warp_exclusive_scan(k, rows);
-        const int split = split0 + warp_exclusive_scan(k > 1 ? k : 0, splits);
-        const int single = single0 + warp_exclusive_scan(k == 1, singles);
+      for (int b = 0; b < FP_BATCH; ++b) {
+        const int k = pieces[b];
         const bool mine = program < n_split ? k > 1 && split <= program && program < split + k
                                             : k == 1 && single == program - n_split;
-        const unsigned who = __ballot_sync(~0u, mine);
-        if (who) {
-          const int src = __ffs(who) - 1;
-          const int piece = program < n_split ? program - split : 0;
-          const int st = piece * seg * FP_TILE;
-          const int mine_item[7] = {c * 32 + lane, row + piece, st, min(len[c], st + seg * FP_TILE), len[c], q0[c],
-                                    nq[c]};
+        if (mine) found = b, piece = program < n_split ? program - split : 0, w = row + piece;
+        row += k, split += k > 1 ? k : 0, single += k == 1;
+      }
+      if (found >= 0) {
+        int fl = 0, fq0 = 0, fnq = 0;
 #pragma unroll
-          for (int f = 0; f < 7; ++f) item[f] = __shfl_sync(~0u, mine_item[f], src);
+        for (int c = 0; c < FP_CHUNKS; ++c) {
+          const int l = __shfl_sync(~0u, len[c], found % 32), a = __shfl_sync(~0u, q0[c], found % 32),
+                    n = __shfl_sync(~0u, nq[c], found % 32);
+          if (found / 32 == c) fl = l, fq0 = a, fnq = n;
         }
-        row0 += rows, split0 += splits, single0 += singles;
+        const int st = piece * seg * FP_TILE;
+        item[0] = found, item[1] = w, item[2] = st, item[3] = min(fl, st + seg * FP_TILE), item[4] = fl;
+        item[5] = fq0, item[6] = fnq;
       }
     }
     if (lane == 0) {
