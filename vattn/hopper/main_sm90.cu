@@ -329,123 +329,16 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
   return true;
 }
 
-// FUSED_PLAN=1 (a measurement build of the k8 kernel, benchmarks/NOTES.md P66): every CTA makes the balanced plan
-// itself from the lengths instead of reading the plan kernel's work list, to time a chain without the plan kernel
-// and without the work list's dependent loads. The batch, the slot budget and the piece overhead are compile-time
-// (FP_BATCH, FP_BUDGET = slots / Hkv, FP_OVERHEAD); the answer is vattn.planner's balanced plan exactly: the
-// smallest piece cap that fits the budget (32 caps a round, one a lane, over planner._split_balanced's bracket), the items in
-// row order, and program p running the p-th split item, then the single ones. Warp 0 makes it (lanes over the
-// batch) and hands the item to the CTA through `bcast` (8 ints of shared memory no one reads before the CTA's
-// first __syncthreads after this).
-#ifndef FUSED_PLAN
-#define FUSED_PLAN 0
-#endif
-#if FUSED_PLAN
-#define FP_CHUNKS ((FP_BATCH + 31) / 32)
-#define FP_TILE 64  // vattn.planner.KV_TILE
-__device__ __forceinline__ bool plan_item(Item& it, int program, const int* seq_lens, const int* cu_q, const int* bt,
-                                       int64_t stride_bt, int* bcast) {
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    int len[FP_CHUNKS], tiles[FP_CHUNKS], q0[FP_CHUNKS], nq[FP_CHUNKS];
-#pragma unroll
-    for (int c = 0; c < FP_CHUNKS; ++c) {
-      const int b = c * 32 + lane;
-      const bool in = b < FP_BATCH;
-      len[c] = in ? seq_lens[b] : 0;
-      q0[c] = in ? cu_q[b] : 0;
-      nq[c] = in ? cu_q[b + 1] - q0[c] : 0;
-      tiles[c] = nq[c] > 0 ? (len[c] + FP_TILE - 1) / FP_TILE : 0;
-    }
-    int all_tiles[FP_BATCH], live = 0, total = 0, longest = 0;  // every lane the whole batch: no reductions
-#pragma unroll
-    for (int b = 0; b < FP_BATCH; ++b) {
-      all_tiles[b] = __shfl_sync(~0u, tiles[b / 32], b % 32);
-      live += all_tiles[b] > 0, total += all_tiles[b], longest = max(longest, all_tiles[b]);
-    }
-    int item[7] = {-1, 0, 0, 0, 0, 0, 0};  // seq, part, start, end, kv_len, q0, n_q
-    if (live > 0) {
-      const int budget = max(live, FP_BUDGET);
-      const int lo0 = max((total + budget - 1) / budget, 1), slack = max(budget - live, 1);
-      int hi = budget <= live ? longest : min(longest, max(lo0, (total + slack - 1) / slack));
-      int lo = max(lo0 - FP_OVERHEAD, 1);
-      while (lo < hi) {  // hi fits; each round tests 32 caps and keeps the gap between the last misfit and first fit
-        const int step = (hi - lo + 30) / 31, cap = min(lo + lane * step, hi);  // lane 31's cap is hi
-        int held = 0, packed = 0;
-#pragma unroll
-        for (int b = 0; b < FP_BATCH; ++b) {
-          const int t = all_tiles[b];
-          if (t > 0 && 2 * t <= cap) packed += t + FP_OVERHEAD;
-          else held += (t + cap - 1) / cap;
-        }
-        const int need = held + (packed + cap + FP_OVERHEAD - 1) / (cap + FP_OVERHEAD);
-        const int first_fit = __ffs(__ballot_sync(~0u, need <= budget || cap >= hi)) - 1;  // caps rise by lane
-        const int below = __shfl_sync(~0u, cap, max(first_fit - 1, 0));
-        lo = first_fit > 0 ? below + 1 : lo;
-        hi = __shfl_sync(~0u, cap, first_fit);
-      }
-      // the item of program p, on every lane from the whole batch (no shuffles on the way): the pieces in row order,
-      // the split ones launched first
-      const int seg = max(hi, FP_OVERHEAD);
-      int pieces[FP_BATCH], n_split = 0;
-#pragma unroll
-      for (int b = 0; b < FP_BATCH; ++b) {
-        pieces[b] = all_tiles[b] > 0 ? (all_tiles[b] + seg - 1) / seg : 0;
-        n_split += pieces[b] > 1 ? pieces[b] : 0;
-      }
-      int row = 0, split = 0, single = 0, found = -1, piece = 0, w = 0;
-#pragma unroll
-      for (int b = 0; b < FP_BATCH; ++b) {
-        const int k = pieces[b];
-        const bool mine = program < n_split ? k > 1 && split <= program && program < split + k
-                                            : k == 1 && single == program - n_split;
-        if (mine) found = b, piece = program < n_split ? program - split : 0, w = row + piece;
-        row += k, split += k > 1 ? k : 0, single += k == 1;
-      }
-      if (found >= 0) {
-        int fl = 0, fq0 = 0, fnq = 0;
-#pragma unroll
-        for (int c = 0; c < FP_CHUNKS; ++c) {
-          const int l = __shfl_sync(~0u, len[c], found % 32), a = __shfl_sync(~0u, q0[c], found % 32),
-                    n = __shfl_sync(~0u, nq[c], found % 32);
-          if (found / 32 == c) fl = l, fq0 = a, fnq = n;
-        }
-        const int st = piece * seg * FP_TILE;
-        item[0] = found, item[1] = w, item[2] = st, item[3] = min(fl, st + seg * FP_TILE), item[4] = fl;
-        item[5] = fq0, item[6] = fnq;
-      }
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int f = 0; f < 7; ++f) bcast[f] = item[f];
-    }
-  }
-  __syncthreads();
-  const int seq = bcast[0];
-  if (seq < 0) return false;
-  it.part = bcast[1];
-  it.start = bcast[2];
-  it.end = bcast[3];
-  it.kv_len = bcast[4];
-  it.q0 = bcast[5];
-  it.n_q = bcast[6];
-  it.n_tiles = (it.end - it.start + BLOCK_N - 1) / BLOCK_N;
-  it.bt_row = bt + (int64_t)seq * stride_bt;
-  return true;
-}
-#endif
-
 // A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's KV head
 // h, its work item `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a
 // fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
 #define CTA_WORK_ITEM()                                                                                               \
-  CTA_WORK_ITEM_BY(read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, \
-                             bt, stride_bt))
-#define CTA_WORK_ITEM_BY(READ)                                                                                        \
   wait_for_previous_kernel();                                                                                         \
   const int h = blockIdx.x;                                                                                           \
   Item it;                                                                                                            \
-  if (!(READ)) return;                                                                                                \
+  if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,           \
+                 stride_bt))                                                                                          \
+    return;                                                                                                           \
   const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;                          \
   const int tid = threadIdx.x
 
@@ -1304,11 +1197,7 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     prefetch_tensor_map(&tmap_k);
     prefetch_tensor_map(&tmap_v);
   }
-#if FUSED_PLAN
-  CTA_WORK_ITEM_BY(plan_item(it, blockIdx.y, seq_lens, cu_q, bt, stride_bt, reinterpret_cast<int*>(sq_lo)));
-#else
   CTA_WORK_ITEM();
-#endif
   STAMP(0, 1, it.q0);
   const int* bt_row = it.bt_row;
 #ifdef PROFILE_EMPTY  // timing only: the launch and the work item's loads, nothing else
