@@ -103,7 +103,8 @@ def run(seqs: int, pieces: int, rows: int, head_dim: int, gqa: int, replays: int
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sequences", default="1,16", help="comma-separated: sequences (one program each) at once")
+    ap.add_argument("--sequences", default="1,16", help="comma-separated: sequences (one program each) at once; "
+                    "their partials must fit in L2 (60 MB on an H200) for the timing to mean what it says")
     ap.add_argument("--pieces", type=int, default=8, help="partials a sequence (16x35k: 8)")
     ap.add_argument("--rows", type=int, default=64, help="rows a partial: q_len x GQA (16x35k: 64)")
     ap.add_argument("--head-dim", type=int, default=256)
@@ -111,8 +112,10 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--out", default=None, help="write the records as a JSON list")
     a = ap.parse_args(argv)
-    if a.rows % a.gqa:
-        ap.error(f"--rows: got {a.rows}; must be a multiple of --gqa ({a.gqa})")
+    if a.rows % a.gqa or a.rows % 4:
+        ap.error(f"--rows: got {a.rows}; must be a multiple of 4 and of --gqa ({a.gqa})")
+    if a.pieces & (a.pieces - 1) or a.head_dim & (a.head_dim - 1):
+        ap.error(f"--pieces, --head-dim: got {a.pieces}, {a.head_dim}; each must be a power of two (Triton's ranges)")
     recs = []
     for seqs in (int(x) for x in a.sequences.split(",")):
         r = run(seqs, a.pieces, a.rows, a.head_dim, a.gqa, a.replays)
