@@ -130,7 +130,7 @@ def _partial(acc, m, l, v_descale: float):
     return acc * o_scale[:, None], lse2
 
 
-def _merge(partials):
+def merge_partials(partials):
     """The reduce: partials [(O [R, D], lse2 [R])] of one sequence -> [R, D], weighted by 2^lse2."""
     import torch
 
@@ -179,7 +179,7 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
             row_scale = scale * qk_scale
             parts = [_partial(*piece(hi, lo, row_scale, limit, k_seq[:, h], v_seq[:, h], s, e, steps, block_n),
                               v_scale) for s, e in mine]
-            out[cu[b]:cu[b + 1], h * group:(h + 1) * group] = _merge(parts).reshape(n, group, head_dim)
+            out[cu[b]:cu[b + 1], h * group:(h + 1) * group] = merge_partials(parts).reshape(n, group, head_dim)
     return out
 
 

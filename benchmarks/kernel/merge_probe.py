@@ -56,13 +56,15 @@ def merge(o_part, lse_part, out, pieces: int, block_r: int = 4, num_warps: int =
 
 
 def reference(o_part, lse_part, pieces: int):
+    """vattn.rounding's merge of each sequence's partials, in float64."""
     import torch
 
-    seqs = o_part.shape[0] // pieces
-    o = o_part.view(seqs, pieces, *o_part.shape[1:]).double()
-    lse = lse_part.view(seqs, pieces, -1).double()
-    w = torch.exp2(lse - lse.amax(dim=1, keepdim=True))
-    return ((w[..., None] * o).sum(1) / w.sum(1)[..., None]).float()
+    from vattn.rounding import merge_partials
+
+    o, lse = o_part.double(), lse_part.double()
+    seqs = range(o_part.shape[0] // pieces)
+    return torch.stack([merge_partials([(o[s * pieces + p], lse[s * pieces + p]) for p in range(pieces)])
+                        for s in seqs]).float()
 
 
 def run(seqs: int, pieces: int, rows: int, head_dim: int, gqa: int, replays: int, device: str = "cuda") -> dict:
