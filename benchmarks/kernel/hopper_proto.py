@@ -103,7 +103,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             o_part.fill_(float("nan"))
             b.out.fill_(float("nan"))  # the kernel writes the rows of one-piece sequences itself
             hopper(0, lbo, sbo)
-            if not kern.defines.get("FUSED_MERGE"):  # a fused build's own merge is what is checked
+            if not _merges(kern.defines):  # a fused build's own merge is what is checked
                 reduce()
             torch.cuda.synchronize()
             rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
@@ -187,7 +187,7 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
                          overhead=overhead, let_next_launch=main_pdl)
             kern.launch(*b.attention_args(r), out_plan if with_plan else plan, o_part, lse_part, b.out, v_lbo=lbo,
                         v_sbo=sbo, pdl=main_pdl)
-            if with_reduce and not kern.defines.get("FUSED_MERGE"):  # a fused build merges itself
+            if with_reduce and not _merges(kern.defines):  # a fused build merges itself
                 K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
                                 skip_whole=True, pdl=pdl, **(reduce_kw or {}))
 
@@ -280,6 +280,11 @@ def best_main_us(rec: dict, variants: dict, descriptor: tuple, kv_dtype: str) ->
           if not _timing_only(defines)
           and harness.within_tolerance(rec[f"rel_err_{n}_v{lbo}_{sbo}"], rec[f"nan_{n}_v{lbo}_{sbo}"], kv_dtype)]
     return min(ok) if ok else None
+
+
+def _merges(defines: dict) -> bool:
+    """A measurement build that merges the partials itself (no reduce after it)."""
+    return any(int(defines.get(name, 0)) for name in ("FUSED_MERGE", "CLUSTER_MERGE"))
 
 
 def _timing_only(defines: dict) -> bool:

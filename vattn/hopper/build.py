@@ -269,17 +269,19 @@ class MainSm90:
             *map(fixed, lse_part.stride()[:2]), ("ptr", 8), ("stride", 8, 0), ("stride", 8, 1),
             ("i32", v_lbo), ("i32", v_sbo),
         ]
-        merge_count = None
-        if _flag(self.defines, "FUSED_MERGE"):  # a measurement build: its seq_part_start and zeroed counters (kept
+        merge_count, cluster = None, int(self.defines.get("CLUSTER_MERGE", 0))
+        if _flag(self.defines, "FUSED_MERGE") or cluster:  # a measurement build: its seq_part_start and zeroed counters (kept
             # a shape: the kernel leaves them zeroed, and a bind inside a graph capture must not capture a memset)
             size = 2 * seq_lens.shape[0] * k_cache.shape[2]
             merge_count = self.__dict__.setdefault("_merge_counts", {}).get((size, q.device))
             if merge_count is None:
                 merge_count = self._merge_counts[(size, q.device)] = torch.zeros(size, dtype=torch.int32,
                                                                                  device=q.device)
-            params += [fixed(plan_tensors["seq_part_start"].data_ptr()), fixed(merge_count.data_ptr())]
+            params += [fixed(plan_tensors["seq_part_start"].data_ptr()), fixed(merge_count.data_ptr()),
+                       ("i32", plan_tensors["work_seq"].shape[0])]
         params += [("kmap",), ("vmap",)] if self.tma else []
-        grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
+        items = plan_tensors["work_seq"].shape[0]
+        grid = (k_cache.shape[2], -(-items // cluster) * cluster if cluster else items, 1)
         # the frozen addresses' tensors live as long as the launch
         held = (plan_tensors, o_part, lse_part, merge_count)
         # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose

@@ -273,8 +273,15 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
 #ifndef FUSED_MERGE
 #define FUSED_MERGE 0
 #endif
-#if FUSED_MERGE
-#define FUSED_MERGE_PARAMS , const int* seq_part_start, int* merge_count
+// CLUSTER_MERGE=C (a measurement build of the k8 kernel, NOTES P74): thread-block clusters of C consecutive work
+// items, each sequence's pieces within one cluster; a piece keeps its partial in shared memory and, once the
+// cluster's pieces have all staged theirs, merges its share of the rows from its siblings' shared memory (DSMEM):
+// no partials through L2 and no reduce kernel. n_programs: the work items (the grid is rounded up to C).
+#ifndef CLUSTER_MERGE
+#define CLUSTER_MERGE 0
+#endif
+#if FUSED_MERGE || CLUSTER_MERGE
+#define FUSED_MERGE_PARAMS , const int* seq_part_start, int* merge_count, int n_programs
 #else
 #define FUSED_MERGE_PARAMS
 #endif
@@ -347,10 +354,16 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
 // A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's KV head
 // h, its work item `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a
 // fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
+#if CLUSTER_MERGE
+#define PAST_THE_ITEMS() (blockIdx.y >= (unsigned)n_programs)  // the grid rounded up to whole clusters
+#else
+#define PAST_THE_ITEMS() false
+#endif
 #define CTA_WORK_ITEM()                                                                                               \
   wait_for_previous_kernel();                                                                                         \
   const int h = blockIdx.x;                                                                                           \
   Item it;                                                                                                            \
+  if (PAST_THE_ITEMS()) return;                                                                                       \
   if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,           \
                  stride_bt))                                                                                          \
     return;                                                                                                           \
@@ -891,6 +904,104 @@ __device__ __forceinline__ void fused_merge(const Item& it, int h, const float* 
 }
 #endif
 
+#if CLUSTER_MERGE
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// this CTA's shared-memory address `addr` in cluster CTA `rank`
+__device__ __forceinline__ uint32_t peer_addr(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 ld_peer4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float ld_peer(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+// every thread of the cluster that has not exited (the consumer warpgroups: the others are gone)
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+#define CLUSTER_ROW (HEAD_DIM * 4 + 32)  // a staged fp32 row (padded as store_result_staged's)
+// The CTA's partial (O normalised and times v_descale, lse in log2 units) into shared memory: rows at `stage`,
+// lse after STAGE_BYTES.
+__device__ __forceinline__ void stage_partial(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
+                                              char* stage, int lane) {
+  const int r0 = rw.r0, cq = rw.cq;
+  const float2 l = row_sums(rw);
+  const float vd = v_descale ? *v_descale : 1.f;
+  const float s0 = l.x > 0.f ? vd / l.x : 0.f, s1 = l.y > 0.f ? vd / l.y : 0.f;
+#pragma unroll
+  for (int j = 0; j < HEAD_DIM / 8; ++j) {
+    const int c = (8 * j + cq) * 4;
+    *reinterpret_cast<float2*>(stage + r0 * CLUSTER_ROW + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
+    *reinterpret_cast<float2*>(stage + (r0 + 8) * CLUSTER_ROW + c) =
+        make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
+  }
+  float* lse = reinterpret_cast<float*>(stage + STAGE_BYTES);
+  if (lane % 4 == 0) {
+    lse[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
+    lse[r0 + 8] = l.y > 0.f ? rw.m1 + log2f(l.y) : -INFINITY;
+  }
+}
+
+// This piece's share of its sequence's rows, merged from the staged partials of the sequence's n pieces, which
+// are cluster CTAs rank0 .. rank0 + n - 1; by the 128 threads ctid, one 4-column chunk at a time.
+__device__ __forceinline__ void cluster_merge(const Item& it, int h, const int* seq_part_start, const char* stage,
+                                              __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out,
+                                              int ctid) {
+  const int first = seq_part_start[it.seq], n = seq_part_start[it.seq + 1] - first, piece = (int)it.part - first;
+  const int rank0 = (int)cluster_rank() - piece;
+  if (rank0 < 0 || rank0 + n > CLUSTER_MERGE) __trap();  // the measurement's plan keeps a sequence in one cluster
+  constexpr int CPR = HEAD_DIM / 4;
+  const int chunks = min(QROWS, it.n_q * GQA) * CPR;
+  const int k0 = chunks * piece / n, k1 = chunks * (piece + 1) / n;
+  const uint32_t base = smem_u32(stage);
+  for (int k = k0 + ctid; k < k1; k += 128) {
+    const int row = k / CPR, col = (k % CPR) * 4;
+    float4 ov[CLUSTER_MERGE];
+    float lv[CLUSTER_MERGE];
+#pragma unroll
+    for (int p = 0; p < CLUSTER_MERGE; ++p) {
+      if (p < n) {
+        ov[p] = ld_peer4(peer_addr(base + row * CLUSTER_ROW + col * 4, rank0 + p));
+        lv[p] = ld_peer(peer_addr(base + STAGE_BYTES + row * 4, rank0 + p));
+      } else {
+        ov[p] = make_float4(0.f, 0.f, 0.f, 0.f);
+        lv[p] = -INFINITY;
+      }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int p = 0; p < CLUSTER_MERGE; ++p) mx = fmaxf(mx, lv[p]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float l = 0.f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int p = 0; p < CLUSTER_MERGE; ++p) {
+        const float w = exp2f(lv[p] - mx);
+        acc.x += w * ov[p].x; acc.y += w * ov[p].y; acc.z += w * ov[p].z; acc.w += w * ov[p].w;
+        l += w;
+      }
+    }
+    const float s = l > 0.f ? 1.f / l : 0.f;
+    __nv_bfloat16* dst = out + (int64_t)(it.q0 + row / GQA) * sot + (int64_t)(h * GQA + row % GQA) * soh_out + col;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * s, acc.y * s), hi = __floats2bfloat162_rn(acc.z * s, acc.w * s);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+  }
+}
+#endif
+
 // The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
 // P(i - 1).V, and the softmax of S(i) runs while P(i - 1).V is on the tensor cores; P(i) is packed into the
 // A fragments once P(i - 1).V has finished reading them. One score buffer: S(i) is issued after P(i - 1)
@@ -1357,7 +1468,12 @@ __device__ __forceinline__ void merge_consumer_state(float (&o)[O_REGS], Rows& r
   rw.m1 = m1;
 }
 
-extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
+#if CLUSTER_MERGE
+#define K8_CLUSTER __cluster_dims__(1, CLUSTER_MERGE, 1)
+#else
+#define K8_CLUSTER
+#endif
+extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) K8_CLUSTER vattn_main_sm90_k8(
     const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
 #if K8_CPASYNC
     const uint8_t* k, int64_t skp, int64_t sks, int64_t skh,
@@ -1675,7 +1791,20 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
 #endif
   next_kernel_may_launch();
   STAMP(0, 16, 0);
-#if STAGE_OUT  // the raw slots and the V stages after them are free: every tile's copies have landed and been read
+#if CLUSTER_MERGE
+  static_assert(STAGE_BYTES + QROWS * 4 <= K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH, "the partial fits the slots");
+  const bool whole = it.start == 0 && it.end == it.kv_len;
+  if (whole)
+    store_result_staged(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane,
+                        ctid, raw, K8_BAR_STAGE);
+  else
+    stage_partial(o, rw, v_descale, raw, lane);
+  cluster_sync();  // every piece of the cluster has staged its partial
+  STAMP(0, 30, 0);
+  if (!whole) cluster_merge(it, h, seq_part_start, raw, out, sot, soh_out, ctid);
+  STAMP(0, 33, 0);
+  cluster_sync();  // the siblings are done reading this CTA's partial: it may exit
+#elif STAGE_OUT  // the raw slots and the V stages after them are free: every tile's copies have landed and been read
   static_assert(STAGE_BYTES <= K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH, "the staged result fits the slots");
   store_result_staged(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane,
                       ctid, raw, K8_BAR_STAGE);
