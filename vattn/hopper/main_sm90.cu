@@ -933,6 +933,9 @@ __device__ __forceinline__ void cluster_sync() {
 }
 
 #define CLUSTER_ROW (HEAD_DIM * 4 + 32)  // a staged fp32 row (padded as store_result_staged's)
+#ifndef CLUSTER_CHUNKS
+#define CLUSTER_CHUNKS 1
+#endif
 // The CTA's partial (O normalised and times v_descale, lse in log2 units) into shared memory: rows at `stage`,
 // lse after STAGE_BYTES.
 __device__ __forceinline__ void stage_partial(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
@@ -967,37 +970,49 @@ __device__ __forceinline__ void cluster_merge(const Item& it, int h, const int* 
   const int chunks = min(QROWS, it.n_q * GQA) * CPR;
   const int k0 = chunks * piece / n, k1 = chunks * (piece + 1) / n;
   const uint32_t base = smem_u32(stage);
-  for (int k = k0 + ctid; k < k1; k += 128) {
-    const int row = k / CPR, col = (k % CPR) * 4;
-    float4 ov[CLUSTER_MERGE];
-    float lv[CLUSTER_MERGE];
+  constexpr int U = CLUSTER_CHUNKS;  // chunks a thread with their loads in flight at once
+  for (int kb = k0 + ctid; kb < k1; kb += 128 * U) {
+    float4 ov[U][CLUSTER_MERGE];
+    float lv[U][CLUSTER_MERGE];
+    int row[U], col[U];
 #pragma unroll
-    for (int p = 0; p < CLUSTER_MERGE; ++p) {
-      if (p < n) {
-        ov[p] = ld_peer4(peer_addr(base + row * CLUSTER_ROW + col * 4, rank0 + p));
-        lv[p] = ld_peer(peer_addr(base + STAGE_BYTES + row * 4, rank0 + p));
-      } else {
-        ov[p] = make_float4(0.f, 0.f, 0.f, 0.f);
-        lv[p] = -INFINITY;
-      }
-    }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int p = 0; p < CLUSTER_MERGE; ++p) mx = fmaxf(mx, lv[p]);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float l = 0.f;
-    if (mx != -INFINITY) {
+    for (int u = 0; u < U; ++u) {
+      const int k = min(kb + 128 * u, k1 - 1);  // past k1: the last chunk again, not stored
+      row[u] = k / CPR;
+      col[u] = (k % CPR) * 4;
 #pragma unroll
       for (int p = 0; p < CLUSTER_MERGE; ++p) {
-        const float w = exp2f(lv[p] - mx);
-        acc.x += w * ov[p].x; acc.y += w * ov[p].y; acc.z += w * ov[p].z; acc.w += w * ov[p].w;
-        l += w;
+        if (p < n) {
+          ov[u][p] = ld_peer4(peer_addr(base + row[u] * CLUSTER_ROW + col[u] * 4, rank0 + p));
+          lv[u][p] = ld_peer(peer_addr(base + STAGE_BYTES + row[u] * 4, rank0 + p));
+        } else {
+          ov[u][p] = make_float4(0.f, 0.f, 0.f, 0.f);
+          lv[u][p] = -INFINITY;
+        }
       }
     }
-    const float s = l > 0.f ? 1.f / l : 0.f;
-    __nv_bfloat16* dst = out + (int64_t)(it.q0 + row / GQA) * sot + (int64_t)(h * GQA + row % GQA) * soh_out + col;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * s, acc.y * s), hi = __floats2bfloat162_rn(acc.z * s, acc.w * s);
-    *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (kb + 128 * u >= k1) continue;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int p = 0; p < CLUSTER_MERGE; ++p) mx = fmaxf(mx, lv[u][p]);
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      float l = 0.f;
+      if (mx != -INFINITY) {
+#pragma unroll
+        for (int p = 0; p < CLUSTER_MERGE; ++p) {
+          const float w = exp2f(lv[u][p] - mx);
+          acc.x += w * ov[u][p].x; acc.y += w * ov[u][p].y; acc.z += w * ov[u][p].z; acc.w += w * ov[u][p].w;
+          l += w;
+        }
+      }
+      const float s = l > 0.f ? 1.f / l : 0.f;
+      __nv_bfloat16* dst = out + (int64_t)(it.q0 + row[u] / GQA) * sot + (int64_t)(h * GQA + row[u] % GQA) * soh_out +
+                           col[u];
+      __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * s, acc.y * s), hi = __floats2bfloat162_rn(acc.z * s, acc.w * s);
+      *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
+    }
   }
 }
 #endif
