@@ -103,8 +103,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             o_part.fill_(float("nan"))
             b.out.fill_(float("nan"))  # the kernel writes the rows of one-piece sequences itself
             hopper(0, lbo, sbo)
-            if not _merges(kern.defines):  # a fused build's own merge is what is checked
-                reduce()
+            reduce()
             torch.cuda.synchronize()
             rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
         lbo, sbo = descriptors[0]
@@ -187,7 +186,7 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
                          overhead=overhead, let_next_launch=main_pdl)
             kern.launch(*b.attention_args(r), out_plan if with_plan else plan, o_part, lse_part, b.out, v_lbo=lbo,
                         v_sbo=sbo, pdl=main_pdl)
-            if with_reduce and not _merges(kern.defines):  # a fused build merges itself
+            if with_reduce:
                 K.launch_reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
                                 skip_whole=True, pdl=pdl, **(reduce_kw or {}))
 
@@ -202,16 +201,14 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
 
 # PROFILE_STAMPS builds: what each slot of main_sm90.cu's vattn_stamps marks (clock64 of one thread of the CTA),
 # STAMP_ROW slots a CTA; slots 14 and 15 are %globaltimer at the CTA's start and end
-STAMP_ROW = 34
+STAMP_ROW = 30
 STAMP_SLOTS = {1: "work item read", 2: "barriers initialised", 3: "Q arrived", 4: "Q split and stored",
                5: "K(0) landed", 6: "S(0) done", 7: "V(0) widened", 8: "P.V done", 16: "next kernel let launch",
                17: "result staged", 9: "result stored", 10: "copy: pages read", 11: "copy: tile 0 issued",
                12: "widen: tile 0 landed", 13: "widen: V(0) widened", 18: "tile 16: top", 19: "tile 16: S issued",
                20: "tile 16: last P.V issued", 21: "tile 16: S done", 22: "tile 16: softmax done",
                23: "tile 16: P packed", 24: "tile 17: top", 25: "tile 17: S issued", 26: "tile 17: last P.V issued",
-               27: "tile 17: S done", 28: "tile 17: softmax done", 29: "tile 17: P packed",
-               30: "merge: partial stored", 31: "merge: counted", 32: "merge: every piece stored",
-               33: "merge: share merged"}
+               27: "tile 17: S done", 28: "tile 17: softmax done", 29: "tile 17: P packed"}
 # a steady-state iteration of the consumer loop (main_sm90.cu STAMP_LOOP): tile 16 by thread 0, tile 17 by thread
 # 256 (the second consumer warpgroup's first thread, where there is one)
 LOOP_SLOTS = (18, 19, 20, 21, 22, 23)
@@ -280,11 +277,6 @@ def best_main_us(rec: dict, variants: dict, descriptor: tuple, kv_dtype: str) ->
           if not _timing_only(defines)
           and harness.within_tolerance(rec[f"rel_err_{n}_v{lbo}_{sbo}"], rec[f"nan_{n}_v{lbo}_{sbo}"], kv_dtype)]
     return min(ok) if ok else None
-
-
-def _merges(defines: dict) -> bool:
-    """A measurement build that merges the partials itself (no reduce after it)."""
-    return any(int(defines.get(name, 0)) for name in ("FUSED_MERGE", "CLUSTER_MERGE"))
 
 
 def _timing_only(defines: dict) -> bool:

@@ -268,22 +268,9 @@ class MainSm90:
             fixed(o_part.data_ptr()), *map(fixed, o_part.stride()[:3]), fixed(lse_part.data_ptr()),
             *map(fixed, lse_part.stride()[:2]), ("ptr", 8), ("stride", 8, 0), ("stride", 8, 1),
             ("i32", v_lbo), ("i32", v_sbo),
-        ]
-        merge_count, cluster = None, int(self.defines.get("CLUSTER_MERGE", 0))
-        if _flag(self.defines, "FUSED_MERGE") or cluster:  # a measurement build: its seq_part_start and zeroed counters (kept
-            # a shape: the kernel leaves them zeroed, and a bind inside a graph capture must not capture a memset)
-            size = 2 * seq_lens.shape[0] * k_cache.shape[2]
-            merge_count = self.__dict__.setdefault("_merge_counts", {}).get((size, q.device))
-            if merge_count is None:
-                merge_count = self._merge_counts[(size, q.device)] = torch.zeros(size, dtype=torch.int32,
-                                                                                 device=q.device)
-            params += [fixed(plan_tensors["seq_part_start"].data_ptr()), fixed(merge_count.data_ptr()),
-                       ("i32", plan_tensors["work_seq"].shape[0])]
-        params += [("kmap",), ("vmap",)] if self.tma else []
-        items = plan_tensors["work_seq"].shape[0]
-        grid = (k_cache.shape[2], -(-items // cluster) * cluster if cluster else items, 1)
-        # the frozen addresses' tensors live as long as the launch
-        held = (plan_tensors, o_part, lse_part, merge_count)
+        ] + ([("kmap",), ("vmap",)] if self.tma else [])
+        grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
+        held = (plan_tensors, o_part, lse_part)  # the frozen addresses' tensors live as long as the launch
         # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose
         # boxes are 128-byte rows (16x35k-bf16 main 146.4 / 148.1 us against 151.8 / 150.2 at 256 B, NOTES P21);
         # 256 B for k8 (at 128 B bs20 took 371.5 us against 359.0)

@@ -112,7 +112,7 @@ __device__ __forceinline__ void wg_wait1() { asm volatile("wgmma.wait_group.sync
 // stage produced: the stamp is taken after it exists (a load's stamp after its data arrived, not after its issue).
 #ifdef PROFILE_STAMPS
 #define STAMP_CTAS 4096
-#define STAMP_SLOTS 34  // benchmarks.kernel.hopper_proto.STAMP_ROW
+#define STAMP_SLOTS 30  // benchmarks.kernel.hopper_proto.STAMP_ROW
 __device__ unsigned long long vattn_stamps[STAMP_CTAS * STAMP_SLOTS];
 __device__ __forceinline__ void stamp_at(int slot, float dep, bool global_timer) {
   unsigned long long t;
@@ -265,27 +265,6 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
 
 #endif  // HEAD_DIM == 256 && BLOCK_N == 64
 
-// FUSED_MERGE (a measurement build of the k8 kernel, NOTES P70): the reduce inside the main kernel, no reduce kernel
-// after it. 1: the last of a sequence's pieces to store its partial merges the whole sequence; 2: every piece
-// merges its share of the rows once all have stored (the grid must be resident at once: it spins). Their two
-// extra parameters: the plan's seq_part_start and a zeroed int32 [B x Hkv x 2] of counters, which the kernel
-// leaves zeroed for the next call.
-#ifndef FUSED_MERGE
-#define FUSED_MERGE 0
-#endif
-// CLUSTER_MERGE=C (a measurement build of the k8 kernel, NOTES P74): thread-block clusters of C consecutive work
-// items, each sequence's pieces within one cluster; a piece keeps its partial in shared memory and, once the
-// cluster's pieces have all staged theirs, merges its share of the rows from its siblings' shared memory (DSMEM):
-// no partials through L2 and no reduce kernel. n_programs: the work items (the grid is rounded up to C).
-#ifndef CLUSTER_MERGE
-#define CLUSTER_MERGE 0
-#endif
-#if FUSED_MERGE || CLUSTER_MERGE
-#define FUSED_MERGE_PARAMS , const int* seq_part_start, int* merge_count, int n_programs
-#else
-#define FUSED_MERGE_PARAMS
-#endif
-
 // The parameters every kernel takes after Q and its caches, in the order vattn/hopper/build.py's bind passes them:
 // the page table and lengths, the descales and scale, the plan's work items, the partials and out, V's descriptor.
 // No input is `const __restrict__`: nvcc would read it by ld.global.nc, which it takes for memory no kernel writes
@@ -296,11 +275,11 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
       const int* work_seq, const int* work_start, const int* work_end,                                                \
       const int* work_part, const int* work_order, float* __restrict__ o_part, int64_t sow,                           \
       int64_t soh, int64_t sor, float* __restrict__ lse_part, int64_t slw, int64_t slh,                               \
-      __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo FUSED_MERGE_PARAMS
+      __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo
 
 // One program's work item of vattn's plan (launch order work_order), and its sequence's lengths.
 struct Item {
-  int seq, start, end, kv_len, q0, n_q, n_tiles;
+  int start, end, kv_len, q0, n_q, n_tiles;
   int64_t part;
   const int* bt_row;  // the sequence's page-table row
 };
@@ -339,7 +318,6 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
   if (w < 0) return false;
   const int seq = work_seq[w];
 #endif
-  it.seq = seq;
   it.start = work_start[w];
   it.end = work_end[w];
   it.part = work_part[w];
@@ -354,16 +332,10 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
 // A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's KV head
 // h, its work item `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a
 // fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
-#if CLUSTER_MERGE
-#define PAST_THE_ITEMS() (blockIdx.y >= (unsigned)n_programs)  // the grid rounded up to whole clusters
-#else
-#define PAST_THE_ITEMS() false
-#endif
 #define CTA_WORK_ITEM()                                                                                               \
   wait_for_previous_kernel();                                                                                         \
   const int h = blockIdx.x;                                                                                           \
   Item it;                                                                                                            \
-  if (PAST_THE_ITEMS()) return;                                                                                       \
   if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,           \
                  stride_bt))                                                                                          \
     return;                                                                                                           \
@@ -667,11 +639,6 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 #ifndef STAGE_OUT
 #define STAGE_OUT 1
 #endif
-// PARTIAL_BF16 (FUSED_MERGE=2 only: vattn's reduce reads fp32): the partials' O rows stored as bf16, in the first
-// half of each fp32 row of o_part, half the bytes stored and merged.
-#ifndef PARTIAL_BF16
-#define PARTIAL_BF16 0
-#endif
 #define STAGE_BYTES (QROWS * (HEAD_DIM * 4 + 32))
 __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
                                                     const float* v_descale, float* __restrict__ o_part,
@@ -684,9 +651,6 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
   const uintptr_t align = whole ? reinterpret_cast<uintptr_t>(out) | (uintptr_t)(sot * 2) | (uintptr_t)(soh_out * 2)
                                 : reinterpret_cast<uintptr_t>(ob) | (uintptr_t)(sor * 4);
   if (align & 15) {
-#if PARTIAL_BF16
-    __trap();  // a measurement build: its merge reads bf16 rows, which only the staged store writes
-#endif
     store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
     return;
   }
@@ -712,16 +676,6 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
     }
     return;
   }
-#if PARTIAL_BF16
-  constexpr int ROW = HEAD_DIM * 2 + 16, CHUNKS = HEAD_DIM * 2 / 16;
-#pragma unroll
-  for (int j = 0; j < HEAD_DIM / 8; ++j) {
-    const int c = (8 * j + cq) * 2;
-    *reinterpret_cast<__nv_bfloat162*>(stage + r0 * ROW + c) = __floats2bfloat162_rn(o[4 * j] * s0, o[4 * j + 1] * s0);
-    *reinterpret_cast<__nv_bfloat162*>(stage + (r0 + 8) * ROW + c) =
-        __floats2bfloat162_rn(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
-  }
-#else
   constexpr int ROW = HEAD_DIM * 4 + 32, CHUNKS = HEAD_DIM * 4 / 16;
 #pragma unroll
   for (int j = 0; j < HEAD_DIM / 8; ++j) {
@@ -729,7 +683,6 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
     *reinterpret_cast<float2*>(stage + r0 * ROW + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
     *reinterpret_cast<float2*>(stage + (r0 + 8) * ROW + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
   }
-#endif
   float* lb = lse_part + it.part * slw + h * slh;
   if (lane % 4 == 0) {  // rows of absent tokens are not stored: o_part holds max_q_len x GQA rows
     if (r0 < rows) lb[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
@@ -739,283 +692,9 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
   STAMP(0, 17, 0);
   for (int k = ctid; k < rows * CHUNKS; k += 128) {
     const int r = k / CHUNKS, c = k % CHUNKS;
-    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(ob + r * sor) + 16 * c) =
-        *reinterpret_cast<const uint4*>(stage + r * ROW + 16 * c);
+    *reinterpret_cast<float4*>(ob + r * sor + 4 * c) = *reinterpret_cast<const float4*>(stage + r * ROW + 16 * c);
   }
 }
-
-#if FUSED_MERGE
-// Merge the n partials of parts first .. first + n - 1 (one sequence, KV head h) into out's bf16 rows, for the
-// chunks [k0, k1) of the sequence's rows x HEAD_DIM / 4 four-column chunks, by the 128 threads ctid: each thread
-// takes MERGE_CHUNKS chunks at a time and loads MERGE_UNROLL pieces of each before it weighs them (online, as the
-// reduce), so that MERGE_CHUNKS x MERGE_UNROLL 16-byte loads are in flight a thread. The partials were written by other CTAs of this
-// grid: loaded from L2 (ld.cg), never from this SM's L1.
-#ifndef MERGE_UNROLL
-#define MERGE_UNROLL 8
-#endif
-#ifndef MERGE_CHUNKS
-#define MERGE_CHUNKS 2
-#endif
-constexpr int MERGE_CW = PARTIAL_BF16 ? 8 : 4;  // columns a 16-byte chunk of a partial row
-__device__ __forceinline__ void unpack_chunk(const uint4& v, float (&f)[MERGE_CW]) {
-#if PARTIAL_BF16
-  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 x = __bfloat1622float2(b[e]);
-    f[2 * e] = x.x;
-    f[2 * e + 1] = x.y;
-  }
-#else
-  f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y); f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
-#endif
-}
-
-__device__ __forceinline__ void merge_chunks(const float* o_part, int64_t sow, int64_t sor, const float* lse_part,
-                                             int64_t slw, int first, int n, int k0, int k1,
-                                             __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int q0,
-                                             int h, int ctid) {
-  constexpr int CW = MERGE_CW, CPR = HEAD_DIM / CW;  // chunks a row
-  constexpr int U = MERGE_CHUNKS;
-  const char* base = reinterpret_cast<const char*>(o_part);
-  for (int kb = k0 + ctid; kb < k1; kb += 128 * U) {
-    float acc[U][CW];
-    float m[U], l[U];
-    int row[U], col[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = min(kb + 128 * u, k1 - 1);  // past k1: recomputes the last chunk, not stored
-      row[u] = k / CPR;
-      col[u] = (k % CPR) * CW;
-#pragma unroll
-      for (int e = 0; e < CW; ++e) acc[u][e] = 0.f;
-      m[u] = -INFINITY;
-      l[u] = 0.f;
-    }
-    for (int p0 = 0; p0 < n; p0 += MERGE_UNROLL) {
-      uint4 ov[U][MERGE_UNROLL];
-      float lv[U][MERGE_UNROLL];
-#pragma unroll
-      for (int j = 0; j < MERGE_UNROLL; ++j) {
-        const int part = first + min(p0 + j, n - 1);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t byte = (part * sow + row[u] * sor) * 4 + col[u] * (PARTIAL_BF16 ? 2 : 4);
-          ov[u][j] = __ldcg(reinterpret_cast<const uint4*>(base + byte));
-          lv[u][j] = p0 + j < n ? __ldcg(lse_part + part * slw + row[u]) : -INFINITY;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float mx = m[u];
-#pragma unroll
-        for (int j = 0; j < MERGE_UNROLL; ++j) mx = fmaxf(mx, lv[u][j]);
-        if (mx == -INFINITY) continue;  // no piece so far saw a key of this row
-        const float alpha = exp2f(m[u] - mx);
-#pragma unroll
-        for (int e = 0; e < CW; ++e) acc[u][e] *= alpha;
-        l[u] *= alpha;
-#pragma unroll
-        for (int j = 0; j < MERGE_UNROLL; ++j) {
-          const float w = exp2f(lv[u][j] - mx);
-          float f[CW];
-          unpack_chunk(ov[u][j], f);
-#pragma unroll
-          for (int e = 0; e < CW; ++e) acc[u][e] += w * f[e];
-          l[u] += w;
-        }
-        m[u] = mx;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kb + 128 * u >= k1) continue;
-      const float s = l[u] > 0.f ? 1.f / l[u] : 0.f;
-      __nv_bfloat16* dst = out + (int64_t)(q0 + row[u] / GQA) * sot + (int64_t)(h * GQA + row[u] % GQA) * soh_out +
-                           col[u];
-      uint32_t pk[CW / 2];
-#pragma unroll
-      for (int e = 0; e < CW / 2; ++e) {
-        __nv_bfloat162 b = __floats2bfloat162_rn(acc[u][2 * e] * s, acc[u][2 * e + 1] * s);
-        pk[e] = *reinterpret_cast<uint32_t*>(&b);
-      }
-      if constexpr (CW == 8)
-        *reinterpret_cast<uint4*>(dst) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-      else
-        *reinterpret_cast<uint2*>(dst) = make_uint2(pk[0], pk[1]);
-    }
-  }
-}
-
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// After the CTA's partial is stored (by its 128 threads ctid, then named barrier `bar`): the sequence's merge, by
-// FUSED_MERGE's rule. `flag`: an int of shared memory.
-__device__ __forceinline__ void fused_merge(const Item& it, int h, const float* o_part, int64_t sow, int64_t soh,
-                                            int64_t sor, const float* lse_part, int64_t slw, int64_t slh,
-                                            __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out,
-                                            const int* seq_part_start, int* merge_count, int ctid, int bar,
-                                            int* flag) {
-  if (it.start == 0 && it.end == it.kv_len) return;  // the only piece: out is written
-  const int first = seq_part_start[it.seq], n = seq_part_start[it.seq + 1] - first;
-  int* count = merge_count + 2 * (it.seq * (int)gridDim.x + h);
-  const int chunks = min(QROWS, it.n_q * GQA) * (HEAD_DIM / MERGE_CW);
-  const float* ob = o_part + h * soh;
-  const float* lb = lse_part + h * slh;
-  STAMP(0, 30, 0);
-  bar_sync(bar, 128);  // every thread's partial stores, then thread 0's fence: they are published before the count
-#if FUSED_MERGE == 1
-  if (ctid == 0) {
-    __threadfence();
-    const int before = atomicAdd(count, 1);
-    *flag = before == n - 1;
-    if (before == n - 1) *count = 0;  // every piece has counted: ready for the next call
-  }
-  bar_sync(bar, 128);
-  if (!*flag) return;
-  __threadfence();
-  merge_chunks(ob, sow, sor, lb, slw, first, n, 0, chunks, out, sot, soh_out, it.q0, h, ctid);
-#else
-  if (ctid == 0) {
-    __threadfence();
-    atomicAdd(count, 1);
-    STAMP(0, 31, 0);
-    while (load_acquire(count) < n) __nanosleep(64);
-    STAMP(0, 32, 0);
-  }
-  bar_sync(bar, 128);  // thread 0's acquiring load, then the barrier: the other pieces' partials are visible
-#if MERGE_FENCE_ALL  // (each thread's fence as well: P72's build)
-  __threadfence();
-#endif
-  const int piece = (int)it.part - first;
-  merge_chunks(ob, sow, sor, lb, slw, first, n, (int)((int64_t)chunks * piece / n),
-               (int)((int64_t)chunks * (piece + 1) / n), out, sot, soh_out, it.q0, h, ctid);
-  bar_sync(bar, 128);
-  STAMP(0, 33, 0);
-  if (ctid == 0 && atomicAdd(count + 1, 1) == n - 1) {  // all n have passed the wait: reset both counts
-    count[0] = 0;
-    count[1] = 0;
-  }
-#endif
-}
-#endif
-
-#if CLUSTER_MERGE
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// this CTA's shared-memory address `addr` in cluster CTA `rank`
-__device__ __forceinline__ uint32_t peer_addr(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ float4 ld_peer4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ float ld_peer(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-// every thread of the cluster that has not exited (the consumer warpgroups: the others are gone)
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-#define CLUSTER_ROW (HEAD_DIM * 4 + 32)  // a staged fp32 row (padded as store_result_staged's)
-#ifndef CLUSTER_CHUNKS
-#define CLUSTER_CHUNKS 1
-#endif
-// The CTA's partial (O normalised and times v_descale, lse in log2 units) into shared memory: rows at `stage`,
-// lse after STAGE_BYTES.
-__device__ __forceinline__ void stage_partial(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
-                                              char* stage, int lane) {
-  const int r0 = rw.r0, cq = rw.cq;
-  const float2 l = row_sums(rw);
-  const float vd = v_descale ? *v_descale : 1.f;
-  const float s0 = l.x > 0.f ? vd / l.x : 0.f, s1 = l.y > 0.f ? vd / l.y : 0.f;
-#pragma unroll
-  for (int j = 0; j < HEAD_DIM / 8; ++j) {
-    const int c = (8 * j + cq) * 4;
-    *reinterpret_cast<float2*>(stage + r0 * CLUSTER_ROW + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
-    *reinterpret_cast<float2*>(stage + (r0 + 8) * CLUSTER_ROW + c) =
-        make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
-  }
-  float* lse = reinterpret_cast<float*>(stage + STAGE_BYTES);
-  if (lane % 4 == 0) {
-    lse[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
-    lse[r0 + 8] = l.y > 0.f ? rw.m1 + log2f(l.y) : -INFINITY;
-  }
-}
-
-// This piece's share of its sequence's rows, merged from the staged partials of the sequence's n pieces, which
-// are cluster CTAs rank0 .. rank0 + n - 1; by the 128 threads ctid, one 4-column chunk at a time.
-__device__ __forceinline__ void cluster_merge(const Item& it, int h, const int* seq_part_start, const char* stage,
-                                              __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out,
-                                              int ctid) {
-  const int first = seq_part_start[it.seq], n = seq_part_start[it.seq + 1] - first, piece = (int)it.part - first;
-  const int rank0 = (int)cluster_rank() - piece;
-  if (rank0 < 0 || rank0 + n > CLUSTER_MERGE) __trap();  // the measurement's plan keeps a sequence in one cluster
-  constexpr int CPR = HEAD_DIM / 4;
-  const int chunks = min(QROWS, it.n_q * GQA) * CPR;
-  const int k0 = chunks * piece / n, k1 = chunks * (piece + 1) / n;
-  const uint32_t base = smem_u32(stage);
-  constexpr int U = CLUSTER_CHUNKS;  // chunks a thread with their loads in flight at once
-  for (int kb = k0 + ctid; kb < k1; kb += 128 * U) {
-    float4 ov[U][CLUSTER_MERGE];
-    float lv[U][CLUSTER_MERGE];
-    int row[U], col[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = min(kb + 128 * u, k1 - 1);  // past k1: the last chunk again, not stored
-      row[u] = k / CPR;
-      col[u] = (k % CPR) * 4;
-#pragma unroll
-      for (int p = 0; p < CLUSTER_MERGE; ++p) {
-        if (p < n) {
-          ov[u][p] = ld_peer4(peer_addr(base + row[u] * CLUSTER_ROW + col[u] * 4, rank0 + p));
-          lv[u][p] = ld_peer(peer_addr(base + STAGE_BYTES + row[u] * 4, rank0 + p));
-        } else {
-          ov[u][p] = make_float4(0.f, 0.f, 0.f, 0.f);
-          lv[u][p] = -INFINITY;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (kb + 128 * u >= k1) continue;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int p = 0; p < CLUSTER_MERGE; ++p) mx = fmaxf(mx, lv[u][p]);
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      float l = 0.f;
-      if (mx != -INFINITY) {
-#pragma unroll
-        for (int p = 0; p < CLUSTER_MERGE; ++p) {
-          const float w = exp2f(lv[u][p] - mx);
-          acc.x += w * ov[u][p].x; acc.y += w * ov[u][p].y; acc.z += w * ov[u][p].z; acc.w += w * ov[u][p].w;
-          l += w;
-        }
-      }
-      const float s = l > 0.f ? 1.f / l : 0.f;
-      __nv_bfloat16* dst = out + (int64_t)(it.q0 + row[u] / GQA) * sot + (int64_t)(h * GQA + row[u] % GQA) * soh_out +
-                           col[u];
-      __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x * s, acc.y * s), hi = __floats2bfloat162_rn(acc.z * s, acc.w * s);
-      *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi));
-    }
-  }
-}
-#endif
 
 // The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
 // P(i - 1).V, and the softmax of S(i) runs while P(i - 1).V is on the tensor cores; P(i) is packed into the
@@ -1483,12 +1162,7 @@ __device__ __forceinline__ void merge_consumer_state(float (&o)[O_REGS], Rows& r
   rw.m1 = m1;
 }
 
-#if CLUSTER_MERGE
-#define K8_CLUSTER __cluster_dims__(1, CLUSTER_MERGE, 1)
-#else
-#define K8_CLUSTER
-#endif
-extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) K8_CLUSTER vattn_main_sm90_k8(
+extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
 #if K8_CPASYNC
     const uint8_t* k, int64_t skp, int64_t sks, int64_t skh,
@@ -1806,29 +1480,12 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) K8_CLUSTER vattn_mai
 #endif
   next_kernel_may_launch();
   STAMP(0, 16, 0);
-#if CLUSTER_MERGE
-  static_assert(STAGE_BYTES + QROWS * 4 <= K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH, "the partial fits the slots");
-  const bool whole = it.start == 0 && it.end == it.kv_len;
-  if (whole)
-    store_result_staged(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane,
-                        ctid, raw, K8_BAR_STAGE);
-  else
-    stage_partial(o, rw, v_descale, raw, lane);
-  cluster_sync();  // every piece of the cluster has staged its partial
-  STAMP(0, 30, 0);
-  if (!whole) cluster_merge(it, h, seq_part_start, raw, out, sot, soh_out, ctid);
-  STAMP(0, 33, 0);
-  cluster_sync();  // the siblings are done reading this CTA's partial: it may exit
-#elif STAGE_OUT  // the raw slots and the V stages after them are free: every tile's copies have landed and been read
+#if STAGE_OUT  // the raw slots and the V stages after them are free: every tile's copies have landed and been read
   static_assert(STAGE_BYTES <= K8_RAW_SLOTS * 2 * K8_TILE + K8_VSTAGES * K8_VH, "the staged result fits the slots");
   store_result_staged(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane,
                       ctid, raw, K8_BAR_STAGE);
 #else
   store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
-#endif
-#if FUSED_MERGE
-  fused_merge(it, h, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, seq_part_start, merge_count, ctid,
-              K8_BAR_STAGE, reinterpret_cast<int*>(row_scale + QROWS - 1));
 #endif
   STAMP(0, 9, 0);
   STAMP_GLOBAL(0, 15);
