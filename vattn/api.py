@@ -139,7 +139,7 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     pl = ws.plans.get((batch, mode))
     if pl is None:  # first call with this batch size: views of the workspace's buffers, kept
         pl = ws.plans[batch, mode] = _new_plan(ws, batch, mode)
-    run = _plan_run(ws, pl, seq_lens, cu_seqlens_q, num_kv_heads, mode)
+    run = _plan_run(ws, pl, seq_lens, cu_seqlens_q, mode)
     _keep(ws.plan_calls, _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode), run)
     pl = run(seq_lens, cu_seqlens_q)
     pl.single[0] = _single_pieces(ws, mode, max_seq_len)
@@ -158,9 +158,12 @@ def _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode) -> tu
             cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device, num_kv_heads, page_size, mode)
 
 
-def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, num_kv_heads: int, mode: str):
-    """plan()'s work for lengths of this signature (checked): run(seq_lens, cu_seqlens_q) -> pl."""
+def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, mode: str):
+    """plan()'s work for lengths of this signature (checked): run(seq_lens, cu_seqlens_q) -> pl. It splits for
+    the programs of the backend the workspace plans for (Workspace.program_kv_heads a piece)."""
     import torch
+
+    num_kv_heads = ws.program_kv_heads
 
     if ws.device.type == "cuda":  # the lengths and views are checked: launch without plan_gpu's checks
         from vattn import launcher
@@ -189,7 +192,7 @@ def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, num_kv_heads: int
 
 
 def _new_plan(ws: Workspace, batch: int, mode: str) -> Plan:
-    width = max_work_items(batch, ws.num_kv_heads, ws.slots)
+    width = max_work_items(batch, ws.program_kv_heads, ws.slots)
     views = {f: buf[:width] for f, buf in ws.plan_buffers.items() if f.startswith("work_")}
     views["seq_part_start"] = ws.plan_buffers["seq_part_start"][: batch + 1]
     views["num_items"] = ws.plan_buffers["num_items"]
@@ -330,7 +333,8 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
         except Exception as exc:  # a kernel that cannot build: this signature goes to Triton from the start
             FAILED.add(backend.name)
             warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
-        reduce = _bound_reduce(plan, cu_seqlens_q, out, skip_whole=backend.writes_whole, pdl=backend.pdl)
+        reduce = _bound_reduce(plan, cu_seqlens_q, out, skip_whole=backend.writes_whole, pdl=backend.pdl,
+                               by_program=True)
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:
@@ -429,15 +433,17 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
     return run
 
 
-def _bound_reduce(plan: Plan, cu_seqlens_q, out, *, skip_whole: bool = False, pdl: bool = False):
+def _bound_reduce(plan: Plan, cu_seqlens_q, out, *, skip_whole: bool = False, pdl: bool = False,
+                  by_program: bool = False):
     """vattn's reduce for calls of one signature, bound once: reduce(cu_seqlens_q, out) (a no-op when there is
-    nothing to write); skip_whole and pdl as kernel.launch_reduce's."""
+    nothing to write); skip_whole and pdl as kernel.launch_reduce's; by_program: of partials as the planned
+    backend's programs wrote them (Workspace.partials), else the Triton kernel's."""
     from vattn import kernel as K
     from vattn import launcher
 
-    ws = plan.workspace
-    red = K.reduce_launch_args(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
-                               gqa=ws.gqa, max_q_len=ws.max_q_len, skip_whole=skip_whole, pdl=pdl)
+    o_part, lse_part, gqa = plan.workspace.partials(by_program)
+    red = K.reduce_launch_args(o_part, lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out,
+                               gqa=gqa, max_q_len=plan.workspace.max_q_len, skip_whole=skip_whole, pdl=pdl)
     if red is None:
         return lambda cu_seqlens_q, out: None
     (r0, r1, r2), args, kwargs = red

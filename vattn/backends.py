@@ -26,6 +26,9 @@ class Backend:
     piece_overhead_tiles: its main kernel's fixed cost per piece, in 64-token tiles of streaming, by which the
         balanced planner weighs pieces, or a function of the workspace giving it (None:
         vattn.planner.PIECE_OVERHEAD_TILES, the Triton kernel's).
+    kv_heads_per_program: KV heads one program of its main kernel reads together (a function of the workspace, or
+        None: one). A workspace then plans Hkv / that many programs a piece, and its partials hold a program's
+        query heads' rows (Workspace.partials).
     pdl: its main kernel goes as a programmatic dependent of the kernel before it (Hopper's griddepcontrol: vattn's
         plan lets it launch at once, and it waits for that kernel after its prologue), and lets the next kernel
         launch before it ends: vattn's reduce then goes as its programmatic dependent where that pays
@@ -39,6 +42,7 @@ class Backend:
     slots_per_sm: Callable = lambda ws: None
     writes_whole: bool = False
     piece_overhead_tiles: int | Callable | None = None
+    kv_heads_per_program: Callable | None = None
     pdl: bool = False
 
 

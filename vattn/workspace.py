@@ -95,6 +95,10 @@ class Workspace:
         self.piece_overhead = (overhead(self) if callable(overhead) else overhead) or PIECE_OVERHEAD_TILES
         # the plan lets that backend's main kernel launch at once, as its programmatic dependent (Backend.pdl)
         self.plan_lets_main_launch = bool(planned and planned[0].pdl)
+        # programs that read several KV heads at once: the plan splits for Hkv / that many programs a piece
+        pack = planned and planned[0].kv_heads_per_program
+        self.kv_heads_per_program = (pack(self) if pack else None) or 1
+        self.program_kv_heads = num_kv_heads // self.kv_heads_per_program
         self.slots = slots if slots is not None else self._measure_slots(planned)
         self._alloc()
         # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call
@@ -105,7 +109,7 @@ class Workspace:
     def _alloc(self) -> None:
         import torch
 
-        width = max_work_items(self.max_batch, self.num_kv_heads, self.slots)
+        width = max_work_items(self.max_batch, self.program_kv_heads, self.slots)
         i32 = dict(dtype=torch.int32, device=self.device)
         self.plan_buffers = {f: torch.full((width,), -1, **i32) for f in ("work_seq", "work_part", "work_order")}
         self.plan_buffers.update({f: torch.zeros(width, **i32) for f in ("work_start", "work_end")})
@@ -113,9 +117,20 @@ class Workspace:
         self.plan_buffers["num_items"] = torch.zeros(1, **i32)
         qrows = self.max_q_len * self.gqa
         f32 = dict(dtype=torch.float32, device=self.device)
-        # O_part [W, Hkv, QROWS, D] fp32 (normalised), lse2_part [W, Hkv, QROWS] fp32
+        # O_part [W, Hkv, QROWS, D] fp32 (normalised), lse2_part [W, Hkv, QROWS] fp32: one KV head a program. A
+        # backend whose programs read p KV heads takes the same memory as [W, Hkv / p, p x QROWS, D] (partials)
         self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, **f32)
         self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
+
+    def partials(self, by_program: bool = False) -> tuple:
+        """(o_part, lse_part, query heads a program): the partials laid out one KV head a program (the Triton
+        kernel's), or by_program as the planned backend's programs read them (kv_heads_per_program heads)."""
+        p = self.kv_heads_per_program if by_program else 1
+        if p == 1:
+            return self.o_part, self.lse_part, self.gqa
+        width, rows = self.o_part.shape[0], self.max_q_len * self.gqa * p
+        return (self.o_part.view(width, self.program_kv_heads, rows, self.head_dim),
+                self.lse_part.view(width, self.program_kv_heads, rows), self.gqa * p)
 
     def _measure_slots(self, fast) -> int:
         if self.device.type != "cuda" or interpreting():
@@ -158,6 +173,7 @@ class Workspace:
                     kv_dtype=_dtype_names()[self.kv_dtype], q_dtype=_dtype_names()[self.q_dtype],
                     page_size=self.page_size, max_q_len=self.max_q_len, max_batch=self.max_batch,
                     device=str(self.device), slots=self.slots, piece_overhead_tiles=self.piece_overhead,
+                    kv_heads_per_program=self.kv_heads_per_program,
                     config=self.config.__dict__)
 
 

@@ -68,9 +68,11 @@ def _time_planner(shape: Shape, mode: str, b: Batch, ws, replays: int):
         for r in range(b.replicas):
             main(*b.attention_args(r)[:8], b.out)
 
+    o_part, lse_part, gqa = ws.partials(by_program=backend is not api.TRITON)
+
     def reduce_all():
         for _ in range(b.replicas):
-            K.launch_reduce(ws.o_part, ws.lse_part, pl.tensors["seq_part_start"], b.cu, b.out, gqa=ws.gqa,
+            K.launch_reduce(o_part, lse_part, pl.tensors["seq_part_start"], b.cu, b.out, gqa=gqa,
                             max_q_len=ws.max_q_len, skip_whole=backend.writes_whole)
 
     def full_all():

@@ -118,6 +118,10 @@ def variant_shapes() -> list[Shape]:
         replace(base, name="16x35k-page1", page_size=1),
         replace(base, name="16x35k-page64", page_size=64),
         uniform(32, 8_000, head_dim=128, num_q_heads=8, num_kv_heads=2, name="32x8k-hd128-gqa4"),
+        # head_dim 256, one KV head: the same bytes, pages and rows as the hd128 shapes' two KV heads of 128
+        # read together (a token's two heads are 256 contiguous bytes of the cache)
+        uniform(32, 8_000, name="32x8k"),
+        uniform(32, 8_000, num_q_heads=8, name="32x8k-gqa8"),
     ]
 
 

@@ -152,6 +152,46 @@ def test_tma_map_layout_refuses_what_tma_cannot_address():
         build.TensorMaps.layout(odd, 128)
 
 
+def test_tma_map_layout_reads_two_adjacent_heads_as_one_row():
+    torch = pytest.importorskip("torch")
+    # two heads of 128 per token: a box is one page of both (256-byte rows), the map's one head is the pair
+    cache = torch.zeros(10, 16, 2, 128, dtype=torch.float8_e4m3fn)
+    assert build.TensorMaps.layout(cache, 128, pack=2) == ((256, 1, 16, 10), (256, 256, 4096), (128, 1, 16, 1))
+    four = torch.zeros(10, 16, 4, 128, dtype=torch.float8_e4m3fn)
+    assert build.TensorMaps.layout(four, 256, pack=2) == ((256, 2, 16, 10), (256, 512, 8192), (256, 1, 16, 1))
+    with pytest.raises(ValueError, match=r"reading 2 KV heads together needs .* adjacent heads"):
+        build.TensorMaps.layout(torch.zeros(10, 16, 2, 256, dtype=torch.float8_e4m3fn)[..., :128], 128, pack=2)
+    with pytest.raises(ValueError, match=r"shape \(10, 16, 3, 128\)"):
+        build.TensorMaps.layout(torch.zeros(10, 16, 3, 128, dtype=torch.float8_e4m3fn), 128, pack=2)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("gqa", [16, 8, 14])  # the CTA's query heads: twice GQA 8, 4 and 7
+def test_packed_heads_build_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, gqa):
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=256, GQA=gqa, PAGE=16, K8=1, PACK_HEADS=2))).read_text()
+    assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
+    assert "0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert "C7513" not in report and "serialized" not in report, report
+
+
+def test_the_backend_packs_two_kv_heads_where_head_dim_128s_rows_fit_twice(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from vattn.hopper import backend
+
+    monkeypatch.setattr(backend, "_covers", lambda ws: True)  # an sm_90 GPU's workspace
+    base = dict(kv_dtype=torch.float8_e4m3fn, head_dim=128, num_kv_heads=2, page_size=16, max_q_len=4, gqa=8)
+    pack = lambda **kw: backend.kv_heads_per_program(SimpleNamespace(**(base | kw)))
+    assert pack() == 2 and pack(num_kv_heads=8) == 2 and pack(gqa=4) == 2 and pack(max_q_len=8, gqa=4) == 2
+    # 2 x 4 x 16 rows > 64; one KV head; bf16 (its own kernel); head_dim 256; pages of 4 (not the TMA kernel's)
+    assert [pack(gqa=16), pack(num_kv_heads=1), pack(num_kv_heads=3), pack(kv_dtype=torch.bfloat16),
+            pack(head_dim=256), pack(page_size=4)] == [1] * 6
+    monkeypatch.setattr(backend, "PACK_KV_HEADS", False)
+    assert pack() == 1
+
+
 @pytest.fixture(scope="module")
 def built_launch(tmp_path_factory):
     """vattn/hopper/launch.cpp built into a fresh cache (~20 s): its Launch class."""
@@ -320,6 +360,21 @@ def test_an_unaligned_out_takes_the_direct_store(case, schedule):
     _check_against_reference(case, "hd256-gqa16", SCHEDULES[schedule], out_pad=4)
 
 
+# two KV heads of 128 a CTA, read as one of 256 (PACK_HEADS, the backend's e4m3 kernel at head_dim 128 where the
+# rows fit): GQA 8 and 4 of two KV heads, GQA 4 of four (two programs an item), GQA 7 on decode (14 query heads a
+# CTA: a row's head by its general address), and an unaligned out (the direct stores keep a row's own columns)
+PACKED_CONFIGS = {"hd128-gqa4-hkv4": (128, 16, 4)}
+PACKED_RUNS = [(case, config, 0) for case in sorted(CASES) for config in ("hd128-gqa8", "hd128-gqa4", "hd128-gqa4-hkv4")
+               ] + [("decode-q1", "hd128-gqa7", 0), ("ragged", "hd128-gqa8", 4), ("decode-q1", "hd128-gqa4", 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("case,config,out_pad", PACKED_RUNS)
+def test_packed_kv_heads_match_reference(case, config, out_pad):
+    _check_against_reference(case, config, SCHEDULES["k8"], out_pad=out_pad, pack=2)
+
+
 @pytest.mark.probe
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("probe", sorted(PROBES))
@@ -328,15 +383,16 @@ def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
 
 
-def _check_against_reference(case, config, defines, out_pad: int = 0):
-    """out_pad: out's head stride is head_dim + out_pad (a view of a wider tensor)."""
+def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int = 1):
+    """out_pad: out's head stride is head_dim + out_pad (a view of a wider tensor). pack: KV heads a CTA reads
+    (MainSm90's pack_heads), planned and partials as the backend lays them out for it."""
     torch = _hopper_gpu()
     import vattn
     from vattn import kernel as K
     from vattn.planner import plan_python
 
     seq_lens, q_lens = CASES[case]
-    d, hq, hkv = CONFIGS[config]
+    d, hq, hkv = (CONFIGS | PACKED_CONFIGS)[config]
     gqa, max_q = hq // hkv, max(q_lens)
     gen = torch.Generator(device="cuda").manual_seed(0)
     page = 16
@@ -368,23 +424,23 @@ def _check_against_reference(case, config, defines, out_pad: int = 0):
     kd, vd = (None, None) if bf16_kv else (torch.tensor([0.9], device="cuda"), torch.tensor([1.1], device="cuda"))
     scale = d ** -0.5
 
-    lists = plan_python(seq_lens, q_lens, num_kv_heads=hkv, slots=132, mode="balanced")
+    lists = plan_python(seq_lens, q_lens, num_kv_heads=hkv // pack, slots=132, mode="balanced")
     plan = {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device="cuda")
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
     width = plan["work_seq"].shape[0]
     # the workspace's partials hold max_q_len x GQA rows, fewer than the CTA's 64 when GQA or q_len is smaller:
     # one guard item past them must stay untouched
-    rows = max_q * gqa
-    o_all = torch.full((width + 1, hkv, rows, d), float("nan"), device="cuda")
-    lse_all = torch.full((width + 1, hkv, rows), float("nan"), device="cuda")
+    rows = max_q * gqa * pack
+    o_all = torch.full((width + 1, hkv // pack, rows, d), float("nan"), device="cuda")
+    lse_all = torch.full((width + 1, hkv // pack, rows), float("nan"), device="cuda")
     o_part, lse_part = o_all[:width], lse_all[:width]
-    kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines)
+    kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines, pack_heads=pack)
     # the kernel writes the rows of one-piece sequences, the reduce the rest
     out = torch.full((q.shape[0], hq, d + out_pad), float("nan"), device="cuda", dtype=q.dtype)[..., :d]
     kern.launch(q, k, v, tables, sl, cu_t, kd, vd, scale, plan, o_part, lse_part, out)
     # as the Hopper backend runs it: the reduce as the main kernel's programmatic dependent
-    K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=gqa, max_q_len=max_q, skip_whole=True,
-                    pdl=True)
+    K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=gqa * pack, max_q_len=max_q,
+                    skip_whole=True, pdl=True)
     ref = vattn.reference(q, k, v, tables, sl, cu_t, kd, vd, scale)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any()
@@ -529,10 +585,12 @@ def test_a_plan_of_single_pieces_runs_without_a_reduce_eagerly_and_keeps_it_in_a
 @pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("batch", [4, 24], ids=["ordinary-reduce", "dependent-reduce"])  # kernel.PDL_MIN_SEQUENCES
-def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch):
+@pytest.mark.parametrize("head_dim, num_kv_heads", [(256, 1), (128, 2)], ids=["hd256", "hd128-packed"])
+def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch, head_dim, num_kv_heads):
     """vattn.plan + vattn.attention on the Hopper backend captured in one graph (the reduce launched as the main
     kernel's programmatic dependent from 16 sequences on): replays on new lengths equal eager calls and the
-    reference, so neither launch reads what the other has not yet written."""
+    reference, so neither launch reads what the other has not yet written. At head_dim 128 a CTA reads both KV
+    heads (the workspace plans and lays out its partials for that)."""
     torch = _hopper_gpu()
     import vattn
     from benchmarks.kernel.harness import capture
@@ -545,23 +603,27 @@ def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch):
         gen = torch.Generator(device="cuda").manual_seed(3)
         page, max_len = 16, 6000
         pages = -(-max_len // page)
-        k = torch.randn(batch * pages + 1, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        v = torch.randn(batch * pages + 1, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        kv_shape = (batch * pages + 1, page, num_kv_heads, head_dim)
+        k = torch.randn(kv_shape, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        v = torch.randn(kv_shape, device="cuda", generator=gen).to(torch.float8_e4m3fn)
         perm = torch.randperm(batch * pages, device="cuda", generator=gen).to(torch.int32)
-        b = dict(q=torch.randn(4 * batch, 16, 256, device="cuda", generator=gen).to(torch.bfloat16), k_cache=k,
+        b = dict(q=torch.randn(4 * batch, 16, head_dim, device="cuda", generator=gen).to(torch.bfloat16), k_cache=k,
                  v_cache=v, block_tables=perm.view(batch, pages), seq_lens=torch.zeros(batch, dtype=torch.int32,
                                                                                       device="cuda"),
                  cu_seqlens_q=torch.arange(0, 4 * batch + 1, 4, dtype=torch.int32, device="cuda"),
                  k_descale=torch.tensor([0.9], device="cuda"), v_descale=torch.tensor([1.1], device="cuda"))
-        ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
-                             q_dtype=torch.bfloat16, page_size=page, max_q_len=4, max_batch=batch)
+        ws = vattn.Workspace(head_dim=head_dim, num_q_heads=16, num_kv_heads=num_kv_heads,
+                             kv_dtype=torch.float8_e4m3fn, q_dtype=torch.bfloat16, page_size=page, max_q_len=4,
+                             max_batch=batch)
+        assert ws.kv_heads_per_program == num_kv_heads
         lens = lambda seed: torch.randint(4, max_len, (batch,), generator=torch.Generator().manual_seed(seed),
                                           dtype=torch.int32)
         b["seq_lens"].copy_(lens(0))
         out = torch.empty_like(b["q"])
 
         def step():
-            pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=1, page_size=page, workspace=ws)
+            pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=num_kv_heads, page_size=page,
+                            workspace=ws)
             vattn.attention(**b, plan=pl, out=out)
 
         step()  # binds the launches outside the capture
@@ -575,7 +637,7 @@ def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch):
             step()
             torch.cuda.synchronize()
             assert torch.equal(replayed, out), seed
-            ref = vattn.reference(**b, softmax_scale=256 ** -0.5)
+            ref = vattn.reference(**b, softmax_scale=head_dim ** -0.5)
             assert float((replayed.float() - ref).norm() / ref.norm()) < 5e-3, seed
         assert backend.BACKEND.name not in api.FAILED
     finally:

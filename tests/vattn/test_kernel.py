@@ -381,6 +381,52 @@ def test_interp_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce(
 
 
 @interp_only
+def test_interp_a_backend_whose_programs_read_two_kv_heads_plans_and_reduces_by_its_programs():
+    """A backend with kv_heads_per_program 2 (the Hopper kernel's packed heads): its workspace plans for Hkv / 2
+    programs a piece, and vattn's reduce reads the partials as its programs lay them out (Workspace.partials: a
+    program's query rows token-major, the second head's after the first's). The stand-in main kernel runs
+    Triton's on the one-head-a-program view and moves its partials into that layout; the answer must be the
+    reference's. Triton itself, given the same workspace, serves the call on its own view."""
+    import vattn
+    from vattn import api
+
+    b = make_batch([40, 9, 130], [2, 1, 2], gqa=3, num_kv_heads=4)
+    max_q = 2
+
+    def bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan):
+        main, ws = api.TRITON.bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan), plan.workspace
+
+        def packed(q, k, v, tables, lens, cu, kd, vd, out):
+            main(q, k, v, tables, lens, cu, kd, vd, out)
+            w, heads, _, d = ws.o_part.shape
+            o = ws.o_part.view(w, heads // 2, 2, max_q, ws.gqa, d).permute(0, 1, 3, 2, 4, 5).clone()
+            lse = ws.lse_part.view(w, heads // 2, 2, max_q, ws.gqa).permute(0, 1, 3, 2, 4).clone()
+            o_prog, lse_prog, gqa = ws.partials(by_program=True)
+            assert gqa == 2 * ws.gqa and o_prog.data_ptr() == ws.o_part.data_ptr()
+            o_prog.copy_(o.reshape(o_prog.shape))
+            lse_prog.copy_(lse.reshape(lse_prog.shape))
+        return packed
+
+    fake = api.Backend("fake-packed", lambda w, q, k: True, None, bind_main, slots_per_sm=lambda w: 1,
+                       kv_heads_per_program=lambda w: 2)
+    api.register_backend(fake)
+    try:
+        pl = _planned(b, max_q)
+        ws = pl.workspace
+        assert (ws.kv_heads_per_program, ws.program_kv_heads) == (2, 2)
+        lens, cu = b["seq_lens"].tolist(), b["cu_seqlens_q"].tolist()
+        q_lens = [y - x for x, y in zip(cu, cu[1:])]
+        want_plan = plan_python(lens, q_lens, num_kv_heads=2, slots=2, mode="balanced", overhead=ws.piece_overhead)
+        assert pl.tensors["seq_part_start"].tolist() == want_plan.seq_part_start
+        assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 2e-3
+        api.FAILED.add("fake-packed")  # Triton serves the same workspace and plan on its own layout
+        assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 2e-3
+    finally:
+        api.BACKENDS.remove(fake)
+        api.FAILED.discard("fake-packed")
+
+
+@interp_only
 def test_interp_a_main_launch_that_checks_its_own_signature_is_called_past_attentions_python_signature(monkeypatch):
     """A bound main launch with `fast` (the Hopper backend's C++ launch, which checks the call's tensors itself):
     after the first call, attention() calls it without building its Python signature; a call it refuses (another
@@ -544,6 +590,8 @@ GPU_CASES = {
     "hd128-g16-p16-fp8-q8": ([4100, 9000], [8, 7], 128, 1, 16, 16, FP8, BF16),
     "hd64-g5-p16-bf16-q3": (ODD, [1, 3, 3, 3, 3, 3, 3], 64, 3, 5, 16, BF16, FP16),
     "hd128-g12-p16-fp8-q4": ([6000, 20, 1], [4, 4, 1], 128, 1, 12, 16, FP8, BF16),
+    # with VATTN_HOPPER=1, two KV heads a CTA (16 x 2 rows fit one): two programs a piece, empty sequences
+    "hd128-g4-p16-fp8-hkv4-q4": (ODD, [1, 4, 2, 0, 3, 4, 4], 128, 4, 4, 16, FP8, BF16),
     "hd256-g16-p16-fp8-long": ([200_000, 50, 7000], [4, 4, 4], 256, 1, 16, 16, FP8, BF16),
     "all-empty": ([0, 0], [2, 0], 128, 2, 4, 16, BF16, BF16),
 }

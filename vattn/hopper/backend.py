@@ -2,8 +2,8 @@
 when vattn is imported). It takes the calls its kernels cover: an sm_90 GPU, e4m3 or bf16 KV with strides of
 whole 16 bytes, bf16 Q, head_dim 256 or 128 and max_q_len x GQA <= 64 packed rows (one wgmma M: decode and
 narrower groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for
-one CTA per SM (slots_per_sm). A build or launch failure falls back to Triton with one warning
-(vattn.api.attention)."""
+one CTA per SM (slots_per_sm), and at head_dim 128 on e4m3 for CTAs that read two adjacent KV heads as one of 256
+(kv_heads_per_program). A build or launch failure falls back to Triton with one warning (vattn.api.attention)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,27 @@ def _covers(ws) -> bool:
 def supports(ws, q, k_cache) -> bool:
     import torch
 
-    # TMA (and the page-of-4 kernel's 16-byte loads) address the cache by any strides of whole 16 bytes
+    # TMA (and the page-of-4 kernel's 16-byte loads) address the cache by any strides of whole 16 bytes; a CTA
+    # reads packed heads as one row of the cache only where they are adjacent
     return (_covers(ws) and k_cache.dtype == ws.kv_dtype and q.dtype == torch.bfloat16 and k_cache.stride(3) == 1
-            and all(st * k_cache.element_size() % 16 == 0 for st in k_cache.stride()[:3]))
+            and all(st * k_cache.element_size() % 16 == 0 for st in k_cache.stride()[:3])
+            and (ws.kv_heads_per_program == 1 or k_cache.stride(2) == ws.head_dim))
+
+
+PACK_KV_HEADS = True  # kv_heads_per_program's choice; False gives one KV head a CTA everywhere (for A/B timing)
+
+
+def kv_heads_per_program(ws) -> int:
+    """2 where a CTA reads two adjacent KV heads of head_dim 128 as one of 256 (main_sm90.cu's PACK_HEADS): e4m3
+    on pages for the k8 kernel, an even count of KV heads, and both heads' query rows in one CTA (max_q_len x GQA
+    x 2 <= 64). A page of a head is then one 4 KB box of 256-byte rows, not two of 128-byte rows, and a 64-token
+    tile carries both heads: on an H200 the main kernel of 32 x 8k tokens at head_dim 256 took 44.8 / 42.9 us
+    where the same bytes as two heads of 128 took 48.1 / 47.7 (GQA 16 / 8 a CTA, benchmarks/NOTES.md P78)."""
+    import torch
+
+    rows = ws.max_q_len * ws.gqa
+    return 2 if (PACK_KV_HEADS and _covers(ws) and ws.kv_dtype == torch.float8_e4m3fn and ws.head_dim == 128
+                 and ws.num_kv_heads % 2 == 0 and ws.page_size % 8 == 0 and 2 * rows <= QROWS) else 1
 
 
 def slots_per_sm(ws) -> int | None:
@@ -58,8 +76,11 @@ def slots_per_sm(ws) -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool):
+def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1):
     from vattn.hopper.build import MainSm90
+
+    if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's k8 build
+        return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines={"K8": 1}, pack_heads=pack_heads)
 
     # bf16 caches take vattn_main_sm90_kv16 (TMA pages straight into the wgmma layout); e4m3 caches on pages of
     # whole 8-row swizzle atoms vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores: 1.3x the other
@@ -78,9 +99,10 @@ def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     import torch
 
     ws = plan.workspace
-    kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16)
+    kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16, ws.kv_heads_per_program)
+    o_part, lse_part, _ = ws.partials(by_program=True)
     return kernel.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
-                       plan.tensors, ws.o_part, ws.lse_part, pdl=pdl)
+                       plan.tensors, o_part, lse_part, pdl=pdl)
 
 
 def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan,
@@ -90,7 +112,8 @@ def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
     bind_main(*args, softmax_scale, plan)(*args, out)
     ws = plan.workspace
-    K.launch_reduce(ws.o_part, ws.lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=ws.gqa,
+    o_part, lse_part, gqa = ws.partials(by_program=True)
+    K.launch_reduce(o_part, lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=gqa,
                     max_q_len=ws.max_q_len, skip_whole=True, pdl=True)
 
 
@@ -103,4 +126,5 @@ def piece_overhead_tiles(kv_dtype) -> int:
 
 
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,
-                  piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype), pdl=True)
+                  piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype),
+                  kv_heads_per_program=kv_heads_per_program, pdl=True)

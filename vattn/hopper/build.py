@@ -143,17 +143,19 @@ class TensorMaps:
     map [num_pages, PAGE, Hkv, D], one box = one page of one KV head. e4m3 caches (vattn_main_sm90_k8): K in
     128-byte column boxes with the 128-byte swizzle (the fp8 wgmma's layout), V in whole unswizzled rows. bf16
     caches (vattn_main_sm90_kv16): K and V alike in 64-column (128-byte) boxes with the 128-byte swizzle, the
-    layout of the 16-bit wgmma's operands."""
+    layout of the 16-bit wgmma's operands. pack: KV heads a CTA reads together (the k8 kernel's PACK_HEADS): the
+    map is then over [num_pages, PAGE, Hkv / pack, pack x D], a box one page of pack adjacent heads."""
 
-    def __init__(self, k_cache, v_cache, l2_promotion: int = 3):
+    def __init__(self, k_cache, v_cache, l2_promotion: int = 3, pack: int = 1):
         self._buf = ctypes.create_string_buffer(2 * 128 + 64)
         base = (ctypes.addressof(self._buf) + 63) & ~63  # CUtensorMap is 64-byte aligned
         self.k, self.v = base, base + 128
         region = 128 // k_cache.element_size()  # elements in a 128-byte swizzle row
         promo = dict(promotion=l2_promotion)  # CU_TENSOR_MAP_L2_PROMOTION_*: 0 none, 1 64B, 2 128B, 3 256B
+        promo["pack"] = pack
         self._encode(self.k, k_cache, box_inner=region, swizzle=3, **promo)  # CU_TENSOR_MAP_SWIZZLE_128B
         if v_cache.element_size() == 1:
-            self._encode(self.v, v_cache, box_inner=v_cache.shape[3], swizzle=0, **promo)  # _SWIZZLE_NONE
+            self._encode(self.v, v_cache, box_inner=v_cache.shape[3] * pack, swizzle=0, **promo)  # _SWIZZLE_NONE
         else:
             self._encode(self.v, v_cache, box_inner=region, swizzle=3, **promo)
 
@@ -163,15 +165,21 @@ class TensorMaps:
         return tuple((tuple(t.shape), t.stride()) for t in (k_cache, v_cache))
 
     @staticmethod
-    def layout(t, box_inner: int) -> tuple:
+    def layout(t, box_inner: int, pack: int = 1) -> tuple:
         """(dims in elements, byte strides, box) of the 4-D map of cache t [num_pages, PAGE, Hkv, D] (e4m3 or
-        bf16), innermost first; ValueError, naming the cache's strides, where TMA cannot address it."""
+        bf16), innermost first, its heads read pack at a time; ValueError, naming the cache's strides, where TMA
+        cannot address it."""
         pages, page, heads, dim = t.shape
         size = t.element_size()
         if size not in (1, 2) or t.stride(3) != 1:
             raise ValueError(f"TMA map: cache dtype {t.dtype} strides {t.stride()}: needs one- or two-byte elements "
                              "(e4m3, bf16) with unit stride in head_dim")
-        strides = (t.stride(2) * size, t.stride(1) * size, t.stride(0) * size)
+        if pack > 1:
+            if heads % pack or t.stride(2) != dim:
+                raise ValueError(f"TMA map: cache shape {tuple(t.shape)} strides {t.stride()}: reading {pack} KV heads "
+                                 "together needs their count a multiple of it and adjacent heads (stride(2) == D)")
+            heads, dim = heads // pack, dim * pack
+        strides = (t.stride(2) * pack * size, t.stride(1) * size, t.stride(0) * size)
         if any(st % 16 for st in strides) or t.data_ptr() % 16:
             raise ValueError(f"TMA map: cache strides {t.stride()} ({size}-byte elements) and its address must be "
                              "whole multiples of 16 bytes")
@@ -180,9 +188,9 @@ class TensorMaps:
         return (dim, heads, page, pages), strides, (box_inner, 1, page, 1)
 
     @classmethod
-    def _encode(cls, addr: int, t, *, box_inner: int, swizzle: int, promotion: int) -> None:
+    def _encode(cls, addr: int, t, *, box_inner: int, swizzle: int, promotion: int, pack: int) -> None:
         u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-        dims, strides, box = cls.layout(t, box_inner)
+        dims, strides, box = cls.layout(t, box_inner, pack)
         dims, strides, box = (u64 * 4)(*dims), (u64 * 3)(*strides), (u32 * 4)(*box)
         ones = (u32 * 4)(1, 1, 1, 1)
         drv = _driver()
@@ -195,20 +203,29 @@ class TensorMaps:
 
 class MainSm90:
     """The loaded kernel for one compile-time shape (extra_defines K8=1: vattn_main_sm90_k8, KV16=1:
-    vattn_main_sm90_kv16)."""
+    vattn_main_sm90_kv16). head_dim and gqa are the model's; pack_heads (K8=1 at head_dim 128 only): a CTA reads
+    that many adjacent KV heads as one of head_dim 256 (main_sm90.cu's PACK_HEADS), gqa x pack_heads query heads."""
 
-    def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None):
+    def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None,
+                 pack_heads: int = 1):
         import torch
 
         name = _kernel_name(extra_defines or {})
-        if head_dim not in ((256,) if name == "vattn_main_sm90" else (128, 256)) or not 1 <= gqa <= QROWS:
-            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa}: covers head_dim 256 (K8=1, KV16=1: 128 "
-                             f"or 256) and gqa <= {QROWS} (max_q_len x gqa <= {QROWS} packed rows)")
+        if head_dim not in ((256,) if name == "vattn_main_sm90" else (128, 256)) or not 1 <= gqa * pack_heads <= QROWS:
+            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa} x pack_heads {pack_heads}: covers head_dim "
+                             f"256 (K8=1, KV16=1: 128 or 256) and <= {QROWS} query heads a CTA (max_q_len x that "
+                             f"<= {QROWS} packed rows)")
+        if pack_heads != 1 and (name != "vattn_main_sm90_k8" or head_dim * pack_heads != 256):
+            raise ValueError(f"MainSm90: pack_heads {pack_heads} with {name} at head_dim {head_dim}: only "
+                             "vattn_main_sm90_k8 packs heads, to a head_dim of 256")
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
+        self.pack_heads = pack_heads
+        head_dim, gqa = head_dim * pack_heads, gqa * pack_heads  # the CTA's
         # head_dim 128 streams 128-token tiles: its main kernel 5% faster than on 64 (benchmarks/NOTES.md P18)
         wide = dict(BLOCK_N=128) if name == "vattn_main_sm90_k8" and head_dim == 128 else {}
-        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | dict(extra_defines or {})
+        packed = dict(PACK_HEADS=pack_heads) if pack_heads > 1 else {}
+        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | packed | dict(extra_defines or {})
         self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
         self.kv16 = name == "vattn_main_sm90_kv16"
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
@@ -243,7 +260,9 @@ class MainSm90:
         launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out), through
         vattn.hopper.launch's Launch (C++; ctypes where it cannot be built), made at the first call (whose nine
         tensors are its signature) and kept as launch.fast[0]: vattn.api.attention calls it directly on later
-        calls. The kernel writes the partials, and out's rows of every sequence that is one piece (the reduce's
+        calls. o_part, lse_part: [W, Hkv / pack_heads, max_q_len x gqa x pack_heads, D] and [W, Hkv / pack_heads,
+        max_q_len x gqa x pack_heads] (a row of the CTA's query heads keeps its own head's D columns). The kernel
+        writes the partials, and out's rows of every sequence that is one piece (the reduce's
         skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch.
         pdl: launch it as a programmatic dependent of the stream's previous kernel: its CTAs may start while that
         kernel ends (vattn's plan lets them start at once) and wait for it after their prologue, before they
@@ -269,7 +288,7 @@ class MainSm90:
             *map(fixed, lse_part.stride()[:2]), ("ptr", 8), ("stride", 8, 0), ("stride", 8, 1),
             ("i32", v_lbo), ("i32", v_sbo),
         ] + ([("kmap",), ("vmap",)] if self.tma else [])
-        grid = (k_cache.shape[2], plan_tensors["work_seq"].shape[0], 1)
+        grid = (k_cache.shape[2] // self.pack_heads, plan_tensors["work_seq"].shape[0], 1)
         held = (plan_tensors, o_part, lse_part)  # the frozen addresses' tensors live as long as the launch
         # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose
         # boxes are 128-byte rows (16x35k-bf16 main 146.4 / 148.1 us against 151.8 / 150.2 at 256 B, NOTES P21);
@@ -295,7 +314,7 @@ class MainSm90:
                 if maps is None:
                     if len(maps_kept) >= MAPS_KEPT:
                         maps_kept.clear()
-                    maps = maps_kept[key] = TensorMaps(k_cache, v_cache, promotion)
+                    maps = maps_kept[key] = TensorMaps(k_cache, v_cache, promotion, self.pack_heads)
                 fast[0].add_maps(key[0], key[1], ctypes.string_at(maps.k, 128), ctypes.string_at(maps.v, 128))
                 done = fast[0].launch(*call)
             if done != 1:

@@ -16,6 +16,13 @@
 // (tokens per page). A CTA holds QROWS = 64 packed rows (one wgmma M): row r is token r / GQA, head r % GQA
 // of the KV head's group, so max_q_len x GQA <= 64; rows of absent tokens are masked and never stored.
 // BLOCK_N (tokens per tile: 64; vattn_main_sm90_k8 at head_dim 128 also 128), STAGES.
+//
+// PACK_HEADS = P (vattn_main_sm90_k8 only; default 1): a CTA reads P adjacent KV heads of head_dim HEAD_DIM / P
+// together, as one KV head of HEAD_DIM (a token's P heads are HEAD_DIM contiguous bytes of the cache, so a page
+// of them is one TMA box of whole 128-byte rows instead of P boxes of narrower rows). GQA is then the CTA's
+// query heads, P x the model's; row r's query head r % GQA belongs to KV head (r % GQA) / (GQA / P) of the
+// CTA's P, and its Q fills only that head's OUT_DIM columns of the row (the others zero), so S = Q.K^T sees its
+// own head's keys alone; of O = P.V it keeps those columns. Q, out and the partials are rows of OUT_DIM.
 
 #include <cuda.h>  // CUtensorMap
 #include <cuda_fp16.h>
@@ -35,6 +42,10 @@
 #ifndef OVERLAP
 #define OVERLAP 0
 #endif
+#ifndef PACK_HEADS
+#define PACK_HEADS 1
+#endif
+#define OUT_DIM (HEAD_DIM / PACK_HEADS)  // the model's head_dim: Q's, out's and the partials' rows
 #define STAGES 2  // one per producer half
 #define QROWS 64
 #ifndef BLOCK_N
@@ -573,6 +584,12 @@ __device__ __forceinline__ float2 row_sums(const Rows& rw) {
   return make_float2(l0, l1);
 }
 
+// PACK_HEADS: the CTA's KV head (0 .. PACK_HEADS - 1) whose query head packed row r is, and whether column c of
+// the CTA's HEAD_DIM is that head's (at OUT_DIM column c % OUT_DIM of Q, out and the partials).
+__device__ __forceinline__ int packed_head(int r) { return PACK_HEADS == 1 ? 0 : (r % GQA) / (GQA / PACK_HEADS); }
+__device__ __forceinline__ bool row_owns(int r, int c) { return PACK_HEADS == 1 || c / OUT_DIM == packed_head(r); }
+__device__ __forceinline__ int out_col(int c) { return PACK_HEADS == 1 ? c : c % OUT_DIM; }
+
 // The partial of this CTA: O normalised and times v_descale, lse in log2 units; a row that saw no key writes
 // (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
 __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
@@ -585,9 +602,11 @@ __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Ro
   const bool ok0 = r0 / GQA < rw.n_q, ok1 = (r0 + 8) / GQA < rw.n_q;
 #pragma unroll
   for (int j = 0; j < HEAD_DIM / 8; ++j) {
-    int c = 8 * j + cq;
-    if (ok0) *reinterpret_cast<float2*>(ob + r0 * sor + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
-    if (ok1) *reinterpret_cast<float2*>(ob + (r0 + 8) * sor + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
+    const int c = out_col(8 * j) + cq;  // (cq < 8: the column's head is 8 j's)
+    if (ok0 && row_owns(r0, 8 * j))
+      *reinterpret_cast<float2*>(ob + r0 * sor + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
+    if (ok1 && row_owns(r0 + 8, 8 * j))
+      *reinterpret_cast<float2*>(ob + (r0 + 8) * sor + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
   }
   if (lane % 4 == 0) {
     if (ok0) lb[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
@@ -611,8 +630,9 @@ __device__ __forceinline__ void store_out(const float (&o)[O_REGS], const Rows& 
     __nv_bfloat16* row = out + (int64_t)(q0 + tok) * sot + (int64_t)(h * GQA + r % GQA) * soh;
 #pragma unroll
     for (int j = 0; j < HEAD_DIM / 8; ++j)
-      *reinterpret_cast<__nv_bfloat162*>(row + 8 * j + cq) =
-          __floats2bfloat162_rn(o[4 * j + 2 * half] * s[half], o[4 * j + 2 * half + 1] * s[half]);
+      if (row_owns(r, 8 * j))
+        *reinterpret_cast<__nv_bfloat162*>(row + out_col(8 * j) + cq) =
+            __floats2bfloat162_rn(o[4 * j + 2 * half] * s[half], o[4 * j + 2 * half + 1] * s[half]);
   }
 }
 
@@ -659,7 +679,7 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
   const float vd = v_descale ? *v_descale : 1.f;
   const float s0 = l.x > 0.f ? vd / l.x : 0.f, s1 = l.y > 0.f ? vd / l.y : 0.f;
   if (whole) {
-    constexpr int ROW = HEAD_DIM * 2 + 16, CHUNKS = HEAD_DIM * 2 / 16;
+    constexpr int ROW = HEAD_DIM * 2 + 16, CHUNKS = OUT_DIM * 2 / 16;  // a row's chunks out (PACK_HEADS: its head's)
 #pragma unroll
     for (int j = 0; j < HEAD_DIM / 8; ++j) {
       const int c = (8 * j + cq) * 2;
@@ -672,11 +692,12 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
     for (int k = ctid; k < rows * CHUNKS; k += 128) {
       const int r = k / CHUNKS, c = k % CHUNKS;
       __nv_bfloat16* row = out + (int64_t)(it.q0 + r / GQA) * sot + (int64_t)(h * GQA + r % GQA) * soh_out;
-      *reinterpret_cast<uint4*>(row + 8 * c) = *reinterpret_cast<const uint4*>(stage + r * ROW + 16 * c);
+      *reinterpret_cast<uint4*>(row + 8 * c) =
+          *reinterpret_cast<const uint4*>(stage + r * ROW + packed_head(r) * OUT_DIM * 2 + 16 * c);
     }
     return;
   }
-  constexpr int ROW = HEAD_DIM * 4 + 32, CHUNKS = HEAD_DIM * 4 / 16;
+  constexpr int ROW = HEAD_DIM * 4 + 32, CHUNKS = OUT_DIM * 4 / 16;
 #pragma unroll
   for (int j = 0; j < HEAD_DIM / 8; ++j) {
     const int c = (8 * j + cq) * 4;
@@ -692,7 +713,8 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
   STAMP(0, 17, 0);
   for (int k = ctid; k < rows * CHUNKS; k += 128) {
     const int r = k / CHUNKS, c = k % CHUNKS;
-    *reinterpret_cast<float4*>(ob + r * sor + 4 * c) = *reinterpret_cast<const float4*>(stage + r * ROW + 16 * c);
+    *reinterpret_cast<float4*>(ob + r * sor + 4 * c) =
+        *reinterpret_cast<const float4*>(stage + r * ROW + packed_head(r) * OUT_DIM * 4 + 16 * c);
   }
 }
 
@@ -787,7 +809,7 @@ __device__ __forceinline__ void overlap_loop(float (&o)[O_REGS], Rows& rw, int s
 }
 
 
-#if HEAD_DIM == 256 && BLOCK_N == 64
+#if HEAD_DIM == 256 && BLOCK_N == 64 && PACK_HEADS == 1
 extern "C" __constant__ int vattn_main_sm90_launch[2] = {1024 + Q_BYTES + 2 * STAGES * TILE_BYTES, 256};
 extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     const __nv_bfloat16* q, int64_t stride_qt, int64_t stride_qh,
@@ -909,7 +931,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
   next_kernel_may_launch();
   store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
 }
-#endif  // HEAD_DIM == 256 && BLOCK_N == 64
+#endif  // HEAD_DIM == 256 && BLOCK_N == 64 && PACK_HEADS == 1
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
@@ -1342,7 +1364,7 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
     const int sub = lane / LPR, c = (lane % LPR) * 8;
     // every row is loaded without a branch (each row's branch and 64-bit address had cost ~25 instructions,
     // NOTES P38): a row of an absent token reads Q's first row, finite values whose scores the mask discards
-    const __nv_bfloat16* qg = q + (int64_t)q0 * stride_qt + (int64_t)(h * GQA) * stride_qh + c;
+    const __nv_bfloat16* qg = q + (int64_t)q0 * stride_qt + (int64_t)(h * GQA) * stride_qh + out_col(c);
     // where a warp's 16 rows start a token's head group, or lie in one, row rr's token and head past the warp's
     // first row are compile-time constants (no 64-bit multiply a row)
     constexpr bool ALIGNED = (16 % GQA == 0 || GQA % 16 == 0) && GQA % RPL == 0;
@@ -1353,7 +1375,9 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
       const int r = warp * 16 + rr * RPL + sub;
       const __nv_bfloat16* row = ALIGNED ? qw + (rr * RPL / GQA) * stride_qt + (rr * RPL % GQA) * stride_qh
                                          : qg + (int64_t)(r / GQA) * stride_qt + (int64_t)(r % GQA) * stride_qh;
-      qraw[rr] = *reinterpret_cast<const uint4*>(r / GQA < n_q ? row : q + c);
+      // PACK_HEADS: the columns of the CTA's other KV heads are zero in this row (its scores are its head's)
+      qraw[rr] = row_owns(r, c) ? *reinterpret_cast<const uint4*>(r / GQA < n_q ? row : q + out_col(c))
+                                : make_uint4(0, 0, 0, 0);
     }
     // each row's amax over its lanes, two rows a bf16x2 (max is exact in bf16): 5 shuffle steps a row pair
     static_assert(NLD % 2 == 0, "rows in pairs");
@@ -1502,6 +1526,7 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
 #define KV16 0
 #endif
 #if KV16
+static_assert(PACK_HEADS == 1, "PACK_HEADS: vattn_main_sm90_k8 only");
 static_assert(BLOCK_N == 64, "64-token tiles: K and V share one layout, the fp16 V stage's");
 #define KV16_TILE (BLOCK_N * HEAD_DIM * 2)  // one bf16 K or V tile
 #ifndef KV16_SLOTS
