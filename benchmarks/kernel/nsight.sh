@@ -22,7 +22,15 @@ profile() {  # SHAPE VARIANT: hopper_proto's first launch of the main kernel (it
         --descriptors 8192:1024 --variants "$2" --out "/tmp/nsight-$1.json" > "$out/ncu-$1.csv" 2> "$out/ncu-$1.err"
     echo "nsight: $1 rc $?"
 }
-# the builds vattn/hopper/backend.py selects: K8 for fp8 caches (two consumer warpgroups at head_dim 128), KV16 for bf16
+profile_backend() {  # SHAPE: the first main-kernel launch of vattn.attention on the Hopper backend (the bench's check)
+    [ "$only" = "  " ] || [[ "$only" == *" $1 "* ]] || return 0
+    VATTN_HOPPER=1 timeout 100 "$ncu" --clock-control none --kernel-name regex:vattn_main_sm90 --launch-count 1 --csv \
+        --metrics "$metrics" python3 -m benchmarks.kernel.bench --shapes "$1" --replays 1 --planners balanced \
+        --out "/tmp/nsight-$1.json" > "$out/ncu-$1.csv" 2> "$out/ncu-$1.err"
+    echo "nsight: $1 rc $?"
+}
+# the builds vattn/hopper/backend.py selects: K8 for fp8 caches, KV16 for bf16; head_dim 128's two KV heads a CTA
+# (PACK_HEADS) through the backend itself, which plans and lays out the partials for it
 for s in 16x35k 16x35k-q1 16x35k-gqa8 bs20-agentic-2.32M; do profile "$s" "k8:K8=1"; done
-for s in 32x8k-hd128-gqa8 32x8k-hd128-gqa4; do profile "$s" "k8:K8=1,K8_CONSUMERS=2"; done
+for s in 32x8k-hd128-gqa8 32x8k-hd128-gqa4; do profile_backend "$s"; done
 profile 16x35k-bf16 "kv16:KV16=1,TMA_EVICT_FIRST=1"
