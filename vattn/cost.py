@@ -236,7 +236,9 @@ def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int) -> tuple[str, in
 def hopper_path(kv_dtype: str, head_dim: int, page_size: int) -> tuple[str, int]:
     """(path, packed rows) of the Hopper kernel that takes a covered call (vattn.hopper.backend._kernel): bf16
     caches kv16, e4m3 on pages of 8-row atoms k8 (its head_dim 128 build apart), pages of 4 the older kernel;
-    all of them compute 64 packed rows."""
+    all of them compute 64 packed rows. Head_dim 128 is modelled one KV head a CTA, the kernel of the runs the
+    profile is fitted to; the backend now reads two a CTA where they fit (kv_heads_per_program), ~6% faster on
+    those calls (benchmarks/NOTES.md P79), which this model does not yet show."""
     if kv_dtype == "bf16":
         return "kv16", 64
     if page_size % 8:

@@ -86,7 +86,8 @@ def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int =
     # whole 8-row swizzle atoms vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores: 1.3x the other
     # kernel on 16x35k, benchmarks/NOTES.md), on pages of 4 tokens vattn_main_sm90
     # (the bf16 kernel's copies evict-first: 16x35k-bf16 main 142.6 / 144.8 us against 145.8 / 146.5, NOTES P21);
-    # e4m3 at head_dim 128 with two consumer warpgroups on alternate tiles (main 1-2.5% faster in three runs, P34)
+    # e4m3 at head_dim 128 whose heads are not read in pairs with two consumer warpgroups on alternate tiles (main
+    # 1-2.5% faster in three runs, P34)
     defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1} if page % 8 == 0 else None
     if defines == {"K8": 1} and head_dim == 128:
         defines["K8_CONSUMERS"] = 2
