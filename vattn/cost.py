@@ -13,7 +13,8 @@ measured calls.
 
 vattn_hopper: vattn with VATTN_HOPPER=1. The calls its kernels cover (vattn.hopper.backend.covers_shape) run
 the same model with the profile's `vattn_hopper` figures, planned as that backend plans (one CTA per SM, its
-piece overhead), on its kernel paths (hopper_path); every other call is vattn's Triton path, as on the GPU.
+piece overhead, two KV heads a CTA where it reads them so), on its kernel paths (hopper_path); every other call
+is vattn's Triton path, as on the GPU.
 
 baseline: the engine's default kernel, fitted as fixed_us + KV bytes / tbps (or + work / rate) per
 (kv_dtype, phase) from measured tables; profiles cite each figure's source.
@@ -25,7 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from vattn.hopper.backend import covers_shape, piece_overhead_tiles
+from vattn.hopper.backend import covers_shape, kv_heads_per_cta, piece_overhead_tiles
 from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
@@ -236,9 +237,7 @@ def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int) -> tuple[str, in
 def hopper_path(kv_dtype: str, head_dim: int, page_size: int) -> tuple[str, int]:
     """(path, packed rows) of the Hopper kernel that takes a covered call (vattn.hopper.backend._kernel): bf16
     caches kv16, e4m3 on pages of 8-row atoms k8 (its head_dim 128 build apart), pages of 4 the older kernel;
-    all of them compute 64 packed rows. Head_dim 128 is modelled one KV head a CTA, the kernel of the runs the
-    profile is fitted to; the backend now reads two a CTA where they fit (kv_heads_per_program), ~6% faster on
-    those calls (benchmarks/NOTES.md P79), which this model does not yet show."""
+    all of them compute 64 packed rows. head_dim: a CTA's (two KV heads of 128 read as one are k8's 256)."""
     if kv_dtype == "bf16":
         return "kv16", 64
     if page_size % 8:
@@ -265,9 +264,12 @@ def _plan_us(v: VattnModel, planner: str) -> float:
 
 def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size, *,
                    hopper: bool = False) -> float:
-    if hopper:  # planned as vattn.hopper.backend plans: one CTA per SM, its own piece overhead
+    cta_dim = head_dim  # the head_dim a program reads a token of: pack x head_dim, its pack KV heads together
+    if hopper:  # planned as vattn.hopper.backend plans: one CTA per SM, its own piece overhead and KV heads a CTA
         v, slots, overhead = prof.vattn_hopper, prof.sms, piece_overhead_tiles(kv_dtype)
-        path, rows = hopper_path(kv_dtype, head_dim, page_size)
+        pack = kv_heads_per_cta(kv_dtype, head_dim, hkv, page_size, max(q_lens, default=1) * gqa)
+        hkv, gqa, cta_dim = hkv // pack, gqa * pack, head_dim * pack
+        path, rows = hopper_path(kv_dtype, cta_dim, page_size)
     else:
         v, slots, overhead = prof.vattn, prof.slots, PIECE_OVERHEAD_TILES
         path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim)
@@ -275,7 +277,7 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
         raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
     splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=slots, mode=planner, overhead=overhead)
     wave = _wave_bytes_per_us(v, path, rows, kv_dtype, page_size)  # bytes/us with every slot busy
-    token_bytes = head_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
+    token_bytes = cta_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
     latency = v.piece_latency_us * wave / slots  # a prologue costs its slot's fair share of time
     runs, reduce_bytes = [], 0
     batch = zip(splits, seq_lens, q_lens)

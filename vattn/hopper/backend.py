@@ -58,17 +58,25 @@ def supports(ws, q, k_cache) -> bool:
 PACK_KV_HEADS = True  # kv_heads_per_program's choice; False gives one KV head a CTA everywhere (for A/B timing)
 
 
+def kv_heads_per_cta(kv_dtype: str, head_dim: int, num_kv_heads: int, page_size: int, rows: int) -> int:
+    """2 where a CTA reads two adjacent KV heads of head_dim 128 as one of 256 (main_sm90.cu's PACK_HEADS), else 1,
+    for a covered shape (covers_shape's arguments, and the KV head count): e4m3 on pages for the k8 kernel, an
+    even count of KV heads, and both heads' query rows in one CTA (rows = max_q_len x GQA, twice that <= 64). A
+    page of a head is then one 4 KB box of 256-byte rows, not two of 128-byte rows, and a 64-token tile carries
+    both heads: on an H200 the main kernel of 32 x 8k tokens at head_dim 256 took 44.8 / 42.9 us where the same
+    bytes as two heads of 128 took 48.1 / 47.7 (GQA 16 / 8 a CTA, benchmarks/NOTES.md P78). Pure Python, shared
+    with the cost model."""
+    return 2 if (PACK_KV_HEADS and kv_dtype == "fp8" and head_dim == 128 and num_kv_heads % 2 == 0
+                 and page_size % 8 == 0 and 2 * rows <= QROWS) else 1
+
+
 def kv_heads_per_program(ws) -> int:
-    """2 where a CTA reads two adjacent KV heads of head_dim 128 as one of 256 (main_sm90.cu's PACK_HEADS): e4m3
-    on pages for the k8 kernel, an even count of KV heads, and both heads' query rows in one CTA (max_q_len x GQA
-    x 2 <= 64). A page of a head is then one 4 KB box of 256-byte rows, not two of 128-byte rows, and a 64-token
-    tile carries both heads: on an H200 the main kernel of 32 x 8k tokens at head_dim 256 took 44.8 / 42.9 us
-    where the same bytes as two heads of 128 took 48.1 / 47.7 (GQA 16 / 8 a CTA, benchmarks/NOTES.md P78)."""
+    """kv_heads_per_cta for a workspace this backend covers (Backend.kv_heads_per_program)."""
     import torch
 
-    rows = ws.max_q_len * ws.gqa
-    return 2 if (PACK_KV_HEADS and _covers(ws) and ws.kv_dtype == torch.float8_e4m3fn and ws.head_dim == 128
-                 and ws.num_kv_heads % 2 == 0 and ws.page_size % 8 == 0 and 2 * rows <= QROWS) else 1
+    if not _covers(ws) or ws.kv_dtype != torch.float8_e4m3fn:
+        return 1
+    return kv_heads_per_cta("fp8", ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
 
 
 def slots_per_sm(ws) -> int | None:
