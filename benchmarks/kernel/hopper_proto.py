@@ -12,7 +12,11 @@ P45), so `--rounds R` times the variants R times in alternating order (forward, 
 variant's median over the rounds, with every round's time beside it and the rounds in which it ran faster than
 the first variant (`faster_rounds_NAME`).
 
-    python -m benchmarks.kernel.hopper_proto --shapes 16x35k --variants "a:K8=1;b:K8=1,BLOCK_N=128" --rounds 3"""
+    python -m benchmarks.kernel.hopper_proto --shapes 16x35k --variants "a:K8=1;b:K8=1,BLOCK_N=128" --rounds 3
+
+`--pack-heads 2` builds every variant to read two adjacent KV heads a CTA (MainSm90's pack_heads: head_dim 128 on
+the k8 kernel, as the backend runs it where the rows fit), planned for half the KV heads and reduced as the
+backend does (vattn.Workspace.partials)."""
 
 from __future__ import annotations
 
@@ -26,12 +30,12 @@ from benchmarks.kernel import harness
 from benchmarks.kernel.shapes import select
 
 
-def _plan_tensors(shape, slots: int, device: str, overhead: int):
+def _plan_tensors(shape, slots: int, device: str, overhead: int, num_kv_heads: int):
     import torch
 
     from vattn.planner import plan_python
 
-    lists = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=slots,
+    lists = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=num_kv_heads, slots=slots,
                         mode="balanced", overhead=overhead)
     return {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device=device)
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
@@ -61,9 +65,10 @@ def rounds_faster(times: dict) -> dict:
 
 def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
               reduce_variants: dict | None = None, chain: bool = False, overhead: int | None = None,
-              rounds: int = 1) -> dict:
+              rounds: int = 1, pack_heads: int = 1) -> dict:
     """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with);
-    reduce_variants: name -> launch_reduce keyword arguments (ints); rounds: alternating_rounds of the timing."""
+    reduce_variants: name -> launch_reduce keyword arguments (ints); rounds: alternating_rounds of the timing;
+    pack_heads: KV heads a CTA reads (the module docstring)."""
     import torch
 
     import vattn
@@ -73,18 +78,22 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     from vattn.hopper.build import MainSm90
 
     b = batches.get(shape)
-    gqa = shape.num_q_heads // shape.num_kv_heads
+    if shape.num_kv_heads % pack_heads:
+        raise ValueError(f"--pack-heads: got {pack_heads}; {shape.name} has {shape.num_kv_heads} KV heads")
+    heads = shape.num_kv_heads // pack_heads  # the CTAs of a work item; each serves gqa query heads
+    gqa = shape.num_q_heads // heads
     qlen = max(shape.q_lens)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     if overhead is None:
         overhead = piece_overhead_tiles(b.kv_dtype)
-    plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead) for spm in slots_per_sm}
+    plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead, heads) for spm in slots_per_sm}
     plan = plans[slots_per_sm[0]]
     width = max(p["work_seq"].shape[0] for p in plans.values())
-    o_part = torch.empty(width, shape.num_kv_heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
-    lse_part = torch.empty(width, shape.num_kv_heads, 64, dtype=torch.float32, device="cuda")
+    o_part = torch.empty(width, heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
+    lse_part = torch.empty(width, heads, 64, dtype=torch.float32, device="cuda")
     ref = b.reference()
-    rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width, overhead=overhead)
+    rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width, overhead=overhead,
+               pack_heads=pack_heads)
 
     def reduce():
         K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
@@ -93,7 +102,8 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     per = lambda fn: harness.timed_graph(fn, replays) / b.replicas
     kernels, timers = {}, {}
     for name, defines in variants.items():
-        kern = kernels[name] = MainSm90(head_dim=shape.head_dim, gqa=gqa, page=shape.page_size, extra_defines=defines)
+        kern = kernels[name] = MainSm90(head_dim=shape.head_dim, gqa=gqa // pack_heads, page=shape.page_size,
+                                        extra_defines=defines, pack_heads=pack_heads)
 
         def hopper(r, v_lbo, v_sbo, kern=kern):  # an ordinary launch: as a programmatic dependent, each replica's
             # kernel would start in the tail of the one before (kern bound now: it is timed after the loop)
@@ -148,7 +158,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
                                             if name == real[0]]:
                 rec.update({f"{k}_{name}{rname}": v for k, v in chain_us(
                     shape, b, ref, plan, kernels[name], o_part, lse_part, gqa, qlen, descriptors[0], replays,
-                    overhead, kw).items()})
+                    overhead, kw, heads).items()})
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)
     rec.update({f"triton_{k}": v for k, v in times.items()})
@@ -160,13 +170,14 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
 
 
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
-             replays: int, overhead: int, reduce_kw: dict | None = None) -> dict:
+             replays: int, overhead: int, reduce_kw: dict | None = None, heads: int | None = None) -> dict:
     """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path (pdl: the main
     kernel a programmatic dependent of the plan, which lets it launch at once, and the reduce (launch_reduce's
     defaults, or reduce_kw) of the main kernel), with the reduce's alone (reducepdl) and as ordinary launches
     (nopdl); each checked. Where the chain's time over the main kernel's goes: the main kernel on the plan
     already made, then the reduce as its dependent (mainreduce, checked), and the plan then the main kernel as
-    its dependent without a reduce (planmain, timed only: it leaves split sequences' rows unmerged)."""
+    its dependent without a reduce (planmain, timed only: it leaves split sequences' rows unmerged). heads: the
+    CTAs of a work item (KV heads / pack_heads; default the shape's KV heads), gqa the query heads of each."""
     import torch
 
     from vattn import kernel as K
@@ -182,8 +193,8 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     for name, with_plan, main_pdl, with_reduce, pdl in stages:
         def call(r, with_plan=with_plan, main_pdl=main_pdl, with_reduce=with_reduce, pdl=pdl):
             if with_plan:
-                plan_gpu(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, slots=sm, mode="balanced", out=out_plan,
-                         overhead=overhead, let_next_launch=main_pdl)
+                plan_gpu(b.seq_lens, b.cu, num_kv_heads=heads or shape.num_kv_heads, slots=sm, mode="balanced",
+                         out=out_plan, overhead=overhead, let_next_launch=main_pdl)
             kern.launch(*b.attention_args(r), out_plan if with_plan else plan, o_part, lse_part, b.out, v_lbo=lbo,
                         v_sbo=sbo, pdl=main_pdl)
             if with_reduce:
@@ -311,10 +322,14 @@ def main(argv=None) -> int:
                     "(default: the Hopper backend's for the shape's KV dtype)")
     ap.add_argument("--rounds", type=int, default=1, help="time the variants this many times, in alternating order; "
                     "each variant's time is its median over the rounds")
+    ap.add_argument("--pack-heads", type=int, default=1, help="KV heads a CTA reads (2: head_dim 128's two heads as "
+                    "one of 256, as the backend runs them where the rows fit); 1 or 2")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error(f"--rounds: got {a.rounds}; allowed: an integer >= 1")
+    if a.pack_heads not in (1, 2):
+        ap.error(f"--pack-heads: got {a.pack_heads}; allowed: 1 or 2")
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
     reduce_variants = {n: {k: int(v) for k, v in kw.items()} for n, kw in _variants(a.reduce_variants).items()}
     batches = harness.BatchCache("cuda")
@@ -323,7 +338,7 @@ def main(argv=None) -> int:
         try:
             rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
                             tuple(int(x) for x in a.slots_per_sm.split(",")), reduce_variants,
-                            a.chain, a.overhead, a.rounds)
+                            a.chain, a.overhead, a.rounds, a.pack_heads)
         except Exception as e:  # keep the other shapes' rows
             rec = dict(shape=shape.name, error=f"{type(e).__name__}: {e}")
         records.append(rec)

@@ -54,6 +54,12 @@ def test_rounds_below_one_are_refused():
         main(["--rounds", "0"])
 
 
+def test_pack_heads_other_than_one_or_two_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["--pack-heads", "4"])
+    assert "--pack-heads: got 4; allowed: 1 or 2" in capsys.readouterr().err
+
+
 def _cta(top, stages, first=18):
     """A CTA's stamp row: clock64 at an iteration's top in slot `first`, then the cycles each stage took."""
     row = [0] * STAMP_ROW
