@@ -122,6 +122,7 @@ def variant_shapes() -> list[Shape]:
         # read together (a token's two heads are 256 contiguous bytes of the cache)
         uniform(32, 8_000, name="32x8k"),
         uniform(32, 8_000, num_q_heads=8, name="32x8k-gqa8"),
+        uniform(32, 8_000, head_dim=128, num_q_heads=16, num_kv_heads=2, kv_dtype="bf16", name="32x8k-hd128-gqa8-bf16"),
     ]
 
 

@@ -185,8 +185,9 @@ def test_the_backend_packs_two_kv_heads_where_head_dim_128s_rows_fit_twice(monke
     base = dict(kv_dtype=torch.float8_e4m3fn, head_dim=128, num_kv_heads=2, page_size=16, max_q_len=4, gqa=8)
     pack = lambda **kw: backend.kv_heads_per_program(SimpleNamespace(**(base | kw)))
     assert pack() == 2 and pack(num_kv_heads=8) == 2 and pack(gqa=4) == 2 and pack(max_q_len=8, gqa=4) == 2
-    # 2 x 4 x 16 rows > 64; one KV head; bf16 (its own kernel); head_dim 256; pages of 4 (not the TMA kernel's)
-    assert [pack(gqa=16), pack(num_kv_heads=1), pack(num_kv_heads=3), pack(kv_dtype=torch.bfloat16),
+    assert pack(kv_dtype=torch.bfloat16) == 2  # kv16 reads them alike
+    # 2 x 4 x 16 rows > 64; one KV head; an odd count; fp16 (no Hopper kernel); head_dim 256; pages of 4
+    assert [pack(gqa=16), pack(num_kv_heads=1), pack(num_kv_heads=3), pack(kv_dtype=torch.float16),
             pack(head_dim=256), pack(page_size=4)] == [1] * 6
     monkeypatch.setattr(backend, "PACK_KV_HEADS", False)
     assert pack() == 1
@@ -360,7 +361,7 @@ def test_an_unaligned_out_takes_the_direct_store(case, schedule):
     _check_against_reference(case, "hd256-gqa16", SCHEDULES[schedule], out_pad=4)
 
 
-# two KV heads of 128 a CTA, read as one of 256 (PACK_HEADS, the backend's e4m3 kernel at head_dim 128 where the
+# two KV heads of 128 a CTA, read as one of 256 (PACK_HEADS, the backend's kernels at head_dim 128 where the
 # rows fit): GQA 8 and 4 of two KV heads, GQA 4 of four (two programs an item), GQA 7 on decode (14 query heads a
 # CTA: a row's head by its general address), and an unaligned out (the direct stores keep a row's own columns)
 PACKED_CONFIGS = {"hd128-gqa4-hkv4": (128, 16, 4)}
@@ -370,9 +371,10 @@ PACKED_RUNS = [(case, config, 0) for case in sorted(CASES) for config in ("hd128
 
 @pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("schedule", ["k8", "kv16"])
 @pytest.mark.parametrize("case,config,out_pad", PACKED_RUNS)
-def test_packed_kv_heads_match_reference(case, config, out_pad):
-    _check_against_reference(case, config, SCHEDULES["k8"], out_pad=out_pad, pack=2)
+def test_packed_kv_heads_match_reference(case, config, out_pad, schedule):
+    _check_against_reference(case, config, SCHEDULES[schedule], out_pad=out_pad, pack=2)
 
 
 @pytest.mark.probe

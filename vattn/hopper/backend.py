@@ -56,6 +56,7 @@ def supports(ws, q, k_cache) -> bool:
 
 
 PACK_KV_HEADS = True  # kv_heads_per_program's choice; False gives one KV head a CTA everywhere (for A/B timing)
+PACK_KV_DTYPES = ("fp8", "bf16")  # the caches whose kernels (k8, kv16) it packs
 
 
 def kv_heads_per_cta(kv_dtype: str, head_dim: int, num_kv_heads: int, page_size: int, rows: int) -> int:
@@ -66,7 +67,7 @@ def kv_heads_per_cta(kv_dtype: str, head_dim: int, num_kv_heads: int, page_size:
     both heads: on an H200 the main kernel of 32 x 8k tokens at head_dim 256 took 44.8 / 42.9 us where the same
     bytes as two heads of 128 took 48.1 / 47.7 (GQA 16 / 8 a CTA, benchmarks/NOTES.md P78). Pure Python, shared
     with the cost model."""
-    return 2 if (PACK_KV_HEADS and kv_dtype == "fp8" and head_dim == 128 and num_kv_heads % 2 == 0
+    return 2 if (PACK_KV_HEADS and kv_dtype in PACK_KV_DTYPES and head_dim == 128 and num_kv_heads % 2 == 0
                  and page_size % 8 == 0 and 2 * rows <= QROWS) else 1
 
 
@@ -74,9 +75,10 @@ def kv_heads_per_program(ws) -> int:
     """kv_heads_per_cta for a workspace this backend covers (Backend.kv_heads_per_program)."""
     import torch
 
-    if not _covers(ws) or ws.kv_dtype != torch.float8_e4m3fn:
+    kv = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}.get(ws.kv_dtype)
+    if not _covers(ws) or kv is None:
         return 1
-    return kv_heads_per_cta("fp8", ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
+    return kv_heads_per_cta(kv, ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
 
 
 def slots_per_sm(ws) -> int | None:
@@ -87,8 +89,9 @@ def slots_per_sm(ws) -> int | None:
 def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1):
     from vattn.hopper.build import MainSm90
 
-    if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's k8 build
-        return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines={"K8": 1}, pack_heads=pack_heads)
+    if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's build
+        defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1}
+        return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines, pack_heads=pack_heads)
 
     # bf16 caches take vattn_main_sm90_kv16 (TMA pages straight into the wgmma layout); e4m3 caches on pages of
     # whole 8-row swizzle atoms vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores: 1.3x the other

@@ -203,7 +203,7 @@ class TensorMaps:
 
 class MainSm90:
     """The loaded kernel for one compile-time shape (extra_defines K8=1: vattn_main_sm90_k8, KV16=1:
-    vattn_main_sm90_kv16). head_dim and gqa are the model's; pack_heads (K8=1 at head_dim 128 only): a CTA reads
+    vattn_main_sm90_kv16). head_dim and gqa are the model's; pack_heads (K8=1 or KV16=1 at head_dim 128): a CTA reads
     that many adjacent KV heads as one of head_dim 256 (main_sm90.cu's PACK_HEADS), gqa x pack_heads query heads."""
 
     def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None,
@@ -215,9 +215,9 @@ class MainSm90:
             raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa} x pack_heads {pack_heads}: covers head_dim "
                              f"256 (K8=1, KV16=1: 128 or 256) and <= {QROWS} query heads a CTA (max_q_len x that "
                              f"<= {QROWS} packed rows)")
-        if pack_heads != 1 and (name != "vattn_main_sm90_k8" or head_dim * pack_heads != 256):
+        if pack_heads != 1 and (name == "vattn_main_sm90" or head_dim * pack_heads != 256):
             raise ValueError(f"MainSm90: pack_heads {pack_heads} with {name} at head_dim {head_dim}: only "
-                             "vattn_main_sm90_k8 packs heads, to a head_dim of 256")
+                             "vattn_main_sm90_k8 and _kv16 pack heads, to a head_dim of 256")
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
         self.pack_heads = pack_heads

@@ -17,7 +17,7 @@
 // of the KV head's group, so max_q_len x GQA <= 64; rows of absent tokens are masked and never stored.
 // BLOCK_N (tokens per tile: 64; vattn_main_sm90_k8 at head_dim 128 also 128), STAGES.
 //
-// PACK_HEADS = P (vattn_main_sm90_k8 only; default 1): a CTA reads P adjacent KV heads of head_dim HEAD_DIM / P
+// PACK_HEADS = P (vattn_main_sm90_k8 and _kv16; default 1): a CTA reads P adjacent KV heads of head_dim HEAD_DIM / P
 // together, as one KV head of HEAD_DIM (a token's P heads are HEAD_DIM contiguous bytes of the cache, so a page
 // of them is one TMA box of whole 128-byte rows instead of P boxes of narrower rows). GQA is then the CTA's
 // query heads, P x the model's; row r's query head r % GQA belongs to KV head (r % GQA) / (GQA / P) of the
@@ -1526,7 +1526,6 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
 #define KV16 0
 #endif
 #if KV16
-static_assert(PACK_HEADS == 1, "PACK_HEADS: vattn_main_sm90_k8 only");
 static_assert(BLOCK_N == 64, "64-token tiles: K and V share one layout, the fp16 V stage's");
 #define KV16_TILE (BLOCK_N * HEAD_DIM * 2)  // one bf16 K or V tile
 #ifndef KV16_SLOTS
@@ -1616,9 +1615,10 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) {
       const int vec = j * 128 + tid, r = vec / (HEAD_DIM / 8), c = (vec % (HEAD_DIM / 8)) * 8, tok = r / GQA;
-      qv[j] = tok < n_q ? *reinterpret_cast<const uint4*>(q + (int64_t)(q0 + tok) * stride_qt +
-                                                          (int64_t)(h * GQA + r % GQA) * stride_qh + c)
-                        : make_uint4(0, 0, 0, 0);
+      // PACK_HEADS: the columns of the CTA's other KV heads are zero in this row (its scores are its head's)
+      qv[j] = tok < n_q && row_owns(r, c) ? *reinterpret_cast<const uint4*>(q + (int64_t)(q0 + tok) * stride_qt +
+                                                          (int64_t)(h * GQA + r % GQA) * stride_qh + out_col(c))
+                                          : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int j = 0; j < PER_THREAD; ++j) {
