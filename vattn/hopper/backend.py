@@ -2,8 +2,8 @@
 when vattn is imported). It takes the calls its kernels cover: an sm_90 GPU, e4m3 or bf16 KV with strides of
 whole 16 bytes, bf16 Q, head_dim 256 or 128 and max_q_len x GQA <= 64 packed rows (one wgmma M: decode and
 narrower groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for
-one CTA per SM (slots_per_sm), and at head_dim 128 on e4m3 for CTAs that read two adjacent KV heads as one of 256
-(kv_heads_per_program). A build or launch failure falls back to Triton with one warning (vattn.api.attention)."""
+one CTA per SM (slots_per_sm), and at head_dim 128 for CTAs that read two adjacent KV heads as one of 256 where
+they fit (kv_heads_per_program). A build or launch failure falls back to Triton with one warning (vattn.api.attention)."""
 
 from __future__ import annotations
 
@@ -61,12 +61,12 @@ PACK_KV_DTYPES = ("fp8", "bf16")  # the caches whose kernels (k8, kv16) it packs
 
 def kv_heads_per_cta(kv_dtype: str, head_dim: int, num_kv_heads: int, page_size: int, rows: int) -> int:
     """2 where a CTA reads two adjacent KV heads of head_dim 128 as one of 256 (main_sm90.cu's PACK_HEADS), else 1,
-    for a covered shape (covers_shape's arguments, and the KV head count): e4m3 on pages for the k8 kernel, an
-    even count of KV heads, and both heads' query rows in one CTA (rows = max_q_len x GQA, twice that <= 64). A
-    page of a head is then one 4 KB box of 256-byte rows, not two of 128-byte rows, and a 64-token tile carries
-    both heads: on an H200 the main kernel of 32 x 8k tokens at head_dim 256 took 44.8 / 42.9 us where the same
-    bytes as two heads of 128 took 48.1 / 47.7 (GQA 16 / 8 a CTA, benchmarks/NOTES.md P78). Pure Python, shared
-    with the cost model."""
+    for a covered shape (covers_shape's arguments, and the KV head count): e4m3 or bf16 on pages of whole 8-row
+    atoms (the k8 and kv16 kernels), an even count of KV heads, and both heads' query rows in one CTA (rows =
+    max_q_len x GQA, twice that <= 64). A page of both heads is then one TMA box of rows twice as wide, and a
+    64-token tile carries both: on an H200 the e4m3 main kernel of 32 x 8k tokens at head_dim 256 took 44.8 / 42.9
+    us where the same bytes as two heads of 128 took 48.1 / 47.7 (GQA 16 / 8 a CTA, benchmarks/NOTES.md P78).
+    Pure Python, shared with the cost model."""
     return 2 if (PACK_KV_HEADS and kv_dtype in PACK_KV_DTYPES and head_dim == 128 and num_kv_heads % 2 == 0
                  and page_size % 8 == 0 and 2 * rows <= QROWS) else 1
 

@@ -143,7 +143,7 @@ class TensorMaps:
     map [num_pages, PAGE, Hkv, D], one box = one page of one KV head. e4m3 caches (vattn_main_sm90_k8): K in
     128-byte column boxes with the 128-byte swizzle (the fp8 wgmma's layout), V in whole unswizzled rows. bf16
     caches (vattn_main_sm90_kv16): K and V alike in 64-column (128-byte) boxes with the 128-byte swizzle, the
-    layout of the 16-bit wgmma's operands. pack: KV heads a CTA reads together (the k8 kernel's PACK_HEADS): the
+    layout of the 16-bit wgmma's operands. pack: KV heads a CTA reads together (main_sm90.cu's PACK_HEADS): the
     map is then over [num_pages, PAGE, Hkv / pack, pack x D], a box one page of pack adjacent heads."""
 
     def __init__(self, k_cache, v_cache, l2_promotion: int = 3, pack: int = 1):

@@ -18,8 +18,8 @@
 // BLOCK_N (tokens per tile: 64; vattn_main_sm90_k8 at head_dim 128 also 128), STAGES.
 //
 // PACK_HEADS = P (vattn_main_sm90_k8 and _kv16; default 1): a CTA reads P adjacent KV heads of head_dim HEAD_DIM / P
-// together, as one KV head of HEAD_DIM (a token's P heads are HEAD_DIM contiguous bytes of the cache, so a page
-// of them is one TMA box of whole 128-byte rows instead of P boxes of narrower rows). GQA is then the CTA's
+// together, as one KV head of HEAD_DIM (a token's P heads are contiguous in the cache, so a page of them is one
+// TMA box of rows P times as wide, and a tile's softmax serves P heads). GQA is then the CTA's
 // query heads, P x the model's; row r's query head r % GQA belongs to KV head (r % GQA) / (GQA / P) of the
 // CTA's P, and its Q fills only that head's OUT_DIM columns of the row (the others zero), so S = Q.K^T sees its
 // own head's keys alone; of O = P.V it keeps those columns. Q, out and the partials are rows of OUT_DIM.
