@@ -369,8 +369,8 @@ def _print_peer_table(paths: str, runs: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel.bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=None, help="main | variants | grid | skew | host | all | comma-separated "
-                    "shape names (default main,variants; with --host-overhead: host)")
+    ap.add_argument("--shapes", default=None, help="main | variants | grid | skew | host | paired | all | "
+                    "comma-separated shape names (default main,variants; with --host-overhead: host)")
     ap.add_argument("--planners", default=",".join(PLANNER_ORDER),
                     help=f"comma-separated subset of {','.join(PLANNER_ORDER)}")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")

@@ -118,12 +118,16 @@ def variant_shapes() -> list[Shape]:
         replace(base, name="16x35k-page1", page_size=1),
         replace(base, name="16x35k-page64", page_size=64),
         uniform(32, 8_000, head_dim=128, num_q_heads=8, num_kv_heads=2, name="32x8k-hd128-gqa4"),
-        # head_dim 256, one KV head: the same bytes, pages and rows as the hd128 shapes' two KV heads of 128
-        # read together (a token's two heads are 256 contiguous bytes of the cache)
-        uniform(32, 8_000, name="32x8k"),
-        uniform(32, 8_000, num_q_heads=8, name="32x8k-gqa8"),
-        uniform(32, 8_000, head_dim=128, num_q_heads=16, num_kv_heads=2, kv_dtype="bf16", name="32x8k-hd128-gqa8-bf16"),
     ]
+
+
+def paired_head_shapes() -> list[Shape]:
+    """Head_dim 128 with two KV heads a CTA (vattn.hopper.backend.kv_heads_per_cta): the hd128 shapes' head_dim-256
+    twins, one KV head with the same bytes, pages and rows as their two heads read together, and a bf16 hd128
+    batch."""
+    return [uniform(32, 8_000, name="32x8k"), uniform(32, 8_000, num_q_heads=8, name="32x8k-gqa8"),
+            uniform(32, 8_000, head_dim=128, num_q_heads=16, num_kv_heads=2, kv_dtype="bf16",
+                    name="32x8k-hd128-gqa8-bf16")]
 
 
 LONG_AMONG_SHORT = (256_000, 63, 512)  # issue 18: one long request, its count of short ones, their length
@@ -172,7 +176,7 @@ def tiny_shapes() -> list[Shape]:
 
 
 SHAPE_SETS = {"main": main_shapes, "variants": variant_shapes, "grid": uniform_grid, "skew": long_among_short_shapes,
-              "host": host_shapes}
+              "host": host_shapes, "paired": paired_head_shapes}
 
 # KERNEL.md's FlashInfer 0.7.2 numbers (us) on the same H200 and shapes: fp8 prefill for q_len 4,
 # decode with tensor cores for q_len 1; and its fastest configuration in time (bf16 cache) where known.

@@ -18,7 +18,7 @@ def test_shape_bytes_and_selection():
     s = select("16x35k")[0]
     assert s.kv_bytes == 16 * 35_000 * 1 * 256 * 2 * 1  # fp8: one byte per element, K and V
     assert select("16x35k-bf16")[0].kv_bytes == 2 * s.kv_bytes
-    with pytest.raises(ValueError, match=r"--shapes: got 'nope'; allowed: main, variants, grid, skew, host, all"):
+    with pytest.raises(ValueError, match=r"--shapes: got 'nope'; allowed: main, variants, grid, skew, host, paired, all"):
         select("nope")
 
 
