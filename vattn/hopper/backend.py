@@ -36,11 +36,18 @@ def covers_shape(kv_dtype: str, head_dim: int, page_size: int, rows: int) -> boo
     return kv_dtype in ("fp8", "bf16") and head_dim in (128, 256) and page_ok and rows <= QROWS
 
 
+def _kv_name(ws) -> str | None:
+    """covers_shape's name of the workspace's cache dtype ("fp8" for e4m3, "bf16"), None for one it does not take."""
+    import torch
+
+    return {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}.get(ws.kv_dtype)
+
+
 def _covers(ws) -> bool:
     """What the workspace alone decides (the call's tensors add their dtypes and strides)."""
     import torch
 
-    kv = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}.get(ws.kv_dtype)
+    kv = _kv_name(ws)
     return (ws.device.type == "cuda" and _is_sm90(ws.device) and kv is not None and ws.q_dtype == torch.bfloat16
             and covers_shape(kv, ws.head_dim, ws.page_size, ws.gqa * ws.max_q_len))
 
@@ -73,9 +80,7 @@ def kv_heads_per_cta(kv_dtype: str, head_dim: int, num_kv_heads: int, page_size:
 
 def kv_heads_per_program(ws) -> int:
     """kv_heads_per_cta for a workspace this backend covers (Backend.kv_heads_per_program)."""
-    import torch
-
-    kv = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16"}.get(ws.kv_dtype)
+    kv = _kv_name(ws)
     if not _covers(ws) or kv is None:
         return 1
     return kv_heads_per_cta(kv, ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
