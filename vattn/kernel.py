@@ -472,7 +472,7 @@ def launch_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
 
 @triton.jit
 def _reduce_kernel(
-    # [W, Hkv, QROWS, D] fp32
+    # [W, Hkv, QROWS, D] fp32, or bf16 (a Backend's partial_dtype)
     o_part_ptr, stride_ow, stride_oh, stride_or,
     # [W, Hkv, QROWS] fp32
     lse_part_ptr, stride_lw, stride_lh,
@@ -558,6 +558,12 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     slowest grid axis, so a long first sequence's programs start first instead of being spread over the
     launch.
 
+    Partials in bf16 (a Backend's partial_dtype) take a whole row on D / 128 warps (block_d / 128 by default),
+    and a quarter row on one warp below PAIR_SEQUENCES_FROM sequences x KV heads with skip_whole too. On an H200
+    (benchmarks/NOTES.md P84, plan + main + reduce with pdl) a whole row of bf16 on 4 warps took 16x35k to 98.8 us,
+    on one warp 87.6, in quarter rows 88.2-88.7 (fp32 partials, a whole row: 90.4); 64 sequences of 24 tokens took
+    11.9 us on 2 warps against 15.6 in quarter rows (fp32 11.9).
+
     block_b (default: PAIR_SEQUENCES_FROM's rule): with skip_whole on a batch of many sequences, two
     sequences a program halve the programs that most often return at once. On an H200 (NOTES.md P39, plan
     + main + reduce with pdl) 64 sequences of 24 tokens took 12.5 us against 13.5; 16x35k 99.6 against
@@ -594,9 +600,11 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
         return None
     head_dim = out.shape[2]
     pdl = pdl and batch * o_part.shape[1] >= PDL_MIN_SEQUENCES
-    block_d = min(block_d or (head_dim if skip_whole else 64), head_dim)
-    num_warps = num_warps or max(1, block_d // 64)
-    block_b = block_b or (2 if skip_whole and batch * o_part.shape[1] >= PAIR_SEQUENCES_FROM else 1)
+    many = batch * o_part.shape[1] >= PAIR_SEQUENCES_FROM
+    narrow = o_part.element_size() < 4  # bf16 partials (launch_reduce's docstring)
+    block_d = min(block_d or (head_dim if skip_whole and (many or not narrow) else 64), head_dim)
+    num_warps = num_warps or max(1, block_d // (128 if narrow else 64))
+    block_b = block_b or (2 if skip_whole and many else 1)
     return (out.shape[1] * (head_dim // block_d), max_q_len, -(-batch // block_b)), (
         o_part, o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part, lse_part.stride(0), lse_part.stride(1),

@@ -99,6 +99,9 @@ class Workspace:
         pack = planned and planned[0].kv_heads_per_program
         self.kv_heads_per_program = (pack(self) if pack else None) or 1
         self.program_kv_heads = num_kv_heads // self.kv_heads_per_program
+        # the dtype in which that backend's programs store the partials' O (Workspace.partials)
+        dtype = planned and planned[0].partial_dtype
+        self.program_partial_dtype = (dtype(self) if dtype else None) or torch.float32
         self.slots = slots if slots is not None else self._measure_slots(planned)
         self._alloc()
         # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call
@@ -123,13 +126,16 @@ class Workspace:
         self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
 
     def partials(self, by_program: bool = False) -> tuple:
-        """(o_part, lse_part, query heads a program): the partials laid out one KV head a program (the Triton
-        kernel's), or by_program as the planned backend's programs read them (kv_heads_per_program heads)."""
+        """(o_part, lse_part, query heads a program): the partials as the Triton kernel writes them (one KV head a
+        program, fp32), or by_program as the planned backend's programs write them (kv_heads_per_program heads, O
+        in program_partial_dtype). Views of the same memory."""
         p = self.kv_heads_per_program if by_program else 1
-        if p == 1:
+        dtype = self.program_partial_dtype if by_program else self.o_part.dtype
+        if p == 1 and dtype == self.o_part.dtype:
             return self.o_part, self.lse_part, self.gqa
         width, rows = self.o_part.shape[0], self.max_q_len * self.gqa * p
-        return (self.o_part.view(width, self.program_kv_heads, rows, self.head_dim),
+        o_part = self.o_part.view(-1).view(dtype)[:self.o_part.numel()]  # a narrower dtype: the first bytes
+        return (o_part.view(width, self.program_kv_heads, rows, self.head_dim),
                 self.lse_part.view(width, self.program_kv_heads, rows), self.gqa * p)
 
     def _measure_slots(self, fast) -> int:
@@ -174,6 +180,7 @@ class Workspace:
                     page_size=self.page_size, max_q_len=self.max_q_len, max_batch=self.max_batch,
                     device=str(self.device), slots=self.slots, piece_overhead_tiles=self.piece_overhead,
                     kv_heads_per_program=self.kv_heads_per_program,
+                    program_partial_dtype=str(self.program_partial_dtype).removeprefix("torch."),
                     config=self.config.__dict__)
 
 

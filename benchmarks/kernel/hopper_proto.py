@@ -89,13 +89,18 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     plans = {spm: _plan_tensors(shape, spm * sm, "cuda", overhead, heads) for spm in slots_per_sm}
     plan = plans[slots_per_sm[0]]
     width = max(p["work_seq"].shape[0] for p in plans.values())
-    o_part = torch.empty(width, heads, 64, shape.head_dim, dtype=torch.float32, device="cuda")
+    # the partials' O as each build stores it (PARTIAL_BF16: bf16), the first variant's for the reduce's own timings
+    o_parts = {dtype: torch.empty(width, heads, 64, shape.head_dim, dtype=dtype, device="cuda")
+               for dtype in (torch.float32, torch.bfloat16)}
+    o_part_of = {name: o_parts[torch.bfloat16 if defines.get("PARTIAL_BF16") else torch.float32]
+                 for name, defines in variants.items()}
+    o_part = next(iter(o_part_of.values()))
     lse_part = torch.empty(width, heads, 64, dtype=torch.float32, device="cuda")
     ref = b.reference()
     rec = dict(shape=shape.name, batch=shape.batch, kv_bytes=shape.kv_bytes, slots=sm, items=width, overhead=overhead,
                pack_heads=pack_heads)
 
-    def reduce():
+    def reduce(o_part=o_part):
         K.launch_reduce(o_part, lse_part, plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen,
                         skip_whole=True)
 
@@ -105,15 +110,16 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         kern = kernels[name] = MainSm90(head_dim=shape.head_dim, gqa=gqa // pack_heads, page=shape.page_size,
                                         extra_defines=defines, pack_heads=pack_heads)
 
-        def hopper(r, v_lbo, v_sbo, kern=kern):  # an ordinary launch: as a programmatic dependent, each replica's
-            # kernel would start in the tail of the one before (kern bound now: it is timed after the loop)
+        def hopper(r, v_lbo, v_sbo, kern=kern, o_part=o_part_of[name]):  # an ordinary launch: as a programmatic
+            # dependent, each replica's kernel would start in the tail of the one before (kern bound now: it is
+            # timed after the loop)
             kern.launch(*b.attention_args(r), plan, o_part, lse_part, b.out, v_lbo=v_lbo, v_sbo=v_sbo, pdl=False)
 
         for lbo, sbo in descriptors:  # which reading of the MN-major V descriptor is right shows here
-            o_part.fill_(float("nan"))
+            o_part_of[name].fill_(float("nan"))
             b.out.fill_(float("nan"))  # the kernel writes the rows of one-piece sequences itself
             hopper(0, lbo, sbo)
-            reduce()
+            reduce(o_part_of[name])
             torch.cuda.synchronize()
             rec[f"rel_err_{name}_v{lbo}_{sbo}"], rec[f"nan_{name}_v{lbo}_{sbo}"] = harness.check(b.out, ref)
         lbo, sbo = descriptors[0]
@@ -134,10 +140,14 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         for spm in slots_per_sm[1:]:  # the same build on a plan for more CTAs than SMs (timed only)
             kern = kernels[name]
             rec[f"hopper_main_us_{name}@{spm}perSM"] = per(lambda: [
-                kern.launch(*b.attention_args(r), plans[spm], o_part, lse_part, b.out, v_lbo=lbo, v_sbo=sbo,
+                kern.launch(*b.attention_args(r), plans[spm], o_part_of[name], lse_part, b.out, v_lbo=lbo, v_sbo=sbo,
                             pdl=False) for r in range(b.replicas)])
     rec["hopper_main_us"] = best_main_us(rec, variants, descriptors[0], shape.kv_dtype)
     rec["hopper_reduce_us"] = per(lambda: [reduce() for _ in range(b.replicas)])
+    if any(o.dtype != o_part.dtype for o in o_part_of.values()):  # the reduce on the other builds' partials too
+        other = next(o for o in o_part_of.values() if o.dtype != o_part.dtype)
+        rec[f"hopper_reduce_us_{str(other.dtype).removeprefix('torch.')}"] = per(
+            lambda: [reduce(other) for _ in range(b.replicas)])
     if reduce_variants:  # the reduce's launch shapes, on the first variant's partials (checked, then timed)
         kern = next(iter(kernels.values()))
         for name, kw in reduce_variants.items():
@@ -157,7 +167,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
             for rname, kw in [("", {})] + [(f"_{r}", kw) for r, kw in (reduce_variants or {}).items()
                                             if name == real[0]]:
                 rec.update({f"{k}_{name}{rname}": v for k, v in chain_us(
-                    shape, b, ref, plan, kernels[name], o_part, lse_part, gqa, qlen, descriptors[0], replays,
+                    shape, b, ref, plan, kernels[name], o_part_of[name], lse_part, gqa, qlen, descriptors[0], replays,
                     overhead, kw, heads).items()})
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)

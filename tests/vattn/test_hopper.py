@@ -31,10 +31,12 @@ PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8direct": {"K8": 1, "STAGE_OUT":
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("partials", ["fp32", "bf16"])
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES | PROBES))
-def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeypatch, schedule):
+def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeypatch, schedule, partials):
     monkeypatch.setattr(build, "CACHE", tmp_path)
-    cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | (SCHEDULES | PROBES)[schedule])
+    bf16 = {"PARTIAL_BF16": 1} if partials == "bf16" else {}
+    cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | (SCHEDULES | PROBES)[schedule] | bf16)
     report = build.ptxas_report(cubin).read_text()
     assert cubin.stat().st_size > 0
     # vattn_main_sm90, vattn_main_sm90_k8 (and vattn_main_sm90_kv16)
@@ -436,7 +438,8 @@ def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int 
     # the workspace's partials hold max_q_len x GQA rows, fewer than the CTA's 64 when GQA or q_len is smaller:
     # one guard item past them must stay untouched
     rows = max_q * gqa * pack
-    o_all = torch.full((width + 1, hkv // pack, rows, d), float("nan"), device="cuda")
+    o_dtype = torch.bfloat16 if defines.get("PARTIAL_BF16") else torch.float32
+    o_all = torch.full((width + 1, hkv // pack, rows, d), float("nan"), device="cuda", dtype=o_dtype)
     lse_all = torch.full((width + 1, hkv // pack, rows), float("nan"), device="cuda")
     o_part, lse_part = o_all[:width], lse_all[:width]
     kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines, pack_heads=pack)
@@ -452,6 +455,26 @@ def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int 
     assert torch.isnan(o_all[width]).all() and torch.isnan(lse_all[width]).all(), "stored past the partials"
     rel = ((out.float() - ref).norm() / ref.norm()).item()
     assert rel < 5e-3, f"{case}, {config}, {defines}: rel_err {rel:.2e}"
+
+
+# the partials' O in bf16 (PARTIAL_BF16, the backend's): every kernel's staged store, and k8's direct one
+BF16_PARTIALS = {"k8": {"K8": 1}, "kv16": {"KV16": 1}, "serial": {}, "k8direct": PROBES["k8direct"]}
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("schedule", sorted(BF16_PARTIALS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bf16_partials_match_reference(case, schedule):
+    _check_against_reference(case, "hd256-gqa16", BF16_PARTIALS[schedule] | {"PARTIAL_BF16": 1})
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("schedule", ["k8", "kv16"])
+@pytest.mark.parametrize("case", ["ragged", "long-among-short"])
+def test_packed_kv_heads_with_bf16_partials_match_reference(case, schedule):
+    _check_against_reference(case, "hd128-gqa8", SCHEDULES[schedule] | {"PARTIAL_BF16": 1}, pack=2)
 
 
 # -- the backend (vattn.hopper.backend) -------------------------------------------------------------

@@ -427,6 +427,48 @@ def test_interp_a_backend_whose_programs_read_two_kv_heads_plans_and_reduces_by_
 
 
 @interp_only
+def test_interp_a_backend_with_bf16_partials_gets_them_from_the_workspace_and_the_reduce_reads_them():
+    """A backend with partial_dtype bf16 (the Hopper kernel's PARTIAL_BF16): Workspace.partials gives its programs a
+    bf16 view of the fp32 partials' memory, and vattn's reduce merges them from it. The stand-in main kernel runs
+    Triton's on the fp32 view and rounds its O into the bf16 one: the answer must be the reference's within the
+    rounding, and Triton, given the same workspace, still serves the call on fp32."""
+    import vattn
+    from vattn import api
+
+    b = make_batch([40, 9, 130, 700], [2, 1, 2, 2], gqa=3, num_kv_heads=2)
+    rounded = []
+
+    def bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan):
+        main, ws = api.TRITON.bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan), plan.workspace
+
+        def bf16_partials(q, k, v, tables, lens, cu, kd, vd, out):
+            main(q, k, v, tables, lens, cu, kd, vd, out)
+            o = ws.o_part.clone()
+            o_prog, lse_prog, gqa = ws.partials(by_program=True)
+            assert o_prog.dtype == torch.bfloat16 and o_prog.shape == o.shape and gqa == ws.gqa
+            assert o_prog.data_ptr() == ws.o_part.data_ptr() and lse_prog.data_ptr() == ws.lse_part.data_ptr()
+            o_prog.copy_(o)
+            written = o.isfinite()  # (rows no program wrote hold whatever the buffer held)
+            rounded.append((o_prog.float() - o)[written].abs().max().item())
+        return bf16_partials
+
+    fake = api.Backend("fake-bf16-partials", lambda w, q, k: True, None, bind_main, slots_per_sm=lambda w: 1,
+                       partial_dtype=lambda w: torch.bfloat16)
+    api.register_backend(fake)
+    try:
+        pl = _planned(b, 2)
+        assert pl.workspace.program_partial_dtype == torch.bfloat16
+        assert pl.tensors["num_items"].item() > len(b["seq_lens"])  # some sequence is split: the reduce runs
+        assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 4e-3
+        assert rounded and rounded[0] > 0  # the partials were rounded to bf16 before the reduce read them
+        api.FAILED.add("fake-bf16-partials")
+        assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 2e-3
+    finally:
+        api.BACKENDS.remove(fake)
+        api.FAILED.discard("fake-bf16-partials")
+
+
+@interp_only
 def test_interp_a_main_launch_that_checks_its_own_signature_is_called_past_attentions_python_signature(monkeypatch):
     """A bound main launch with `fast` (the Hopper backend's C++ launch, which checks the call's tensors itself):
     after the first call, attention() calls it without building its Python signature; a call it refuses (another

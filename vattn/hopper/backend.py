@@ -86,17 +86,32 @@ def kv_heads_per_program(ws) -> int:
     return kv_heads_per_cta(kv, ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
 
 
+BF16_PARTIALS = True  # partial_dtype's choice; False keeps them fp32 (for A/B timing)
+
+
+def partial_dtype(ws):
+    """bf16 for a workspace this backend covers (Backend.partial_dtype; main_sm90.cu's PARTIAL_BF16): half the
+    bytes a split piece stores after its last tile and the reduce reads. On an H200, bf16 against fp32 partials on
+    one machine, two rounds each (benchmarks/NOTES.md P84): plan + main + reduce 89.8, 89.6 -> 87.9, 88.0 us on
+    16x35k, 50.6, 50.9 -> 49.3, 49.4 on 32x8k-hd128-gqa8; rel_err 2.2e-3 -> 2.8e-3."""
+    import torch
+
+    return torch.bfloat16 if BF16_PARTIALS and _covers(ws) else None
+
+
 def slots_per_sm(ws) -> int | None:
     return 1 if _covers(ws) else None  # one CTA per SM (registers and shared memory)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1):
+def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1, bf16_partials: bool = False):
     from vattn.hopper.build import MainSm90
 
+    partials = {"PARTIAL_BF16": 1} if bf16_partials else {}
     if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's build
         defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1}
-        return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines, pack_heads=pack_heads)
+        return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines | partials,
+                        pack_heads=pack_heads)
 
     # bf16 caches take vattn_main_sm90_kv16 (TMA pages straight into the wgmma layout); e4m3 caches on pages of
     # whole 8-row swizzle atoms vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores: 1.3x the other
@@ -107,7 +122,7 @@ def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int =
     defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1} if page % 8 == 0 else None
     if defines == {"K8": 1} and head_dim == 128:
         defines["K8_CONSUMERS"] = 2
-    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines)
+    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=(defines or {}) | partials)
 
 
 def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
@@ -116,7 +131,8 @@ def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     import torch
 
     ws = plan.workspace
-    kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16, ws.kv_heads_per_program)
+    kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16, ws.kv_heads_per_program,
+                     ws.program_partial_dtype == torch.bfloat16)
     o_part, lse_part, _ = ws.partials(by_program=True)
     return kernel.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                        plan.tensors, o_part, lse_part, pdl=pdl)
@@ -144,4 +160,4 @@ def piece_overhead_tiles(kv_dtype) -> int:
 
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,
                   piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype),
-                  kv_heads_per_program=kv_heads_per_program, pdl=True)
+                  kv_heads_per_program=kv_heads_per_program, partial_dtype=partial_dtype, pdl=True)

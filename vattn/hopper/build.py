@@ -271,6 +271,10 @@ class MainSm90:
 
         from vattn.hopper.launch import launch_type
 
+        partial_dtype = torch.bfloat16 if _flag(self.defines, "PARTIAL_BF16") else torch.float32
+        if o_part.dtype != partial_dtype:
+            raise ValueError(f"o_part: got {o_part.dtype}; this build stores its partials' O as {partial_dtype} "
+                             "(PARTIAL_BF16)")
         drv = _driver()
         fixed = lambda x: ("u64", int(x))
         # the call's tensors by position: q 0, k_cache 1, v_cache 2, block_tables 3, seq_lens 4, cu_seqlens_q 5,

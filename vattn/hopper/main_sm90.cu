@@ -46,6 +46,11 @@
 #define PACK_HEADS 1
 #endif
 #define OUT_DIM (HEAD_DIM / PACK_HEADS)  // the model's head_dim: Q's, out's and the partials' rows
+// PARTIAL_BF16=1: the partials' O in bf16 (half the bytes a split piece stores at its end and the reduce reads);
+// their lse stays fp32
+#ifndef PARTIAL_BF16
+#define PARTIAL_BF16 0
+#endif
 #define STAGES 2  // one per producer half
 #define QROWS 64
 #ifndef BLOCK_N
@@ -276,6 +281,12 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
 
 #endif  // HEAD_DIM == 256 && BLOCK_N == 64
 
+#if PARTIAL_BF16
+typedef __nv_bfloat16 partial_t;
+#else
+typedef float partial_t;
+#endif
+
 // The parameters every kernel takes after Q and its caches, in the order vattn/hopper/build.py's bind passes them:
 // the page table and lengths, the descales and scale, the plan's work items, the partials and out, V's descriptor.
 // No input is `const __restrict__`: nvcc would read it by ld.global.nc, which it takes for memory no kernel writes
@@ -284,7 +295,7 @@ __device__ __forceinline__ void store_tile(const uint4 (&x)[VECS], char* dst, in
   const int* bt, int64_t stride_bt, const int* seq_lens, const int* cu_q,                                             \
       const float* k_descale, const float* v_descale, float softmax_scale,                                            \
       const int* work_seq, const int* work_start, const int* work_end,                                                \
-      const int* work_part, const int* work_order, float* __restrict__ o_part, int64_t sow,                           \
+      const int* work_part, const int* work_order, partial_t* __restrict__ o_part, int64_t sow,                       \
       int64_t soh, int64_t sor, float* __restrict__ lse_part, int64_t slw, int64_t slh,                               \
       __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo
 
@@ -592,8 +603,17 @@ __device__ __forceinline__ int out_col(int c) { return PACK_HEADS == 1 ? c : c %
 
 // The partial of this CTA: O normalised and times v_descale, lse in log2 units; a row that saw no key writes
 // (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
+// Two adjacent values of a row, as its element type holds them (p: 4-byte aligned for bf16, 8 for fp32).
+__device__ __forceinline__ void store_pair(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+
 __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
-                                              float* __restrict__ ob, int64_t sor, float* __restrict__ lb, int lane) {
+                                              partial_t* __restrict__ ob, int64_t sor, float* __restrict__ lb,
+                                              int lane) {
   const int r0 = rw.r0, cq = rw.cq;
   const float2 l = row_sums(rw);
   const float vd = v_descale ? *v_descale : 1.f;
@@ -603,10 +623,8 @@ __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Ro
 #pragma unroll
   for (int j = 0; j < HEAD_DIM / 8; ++j) {
     const int c = out_col(8 * j) + cq;  // (cq < 8: the column's head is 8 j's)
-    if (ok0 && row_owns(r0, 8 * j))
-      *reinterpret_cast<float2*>(ob + r0 * sor + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
-    if (ok1 && row_owns(r0 + 8, 8 * j))
-      *reinterpret_cast<float2*>(ob + (r0 + 8) * sor + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
+    if (ok0 && row_owns(r0, 8 * j)) store_pair(ob + r0 * sor + c, o[4 * j] * s0, o[4 * j + 1] * s0);
+    if (ok1 && row_owns(r0 + 8, 8 * j)) store_pair(ob + (r0 + 8) * sor + c, o[4 * j + 2] * s1, o[4 * j + 3] * s1);
   }
   if (lane % 4 == 0) {
     if (ok0) lb[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
@@ -638,7 +656,7 @@ __device__ __forceinline__ void store_out(const float (&o)[O_REGS], const Rows& 
 
 // The CTA's result: out itself when its piece is the whole sequence, else its partial.
 __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
-                                             const float* v_descale, float* __restrict__ o_part,
+                                             const float* v_descale, partial_t* __restrict__ o_part,
                                              int64_t sow, int64_t soh, int64_t sor, float* __restrict__ lse_part,
                                              int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out, int64_t sot,
                                              int64_t soh_out, int lane) {
@@ -660,50 +678,56 @@ __device__ __forceinline__ void store_result(const float (&o)[O_REGS], const Row
 #define STAGE_OUT 1
 #endif
 #define STAGE_BYTES (QROWS * (HEAD_DIM * 4 + 32))
+// Staged rows of T (bf16, or fp32 partials): HEAD_DIM values and 8 of padding. The consumer thread's own values
+// go in first; after the barrier each of the 128 threads copies 16-byte chunks of the first `rows` rows, each
+// row's own head's OUT_DIM columns, to row_at(r).
+template <class T>
+__device__ __forceinline__ void stage_rows(const float (&o)[O_REGS], const Rows& rw, float s0, float s1, char* stage) {
+  constexpr int E = sizeof(T), ROW = HEAD_DIM * E + 8 * E;
+#pragma unroll
+  for (int j = 0; j < HEAD_DIM / 8; ++j) {
+    const int c = (8 * j + rw.cq) * E;
+    store_pair(reinterpret_cast<T*>(stage + rw.r0 * ROW + c), o[4 * j] * s0, o[4 * j + 1] * s0);
+    store_pair(reinterpret_cast<T*>(stage + (rw.r0 + 8) * ROW + c), o[4 * j + 2] * s1, o[4 * j + 3] * s1);
+  }
+}
+template <class T, class RowAt>
+__device__ __forceinline__ void copy_staged(const char* stage, int rows, int ctid, RowAt row_at) {
+  constexpr int E = sizeof(T), ROW = HEAD_DIM * E + 8 * E, CHUNKS = OUT_DIM * E / 16;
+  for (int k = ctid; k < rows * CHUNKS; k += 128) {
+    const int r = k / CHUNKS, c = k % CHUNKS;
+    *reinterpret_cast<uint4*>(row_at(r) + (16 / E) * c) =
+        *reinterpret_cast<const uint4*>(stage + r * ROW + packed_head(r) * OUT_DIM * E + 16 * c);
+  }
+}
 __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], const Rows& rw, const Item& it, int h,
-                                                    const float* v_descale, float* __restrict__ o_part,
+                                                    const float* v_descale, partial_t* __restrict__ o_part,
                                                     int64_t sow, int64_t soh, int64_t sor, float* __restrict__ lse_part,
                                                     int64_t slw, int64_t slh, __nv_bfloat16* __restrict__ out,
                                                     int64_t sot, int64_t soh_out, int lane, int ctid, char* stage,
                                                     int bar) {
   const bool whole = it.start == 0 && it.end == it.kv_len;
-  float* ob = o_part + it.part * sow + h * soh;
+  partial_t* ob = o_part + it.part * sow + h * soh;
   const uintptr_t align = whole ? reinterpret_cast<uintptr_t>(out) | (uintptr_t)(sot * 2) | (uintptr_t)(soh_out * 2)
-                                : reinterpret_cast<uintptr_t>(ob) | (uintptr_t)(sor * 4);
+                                : reinterpret_cast<uintptr_t>(ob) | (uintptr_t)(sor * sizeof(partial_t));
   if (align & 15) {
     store_result(o, rw, it, h, v_descale, o_part, sow, soh, sor, lse_part, slw, slh, out, sot, soh_out, lane);
     return;
   }
-  const int r0 = rw.r0, cq = rw.cq, rows = min(QROWS, rw.n_q * GQA);
+  const int r0 = rw.r0, rows = min(QROWS, rw.n_q * GQA);
   const float2 l = row_sums(rw);
   const float vd = v_descale ? *v_descale : 1.f;
   const float s0 = l.x > 0.f ? vd / l.x : 0.f, s1 = l.y > 0.f ? vd / l.y : 0.f;
   if (whole) {
-    constexpr int ROW = HEAD_DIM * 2 + 16, CHUNKS = OUT_DIM * 2 / 16;  // a row's chunks out (PACK_HEADS: its head's)
-#pragma unroll
-    for (int j = 0; j < HEAD_DIM / 8; ++j) {
-      const int c = (8 * j + cq) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(stage + r0 * ROW + c) = __floats2bfloat162_rn(o[4 * j] * s0, o[4 * j + 1] * s0);
-      *reinterpret_cast<__nv_bfloat162*>(stage + (r0 + 8) * ROW + c) =
-          __floats2bfloat162_rn(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
-    }
+    stage_rows<__nv_bfloat16>(o, rw, s0, s1, stage);
     bar_sync(bar, 128);
     STAMP(0, 17, 0);
-    for (int k = ctid; k < rows * CHUNKS; k += 128) {
-      const int r = k / CHUNKS, c = k % CHUNKS;
-      __nv_bfloat16* row = out + (int64_t)(it.q0 + r / GQA) * sot + (int64_t)(h * GQA + r % GQA) * soh_out;
-      *reinterpret_cast<uint4*>(row + 8 * c) =
-          *reinterpret_cast<const uint4*>(stage + r * ROW + packed_head(r) * OUT_DIM * 2 + 16 * c);
-    }
+    copy_staged<__nv_bfloat16>(stage, rows, ctid, [&](int r) {
+      return out + (int64_t)(it.q0 + r / GQA) * sot + (int64_t)(h * GQA + r % GQA) * soh_out;
+    });
     return;
   }
-  constexpr int ROW = HEAD_DIM * 4 + 32, CHUNKS = OUT_DIM * 4 / 16;
-#pragma unroll
-  for (int j = 0; j < HEAD_DIM / 8; ++j) {
-    const int c = (8 * j + cq) * 4;
-    *reinterpret_cast<float2*>(stage + r0 * ROW + c) = make_float2(o[4 * j] * s0, o[4 * j + 1] * s0);
-    *reinterpret_cast<float2*>(stage + (r0 + 8) * ROW + c) = make_float2(o[4 * j + 2] * s1, o[4 * j + 3] * s1);
-  }
+  stage_rows<partial_t>(o, rw, s0, s1, stage);
   float* lb = lse_part + it.part * slw + h * slh;
   if (lane % 4 == 0) {  // rows of absent tokens are not stored: o_part holds max_q_len x GQA rows
     if (r0 < rows) lb[r0] = l.x > 0.f ? rw.m0 + log2f(l.x) : -INFINITY;
@@ -711,11 +735,7 @@ __device__ __forceinline__ void store_result_staged(const float (&o)[O_REGS], co
   }
   bar_sync(bar, 128);
   STAMP(0, 17, 0);
-  for (int k = ctid; k < rows * CHUNKS; k += 128) {
-    const int r = k / CHUNKS, c = k % CHUNKS;
-    *reinterpret_cast<float4*>(ob + r * sor + 4 * c) =
-        *reinterpret_cast<const float4*>(stage + r * ROW + packed_head(r) * OUT_DIM * 4 + 16 * c);
-  }
+  copy_staged<partial_t>(stage, rows, ctid, [&](int r) { return ob + r * sor; });
 }
 
 // The OVERLAP schedule (FlashAttention-3's intra-warpgroup overlap): S(i) = Q.K^T is issued before O +=
