@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vattn.hopper import backend as hopper_backend
 from vattn.hopper.backend import covers_shape, kv_heads_per_cta, piece_overhead_tiles
 from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, plan_splits
 
@@ -270,7 +271,9 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
         pack = kv_heads_per_cta(kv_dtype, head_dim, hkv, page_size, max(q_lens, default=1) * gqa)
         hkv, gqa, cta_dim = hkv // pack, gqa * pack, head_dim * pack
         path, rows = hopper_path(kv_dtype, cta_dim, page_size)
+        o_bytes = 2 if hopper_backend.BF16_PARTIALS else 4  # its partials' O (Backend.partial_dtype)
     else:
+        o_bytes = 4
         v, slots, overhead = prof.vattn, prof.slots, PIECE_OVERHEAD_TILES
         path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim)
     if page_size not in v.page_efficiency:
@@ -287,7 +290,7 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
         if not pieces:
             continue
         out_bytes = q * gqa * head_dim * 2  # one program's output rows
-        part_bytes = q * gqa * (head_dim + 1) * 4  # fp32 O + lse, written by main and read by reduce
+        part_bytes = q * gqa * (head_dim * o_bytes + 4)  # O + fp32 lse, written by main and read by reduce
         extra = latency + (part_bytes if pieces > 1 else out_bytes)
         seg_tokens = seg * KV_TILE
         if pieces > 1:
