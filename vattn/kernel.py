@@ -558,11 +558,11 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     slowest grid axis, so a long first sequence's programs start first instead of being spread over the
     launch.
 
-    Partials in bf16 (a Backend's partial_dtype) take a whole row on D / 128 warps (block_d / 128 by default),
-    and a quarter row on one warp below PAIR_SEQUENCES_FROM sequences x KV heads with skip_whole too. On an H200
-    (benchmarks/NOTES.md P84, plan + main + reduce with pdl) a whole row of bf16 on 4 warps took 16x35k to 98.8 us,
-    on one warp 87.6, in quarter rows 88.2-88.7 (fp32 partials, a whole row: 90.4); 64 sequences of 24 tokens took
-    11.9 us on 2 warps against 15.6 in quarter rows (fp32 11.9).
+    Partials in bf16 (a Backend's partial_dtype) are merged on block_d / 128 warps: with skip_whole a whole row
+    from PAIR_SEQUENCES_FROM sequences x KV heads, a quarter row on one warp below it. On an H200
+    (benchmarks/NOTES.md P84-P87, plan + main + reduce with pdl) a whole row of bf16 on 4 warps took 16x35k to
+    98.8 us, in quarter rows 88.2-88.7 (fp32 partials, a whole row on 4 warps: 90.4); 64 sequences of 24 tokens
+    took 11.9 us on 2 warps against 15.6 in quarter rows (fp32 11.9).
 
     block_b (default: PAIR_SEQUENCES_FROM's rule): with skip_whole on a batch of many sequences, two
     sequences a program halve the programs that most often return at once. On an H200 (NOTES.md P39, plan

@@ -737,11 +737,11 @@ def test_gpu_graph_replay_with_new_seq_lens_equals_eager(mode):
         _check(static_out, reference(b), kv)
 
 
-def _reduce_launch(batch, kv_heads, **kw):
+def _reduce_launch(batch, kv_heads, o_dtype=torch.float32, **kw):
     """reduce_launch_args' (grid, args, kwargs) for a batch of one-token sequences at 16 query heads."""
     from vattn import kernel as K
 
-    o_part = torch.zeros(8, kv_heads, 4, 256)
+    o_part = torch.zeros(8, kv_heads, 4, 256, dtype=o_dtype)
     out = torch.zeros(batch, 16, 256, dtype=torch.bfloat16)
     cu = torch.arange(batch + 1, dtype=torch.int32)
     return K.reduce_launch_args(o_part, torch.zeros(8, kv_heads, 4), torch.zeros(batch + 1, dtype=torch.int32), cu,
@@ -768,3 +768,16 @@ def test_reduce_pairs_sequences_only_for_many_sequences_whose_one_piece_rows_it_
     assert launch(16, 2) == (8, 2)  # sequences x KV heads
     assert launch(16, 1) == (16, 1)  # 16x35k: pairs merged in turn cost 2 us
     assert launch(64, 1, skip_whole=False) == (64, 1)  # every sequence merged: unmeasured
+
+
+def test_reduce_of_bf16_partials_takes_quarter_rows_below_many_sequences_and_whole_rows_on_fewer_warps_from_them():
+    def shape(batch, o_dtype, skip_whole=True):
+        grid, _, kw = _reduce_launch(batch, 1, o_dtype=o_dtype, skip_whole=skip_whole)
+        return grid[0], kw["BLOCK_D"], kw["num_warps"]
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert shape(16, bf16) == (64, 64, 1)  # 16x35k: a whole row on 4 warps took 98.8 us, quarter rows 88.2-88.7
+    assert shape(64, bf16) == (16, 256, 2)  # 64 tiny sequences: quarter rows 15.6 us, a whole row on 2 warps 11.9
+    assert shape(16, bf16, skip_whole=False) == (64, 64, 1)
+    assert shape(16, fp32) == shape(64, fp32) == (16, 256, 4)  # fp32 partials as before
+    assert shape(16, fp32, skip_whole=False) == (64, 64, 1)
