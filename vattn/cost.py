@@ -42,7 +42,7 @@ class VattnModel:
     launch_us: float  # per kernel launch inside a CUDA graph (plan, main, reduce)
     plan_us: float | dict[str, float]  # the plan kernel, one figure or one per planner
     reduce_fixed_us: float
-    reduce_tbps: float  # the reduce's bandwidth over fp32 partials
+    reduce_tbps: float  # the reduce's bandwidth over the partials' bytes (fitted on fp32 ones)
     page_efficiency: dict[int, float]  # gather efficiency by page size, relative to the calibration's
     # Per kernel path (see kernel_path): the main loop's bytes term (TB/s, replaces wave_tbps) and its
     # effective TFLOP/s: Q.K^T + P.V cost 4 x rows x D flops per KV token, so a path reads KV at

@@ -121,7 +121,8 @@ class Workspace:
         qrows = self.max_q_len * self.gqa
         f32 = dict(dtype=torch.float32, device=self.device)
         # O_part [W, Hkv, QROWS, D] fp32 (normalised), lse2_part [W, Hkv, QROWS] fp32: one KV head a program. A
-        # backend whose programs read p KV heads takes the same memory as [W, Hkv / p, p x QROWS, D] (partials)
+        # backend whose programs read p KV heads, or store O in bf16, takes the same memory as [W, Hkv / p,
+        # p x QROWS, D] of its dtype (partials)
         self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, **f32)
         self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
 

@@ -1,6 +1,6 @@
-// vattn's main kernels on Hopper (sm_90a): one CTA per (KV head, work item) of vattn's plan, writing the same
-// partials (O normalised x v_descale, lse in log2 units) as the Triton main kernel, so vattn's reduce merges
-// them unchanged. Three kernels share the consumer's steps; the -D switches below pick a schedule.
+// vattn's main kernels on Hopper (sm_90a): one CTA per (KV head, work item) of vattn's plan, writing the
+// partials vattn's reduce merges (O normalised x v_descale, fp32 as the Triton main kernel's or bf16 with
+// PARTIAL_BF16; lse in log2 units). Three kernels share the consumer's steps; the -D switches below pick a schedule.
 //
 // vattn_main_sm90 (warp roles; the Triton path runs everything in every warp and is issue-bound at 255 registers):
 //   warps 0-3  consumer warpgroup: S = Q.K^T and O += P.V on wgmma (fp16 operands, fp32 accumulators), the
