@@ -601,8 +601,6 @@ __device__ __forceinline__ int packed_head(int r) { return PACK_HEADS == 1 ? 0 :
 __device__ __forceinline__ bool row_owns(int r, int c) { return PACK_HEADS == 1 || c / OUT_DIM == packed_head(r); }
 __device__ __forceinline__ int out_col(int c) { return PACK_HEADS == 1 ? c : c % OUT_DIM; }
 
-// The partial of this CTA: O normalised and times v_descale, lse in log2 units; a row that saw no key writes
-// (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
 // Two adjacent values of a row, as its element type holds them (p: 4-byte aligned for bf16, 8 for fp32).
 __device__ __forceinline__ void store_pair(float* p, float a, float b) {
   *reinterpret_cast<float2*>(p) = make_float2(a, b);
@@ -611,6 +609,8 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* p, float a, float b) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
 }
 
+// The partial of this CTA: O normalised and times v_descale, lse in log2 units; a row that saw no key writes
+// (O 0, lse -inf). ob, lb: this (work item, KV head)'s O rows and lse values.
 __device__ __forceinline__ void store_partial(const float (&o)[O_REGS], const Rows& rw, const float* v_descale,
                                               partial_t* __restrict__ ob, int64_t sor, float* __restrict__ lb,
                                               int lane) {
