@@ -80,10 +80,9 @@ def kv_heads_per_cta(kv_dtype: str, head_dim: int, num_kv_heads: int, page_size:
 
 def kv_heads_per_program(ws) -> int:
     """kv_heads_per_cta for a workspace this backend covers (Backend.kv_heads_per_program)."""
-    kv = _kv_name(ws)
-    if not _covers(ws) or kv is None:
+    if not _covers(ws):  # (which also names the cache dtype)
         return 1
-    return kv_heads_per_cta(kv, ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
+    return kv_heads_per_cta(_kv_name(ws), ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
 
 
 BF16_PARTIALS = True  # partial_dtype's choice; False keeps them fp32 (for A/B timing)
