@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute evidence for the Hopper main kernels (BENCHMARKS.md "What bounds it"): one eager launch a shape,
-# the build the backend selects for it, DRAM throughput, tensor pipe, warps active, registers, grid.
+# the first main-kernel launch of vattn.attention on the Hopper backend (its build, plan and partials):
+# DRAM throughput, tensor pipe, warps active, registers, grid.
 #   bash benchmarks/kernel/nsight.sh OUT_DIR [SHAPE ...]   (on an H200, from the repository root; ncu from the
 #   CUDA toolkit; the shapes below by default, or those named of them)
 # Writes OUT_DIR/ncu-SHAPE.csv and OUT_DIR/ncu-SHAPE.err per shape.
@@ -15,22 +16,13 @@ ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 metrics=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second
 metrics=$metrics,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
 metrics=$metrics,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,launch__grid_size
-profile() {  # SHAPE VARIANT: hopper_proto's first launch of the main kernel (its correctness check)
-    [ "$only" = "  " ] || [[ "$only" == *" $1 "* ]] || return 0
-    timeout 100 "$ncu" --clock-control none --kernel-name regex:vattn_main_sm90 --launch-count 1 --csv \
-        --metrics "$metrics" python3 -m benchmarks.kernel.hopper_proto --shapes "$1" --replays 1 \
-        --descriptors 8192:1024 --variants "$2" --out "/tmp/nsight-$1.json" > "$out/ncu-$1.csv" 2> "$out/ncu-$1.err"
-    echo "nsight: $1 rc $?"
-}
-profile_backend() {  # SHAPE: the first main-kernel launch of vattn.attention on the Hopper backend (the bench's check)
+profile() {  # SHAPE: the bench's correctness check is the first launch
     [ "$only" = "  " ] || [[ "$only" == *" $1 "* ]] || return 0
     VATTN_HOPPER=1 timeout 100 "$ncu" --clock-control none --kernel-name regex:vattn_main_sm90 --launch-count 1 --csv \
         --metrics "$metrics" python3 -m benchmarks.kernel.bench --shapes "$1" --replays 1 --planners balanced \
         --out "/tmp/nsight-$1.json" > "$out/ncu-$1.csv" 2> "$out/ncu-$1.err"
     echo "nsight: $1 rc $?"
 }
-# the builds vattn/hopper/backend.py selects: K8 for fp8 caches, KV16 for bf16; head_dim 128's two KV heads a CTA
-# (PACK_HEADS) through the backend itself, which plans and lays out the partials for it
-for s in 16x35k 16x35k-q1 16x35k-gqa8 bs20-agentic-2.32M; do profile "$s" "k8:K8=1"; done
-for s in 32x8k-hd128-gqa8 32x8k-hd128-gqa4; do profile_backend "$s"; done
-profile 16x35k-bf16 "kv16:KV16=1,TMA_EVICT_FIRST=1"
+for s in 16x35k 16x35k-q1 16x35k-gqa8 bs20-agentic-2.32M 32x8k-hd128-gqa8 32x8k-hd128-gqa4 16x35k-bf16; do
+    profile "$s"
+done
