@@ -29,6 +29,9 @@ class Backend:
     kv_heads_per_program: KV heads one program of its main kernel reads together (a function of the workspace, or
         None: one). A workspace then plans Hkv / that many programs a piece, and its partials hold a program's
         query heads' rows (Workspace.partials).
+    programs_per_kv_head: programs of its main kernel that share one KV head, each taking an equal part of its query
+        heads (a function of the workspace, or None: one). A workspace then plans Hkv x that many programs a piece,
+        and its partials hold a program's part of the rows (Workspace.partials).
     partial_dtype: the torch dtype its main kernel stores the partials' O in (a function of the workspace), or
         None: fp32. A workspace gives it those partials in that dtype (Workspace.partials), in the memory of its
         fp32 ones; vattn's reduce reads either.
@@ -46,6 +49,7 @@ class Backend:
     writes_whole: bool = False
     piece_overhead_tiles: int | Callable | None = None
     kv_heads_per_program: Callable | None = None
+    programs_per_kv_head: Callable | None = None
     partial_dtype: Callable | None = None
     pdl: bool = False
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vattn.hopper import backend as hopper_backend
-from vattn.hopper.backend import covers_shape, kv_heads_per_cta, piece_overhead_tiles
+from vattn.hopper.backend import covers_shape, group_split, kv_heads_per_cta, piece_overhead_tiles
 from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
@@ -268,8 +268,10 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
     cta_dim = head_dim  # the head_dim a program reads a token of: pack x head_dim, its pack KV heads together
     if hopper:  # planned as vattn.hopper.backend plans: one CTA per SM, its own piece overhead and KV heads a CTA
         v, slots, overhead = prof.vattn_hopper, prof.sms, piece_overhead_tiles(kv_dtype)
-        pack = kv_heads_per_cta(kv_dtype, head_dim, hkv, page_size, max(q_lens, default=1) * gqa)
-        hkv, gqa, cta_dim = hkv // pack, gqa * pack, head_dim * pack
+        packed = max(q_lens, default=1) * gqa  # rows, as the workspace's max_q_len x GQA
+        pack, split = kv_heads_per_cta(kv_dtype, head_dim, hkv, page_size, packed), group_split(gqa, packed)
+        # a split group's CTAs each stream the KV head's pages (the second mostly from L2) at a CTA's rate
+        hkv, gqa, cta_dim = hkv // pack * split, gqa * pack // split, head_dim * pack
         path, rows = hopper_path(kv_dtype, cta_dim, page_size)
         o_bytes = 2 if hopper_backend.BF16_PARTIALS else 4  # its partials' O (Backend.partial_dtype)
     else:
@@ -346,7 +348,8 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
             raise ValueError(f"impl: got 'vattn_hopper'; profile {profile.name} has no vattn_hopper model "
                              "(configs/hardware/h200.yaml has one)")
         # the batch's packed rows stand for the workspace's (max_q_len x GQA), by which the backend decides
-        hopper = impl == "vattn_hopper" and covers_shape(kv_dtype, head_dim, page_size, max(q_lens, default=1) * gqa)
+        hopper = impl == "vattn_hopper" and covers_shape(kv_dtype, head_dim, page_size, max(q_lens, default=1) * gqa,
+                                                         gqa)
         return _predict_vattn(seq_lens, q_lens, planner, profile, num_kv_heads, head_dim, gqa, kv_dtype,
                               page_size, hopper=hopper)
     name = profile.baseline if impl == "baseline" else impl

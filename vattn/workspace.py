@@ -95,10 +95,13 @@ class Workspace:
         self.piece_overhead = (overhead(self) if callable(overhead) else overhead) or PIECE_OVERHEAD_TILES
         # the plan lets that backend's main kernel launch at once, as its programmatic dependent (Backend.pdl)
         self.plan_lets_main_launch = bool(planned and planned[0].pdl)
-        # programs that read several KV heads at once: the plan splits for Hkv / that many programs a piece
+        # programs that read several KV heads at once, or several programs a KV head (each a part of its query
+        # heads): the plan splits for Hkv / p x s programs a piece
         pack = planned and planned[0].kv_heads_per_program
         self.kv_heads_per_program = (pack(self) if pack else None) or 1
-        self.program_kv_heads = num_kv_heads // self.kv_heads_per_program
+        split = planned and planned[0].programs_per_kv_head
+        self.programs_per_kv_head = (split(self) if split else None) or 1
+        self.program_kv_heads = num_kv_heads // self.kv_heads_per_program * self.programs_per_kv_head
         # the dtype in which that backend's programs store the partials' O (Workspace.partials)
         dtype = planned and planned[0].partial_dtype
         self.program_partial_dtype = (dtype(self) if dtype else None) or torch.float32
@@ -121,23 +124,23 @@ class Workspace:
         qrows = self.max_q_len * self.gqa
         f32 = dict(dtype=torch.float32, device=self.device)
         # O_part [W, Hkv, QROWS, D] fp32 (normalised), lse2_part [W, Hkv, QROWS] fp32: one KV head a program. A
-        # backend whose programs read p KV heads, or store O in bf16, takes the same memory as [W, Hkv / p,
-        # p x QROWS, D] of its dtype (partials)
+        # backend whose programs read p KV heads (or s programs one), or store O in bf16, takes the same memory as
+        # [W, Hkv / p x s, p / s x QROWS, D] of its dtype (partials)
         self.o_part = torch.empty(width, self.num_kv_heads, qrows, self.head_dim, **f32)
         self.lse_part = torch.empty(width, self.num_kv_heads, qrows, **f32)
 
     def partials(self, by_program: bool = False) -> tuple:
         """(o_part, lse_part, query heads a program): the partials as the Triton kernel writes them (one KV head a
-        program, fp32), or by_program as the planned backend's programs write them (kv_heads_per_program heads, O
-        in program_partial_dtype). Views of the same memory."""
-        p = self.kv_heads_per_program if by_program else 1
+        program, fp32), or by_program as the planned backend's programs write them (kv_heads_per_program heads or
+        1 / programs_per_kv_head of one, O in program_partial_dtype). Views of the same memory."""
+        p, s = (self.kv_heads_per_program, self.programs_per_kv_head) if by_program else (1, 1)
         dtype = self.program_partial_dtype if by_program else self.o_part.dtype
-        if p == 1 and dtype == self.o_part.dtype:
+        if p == s == 1 and dtype == self.o_part.dtype:
             return self.o_part, self.lse_part, self.gqa
-        width, rows = self.o_part.shape[0], self.max_q_len * self.gqa * p
+        width, gqa = self.o_part.shape[0], self.gqa * p // s
         o_part = self.o_part.view(-1).view(dtype)[:self.o_part.numel()]  # a narrower dtype: the first bytes
-        return (o_part.view(width, self.program_kv_heads, rows, self.head_dim),
-                self.lse_part.view(width, self.program_kv_heads, rows), self.gqa * p)
+        heads, rows = self.num_kv_heads // p * s, self.max_q_len * gqa
+        return (o_part.view(width, heads, rows, self.head_dim), self.lse_part.view(width, heads, rows), gqa)
 
     def _measure_slots(self, fast) -> int:
         if self.device.type != "cuda" or interpreting():
@@ -180,7 +183,7 @@ class Workspace:
                     kv_dtype=_dtype_names()[self.kv_dtype], q_dtype=_dtype_names()[self.q_dtype],
                     page_size=self.page_size, max_q_len=self.max_q_len, max_batch=self.max_batch,
                     device=str(self.device), slots=self.slots, piece_overhead_tiles=self.piece_overhead,
-                    kv_heads_per_program=self.kv_heads_per_program,
+                    kv_heads_per_program=self.kv_heads_per_program, programs_per_kv_head=self.programs_per_kv_head,
                     program_partial_dtype=str(self.program_partial_dtype).removeprefix("torch."),
                     config=self.config.__dict__)
 

@@ -180,6 +180,41 @@ def test_packed_heads_build_the_tma_kernels_alone_without_spills(tmp_path, monke
     assert "C7513" not in report and "serialized" not in report, report
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("defines", [
+    dict(HEAD_DIM=256, GQA=8, K8=1), dict(HEAD_DIM=256, GQA=8, KV16=1, TMA_EVICT_FIRST=1),
+    dict(HEAD_DIM=256, GQA=8, PAGE=4), dict(HEAD_DIM=128, GQA=6, K8=1, BLOCK_N=128, K8_CONSUMERS=2)],
+    ids=["k8", "kv16", "page4", "hd128-k8-two-consumers"])
+def test_split_groups_build_every_kernel_without_spills(tmp_path, monkeypatch, defines):
+    """GROUP_SPLIT=2 (two CTAs a KV head, each half its query heads: GQA 16 and 12 at 8 draft tokens), as the
+    backend builds it: bf16 partials, the cache's KV head from the CTA's index."""
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    report = build.ptxas_report(build.compile_cubin(
+        dict(PAGE=16) | defines | dict(GROUP_SPLIT=2, PARTIAL_BF16=1))).read_text()
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert spills and all(n == "0" for pair in spills for n in pair), report
+    assert "C7513" not in report and "serialized" not in report, report
+
+
+def test_the_backend_splits_a_kv_heads_query_heads_where_its_rows_pass_one_cta(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from vattn.hopper import backend
+
+    # the fewest CTAs that divide GQA with each CTA's rows (max_q_len x its heads) <= 64
+    assert [backend.group_split(g, q * g) for g, q in ((16, 4), (16, 8), (12, 8), (7, 8), (32, 8), (24, 5))] == [
+        1, 2, 2, 1, 4, 2]
+    assert backend.covers_shape("fp8", 256, 16, 128, 16) and backend.covers_shape("bf16", 128, 16, 96, 12)
+    monkeypatch.setattr(backend, "_covers", lambda ws: True)  # an sm_90 GPU's workspace
+    base = dict(kv_dtype=torch.float8_e4m3fn, head_dim=256, num_kv_heads=1, page_size=16, max_q_len=8, gqa=16)
+    split = lambda **kw: backend.programs_per_kv_head(SimpleNamespace(**(base | kw)))
+    assert [split(), split(max_q_len=4), split(gqa=8), split(head_dim=128, gqa=12)] == [2, 1, 1, 2]
+    monkeypatch.setattr(backend, "SPLIT_GROUPS", False)  # more than 64 rows go to Triton again
+    assert backend.group_split(16, 128) == 0 and not backend.covers_shape("fp8", 256, 16, 128, 16)
+    assert backend.covers_shape("fp8", 256, 16, 64, 16)
+
+
 def test_the_backend_packs_two_kv_heads_where_head_dim_128s_rows_fit_twice(monkeypatch):
     torch = pytest.importorskip("torch")
     from types import SimpleNamespace
@@ -390,16 +425,17 @@ def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
 
 
-def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int = 1):
+def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int = 1, split: int = 1):
     """out_pad: out's head stride is head_dim + out_pad (a view of a wider tensor). pack: KV heads a CTA reads
-    (MainSm90's pack_heads), planned and partials as the backend lays them out for it."""
+    (MainSm90's pack_heads), split: CTAs a KV head (its group_split); planned and partials as the backend lays them
+    out for them."""
     torch = _hopper_gpu()
     import vattn
     from vattn import kernel as K
     from vattn.planner import plan_python
 
-    seq_lens, q_lens = CASES[case]
-    d, hq, hkv = (CONFIGS | PACKED_CONFIGS)[config]
+    seq_lens, q_lens = (CASES | SPLIT_CASES)[case]
+    d, hq, hkv = (CONFIGS | PACKED_CONFIGS | SPLIT_CONFIGS)[config]
     gqa, max_q = hq // hkv, max(q_lens)
     gen = torch.Generator(device="cuda").manual_seed(0)
     page = 16
@@ -431,23 +467,25 @@ def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int 
     kd, vd = (None, None) if bf16_kv else (torch.tensor([0.9], device="cuda"), torch.tensor([1.1], device="cuda"))
     scale = d ** -0.5
 
-    lists = plan_python(seq_lens, q_lens, num_kv_heads=hkv // pack, slots=132, mode="balanced")
+    programs = hkv // pack * split  # a piece's CTAs
+    lists = plan_python(seq_lens, q_lens, num_kv_heads=programs, slots=132, mode="balanced")
     plan = {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device="cuda")
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
     width = plan["work_seq"].shape[0]
     # the workspace's partials hold max_q_len x GQA rows, fewer than the CTA's 64 when GQA or q_len is smaller:
     # one guard item past them must stay untouched
-    rows = max_q * gqa * pack
+    cta_gqa = gqa * pack // split
+    rows = max_q * cta_gqa
     o_dtype = torch.bfloat16 if defines.get("PARTIAL_BF16") else torch.float32
-    o_all = torch.full((width + 1, hkv // pack, rows, d), float("nan"), device="cuda", dtype=o_dtype)
-    lse_all = torch.full((width + 1, hkv // pack, rows), float("nan"), device="cuda")
+    o_all = torch.full((width + 1, programs, rows, d), float("nan"), device="cuda", dtype=o_dtype)
+    lse_all = torch.full((width + 1, programs, rows), float("nan"), device="cuda")
     o_part, lse_part = o_all[:width], lse_all[:width]
-    kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines, pack_heads=pack)
+    kern = build.MainSm90(head_dim=d, gqa=gqa, page=page, extra_defines=defines, pack_heads=pack, group_split=split)
     # the kernel writes the rows of one-piece sequences, the reduce the rest
     out = torch.full((q.shape[0], hq, d + out_pad), float("nan"), device="cuda", dtype=q.dtype)[..., :d]
     kern.launch(q, k, v, tables, sl, cu_t, kd, vd, scale, plan, o_part, lse_part, out)
     # as the Hopper backend runs it: the reduce as the main kernel's programmatic dependent
-    K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=gqa * pack, max_q_len=max_q,
+    K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=cta_gqa, max_q_len=max_q,
                     skip_whole=True, pdl=True)
     ref = vattn.reference(q, k, v, tables, sl, cu_t, kd, vd, scale)
     torch.cuda.synchronize()
@@ -475,6 +513,30 @@ def test_bf16_partials_match_reference(case, schedule):
 @pytest.mark.parametrize("case", ["ragged", "long-among-short"])
 def test_packed_kv_heads_with_bf16_partials_match_reference(case, schedule):
     _check_against_reference(case, "hd128-gqa8", SCHEDULES[schedule] | {"PARTIAL_BF16": 1}, pack=2)
+
+
+# two CTAs a KV head, each half its query heads (GROUP_SPLIT, the backend's kernels where max_q_len x GQA > 64),
+# with bf16 partials as the backend stores them: 8 draft tokens at GQA 16 (one KV head, and two) and at GQA 12
+SPLIT_CASES = {
+    "q8-ragged": ([9, 15, 63, 64, 65, 1000, 4500, 35000], [8, 2, 5, 8, 6, 8, 1, 8]),
+    "q8-long-among-short": ([100000] + [300] * 15, [8] * 16),
+    "q8-uniform": ([8192] * 8, [8] * 8),
+}
+SPLIT_CONFIGS = {"hd256-gqa16-hkv2": (256, 32, 2), "hd128-gqa12": (128, 24, 2)}
+SPLIT_KERNELS = {("hd128-gqa12", "k8"): {"K8": 1, "K8_CONSUMERS": 2}}  # the backend's e4m3 kernel at head_dim 128
+
+
+SPLIT_RUNS = [(case, config, sched) for case in sorted(SPLIT_CASES)
+              for config in ("hd256-gqa16", "hd256-gqa16-hkv2", "hd128-gqa12")
+              for sched in (("k8", "kv16") if config.startswith("hd128") else ("k8", "kv16", "serial"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("case,config,schedule", SPLIT_RUNS)
+def test_split_groups_match_reference(case, config, schedule):
+    defines = SPLIT_KERNELS.get((config, schedule), SCHEDULES[schedule])
+    _check_against_reference(case, config, defines | {"PARTIAL_BF16": 1}, split=2)
 
 
 # -- the backend (vattn.hopper.backend) -------------------------------------------------------------
@@ -613,12 +675,14 @@ def test_a_plan_of_single_pieces_runs_without_a_reduce_eagerly_and_keeps_it_in_a
 @pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")
 @pytest.mark.parametrize("batch", [4, 24], ids=["ordinary-reduce", "dependent-reduce"])  # kernel.PDL_MIN_SEQUENCES
-@pytest.mark.parametrize("head_dim, num_kv_heads", [(256, 1), (128, 2)], ids=["hd256", "hd128-packed"])
-def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch, head_dim, num_kv_heads):
+@pytest.mark.parametrize("head_dim, num_kv_heads, q_len", [(256, 1, 4), (128, 2, 4), (256, 1, 8)],
+                         ids=["hd256", "hd128-packed", "hd256-q8-split"])
+def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch, head_dim, num_kv_heads, q_len):
     """vattn.plan + vattn.attention on the Hopper backend captured in one graph (the reduce launched as the main
     kernel's programmatic dependent from 16 sequences on): replays on new lengths equal eager calls and the
     reference, so neither launch reads what the other has not yet written. At head_dim 128 a CTA reads both KV
-    heads (the workspace plans and lays out its partials for that)."""
+    heads, and at 8 query tokens two CTAs share the KV head (the workspace plans and lays out its partials for
+    either)."""
     torch = _hopper_gpu()
     import vattn
     from benchmarks.kernel.harness import capture
@@ -635,16 +699,16 @@ def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch, head_dim, n
         k = torch.randn(kv_shape, device="cuda", generator=gen).to(torch.float8_e4m3fn)
         v = torch.randn(kv_shape, device="cuda", generator=gen).to(torch.float8_e4m3fn)
         perm = torch.randperm(batch * pages, device="cuda", generator=gen).to(torch.int32)
-        b = dict(q=torch.randn(4 * batch, 16, head_dim, device="cuda", generator=gen).to(torch.bfloat16), k_cache=k,
-                 v_cache=v, block_tables=perm.view(batch, pages), seq_lens=torch.zeros(batch, dtype=torch.int32,
-                                                                                      device="cuda"),
-                 cu_seqlens_q=torch.arange(0, 4 * batch + 1, 4, dtype=torch.int32, device="cuda"),
+        b = dict(q=torch.randn(q_len * batch, 16, head_dim, device="cuda", generator=gen).to(torch.bfloat16),
+                 k_cache=k, v_cache=v, block_tables=perm.view(batch, pages),
+                 seq_lens=torch.zeros(batch, dtype=torch.int32, device="cuda"),
+                 cu_seqlens_q=torch.arange(0, q_len * batch + 1, q_len, dtype=torch.int32, device="cuda"),
                  k_descale=torch.tensor([0.9], device="cuda"), v_descale=torch.tensor([1.1], device="cuda"))
         ws = vattn.Workspace(head_dim=head_dim, num_q_heads=16, num_kv_heads=num_kv_heads,
-                             kv_dtype=torch.float8_e4m3fn, q_dtype=torch.bfloat16, page_size=page, max_q_len=4,
+                             kv_dtype=torch.float8_e4m3fn, q_dtype=torch.bfloat16, page_size=page, max_q_len=q_len,
                              max_batch=batch)
-        assert ws.kv_heads_per_program == num_kv_heads
-        lens = lambda seed: torch.randint(4, max_len, (batch,), generator=torch.Generator().manual_seed(seed),
+        assert (ws.kv_heads_per_program, ws.programs_per_kv_head) == ((num_kv_heads, 1) if q_len == 4 else (1, 2))
+        lens = lambda seed: torch.randint(q_len, max_len, (batch,), generator=torch.Generator().manual_seed(seed),
                                           dtype=torch.int32)
         b["seq_lens"].copy_(lens(0))
         out = torch.empty_like(b["q"])

@@ -1,9 +1,10 @@
 """The Hopper kernel behind vattn.api's Backend dispatch, opt-in with VATTN_HOPPER=1 (vattn/switch.py; read
 when vattn is imported). It takes the calls its kernels cover: an sm_90 GPU, e4m3 or bf16 KV with strides of
-whole 16 bytes, bf16 Q, head_dim 256 or 128 and max_q_len x GQA <= 64 packed rows (one wgmma M: decode and
-narrower groups leave rows masked); every other call goes to Triton. A workspace whose calls it covers plans for
-one CTA per SM (slots_per_sm), and at head_dim 128 for CTAs that read two adjacent KV heads as one of 256 where
-they fit (kv_heads_per_program). A build or launch failure falls back to Triton with one warning (vattn.api.attention)."""
+whole 16 bytes, bf16 Q, head_dim 256 or 128; a CTA packs max_q_len x GQA <= 64 rows (one wgmma M: decode and
+narrower groups leave rows masked), and more rows than that take several CTAs a KV head, each a part of its query
+heads (programs_per_kv_head); every other call goes to Triton. A workspace whose calls it covers plans for one CTA
+per SM (slots_per_sm), and at head_dim 128 for CTAs that read two adjacent KV heads as one of 256 where they fit
+(kv_heads_per_program). A build or launch failure falls back to Triton with one warning (vattn.api.attention)."""
 
 from __future__ import annotations
 
@@ -27,13 +28,28 @@ def _is_sm90(device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def covers_shape(kv_dtype: str, head_dim: int, page_size: int, rows: int) -> bool:
-    """The shapes the kernels take, by the cache's dtype ("fp8" for e4m3, "bf16"), head_dim, page size and packed
-    rows (max_q_len x GQA); pure Python, shared with the cost model (vattn.cost). The TMA kernels need pages of
-    whole 8-row swizzle atoms; e4m3 at head_dim 256 also takes pages of 4."""
+SPLIT_GROUPS = True  # group_split's choice; False leaves more than 64 rows to Triton (for A/B timing)
+
+
+def group_split(gqa: int, rows: int) -> int:
+    """CTAs a KV head takes (main_sm90.cu's GROUP_SPLIT): 1 where its rows (max_q_len x GQA) fit one CTA, else the
+    fewest that divide GQA with each CTA's part of the rows fitting, or 0 (none: SPLIT_GROUPS off). The CTAs of a
+    KV head read the same pages side by side (the second mostly from L2), each with its own softmax and P.V."""
+    if rows <= QROWS:
+        return 1
+    if not SPLIT_GROUPS:
+        return 0
+    q_len = rows // gqa
+    return next((s for s in range(2, gqa + 1) if gqa % s == 0 and q_len * gqa // s <= QROWS), 0)
+
+
+def covers_shape(kv_dtype: str, head_dim: int, page_size: int, rows: int, gqa: int) -> bool:
+    """The shapes the kernels take, by the cache's dtype ("fp8" for e4m3, "bf16"), head_dim, page size, packed
+    rows (max_q_len x GQA) and GQA; pure Python, shared with the cost model (vattn.cost). The TMA kernels need pages
+    of whole 8-row swizzle atoms; e4m3 at head_dim 256 also takes pages of 4."""
     fp8 = kv_dtype == "fp8"
     page_ok = BLOCK_N % page_size == 0 and page_size % (4 if fp8 and head_dim == 256 else 8) == 0
-    return kv_dtype in ("fp8", "bf16") and head_dim in (128, 256) and page_ok and rows <= QROWS
+    return kv_dtype in ("fp8", "bf16") and head_dim in (128, 256) and page_ok and group_split(gqa, rows) > 0
 
 
 def _kv_name(ws) -> str | None:
@@ -49,7 +65,7 @@ def _covers(ws) -> bool:
 
     kv = _kv_name(ws)
     return (ws.device.type == "cuda" and _is_sm90(ws.device) and kv is not None and ws.q_dtype == torch.bfloat16
-            and covers_shape(kv, ws.head_dim, ws.page_size, ws.gqa * ws.max_q_len))
+            and covers_shape(kv, ws.head_dim, ws.page_size, ws.gqa * ws.max_q_len, ws.gqa))
 
 
 def supports(ws, q, k_cache) -> bool:
@@ -85,6 +101,11 @@ def kv_heads_per_program(ws) -> int:
     return kv_heads_per_cta(_kv_name(ws), ws.head_dim, ws.num_kv_heads, ws.page_size, ws.max_q_len * ws.gqa)
 
 
+def programs_per_kv_head(ws) -> int:
+    """group_split for a workspace this backend covers (Backend.programs_per_kv_head)."""
+    return group_split(ws.gqa, ws.max_q_len * ws.gqa) if _covers(ws) else 1
+
+
 BF16_PARTIALS = True  # partial_dtype's choice; False keeps them fp32 (for A/B timing)
 
 
@@ -103,7 +124,8 @@ def slots_per_sm(ws) -> int | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1, bf16_partials: bool = False):
+def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1, bf16_partials: bool = False,
+            group_split: int = 1):
     from vattn.hopper.build import MainSm90
 
     partials = {"PARTIAL_BF16": 1} if bf16_partials else {}
@@ -121,7 +143,8 @@ def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int =
     defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1} if page % 8 == 0 else None
     if defines == {"K8": 1} and head_dim == 128:
         defines["K8_CONSUMERS"] = 2
-    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=(defines or {}) | partials)
+    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=(defines or {}) | partials,
+                    group_split=group_split)
 
 
 def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
@@ -131,7 +154,7 @@ def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
 
     ws = plan.workspace
     kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16, ws.kv_heads_per_program,
-                     ws.program_partial_dtype == torch.bfloat16)
+                     ws.program_partial_dtype == torch.bfloat16, ws.programs_per_kv_head)
     o_part, lse_part, _ = ws.partials(by_program=True)
     return kernel.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                        plan.tensors, o_part, lse_part, pdl=pdl)
@@ -159,4 +182,5 @@ def piece_overhead_tiles(kv_dtype) -> int:
 
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,
                   piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype),
-                  kv_heads_per_program=kv_heads_per_program, partial_dtype=partial_dtype, pdl=True)
+                  kv_heads_per_program=kv_heads_per_program, programs_per_kv_head=programs_per_kv_head,
+                  partial_dtype=partial_dtype, pdl=True)

@@ -204,10 +204,11 @@ class TensorMaps:
 class MainSm90:
     """The loaded kernel for one compile-time shape (extra_defines K8=1: vattn_main_sm90_k8, KV16=1:
     vattn_main_sm90_kv16). head_dim and gqa are the model's; pack_heads (K8=1 or KV16=1 at head_dim 128): a CTA reads
-    that many adjacent KV heads as one of head_dim 256 (main_sm90.cu's PACK_HEADS), gqa x pack_heads query heads."""
+    that many adjacent KV heads as one of head_dim 256 (main_sm90.cu's PACK_HEADS), gqa x pack_heads query heads;
+    group_split: that many CTAs share a KV head, gqa / group_split query heads each (main_sm90.cu's GROUP_SPLIT)."""
 
     def __init__(self, *, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None,
-                 pack_heads: int = 1):
+                 pack_heads: int = 1, group_split: int = 1):
         import torch
 
         name = _kernel_name(extra_defines or {})
@@ -218,14 +219,18 @@ class MainSm90:
         if pack_heads != 1 and (name == "vattn_main_sm90" or head_dim * pack_heads != 256):
             raise ValueError(f"MainSm90: pack_heads {pack_heads} with {name} at head_dim {head_dim}: only "
                              "vattn_main_sm90_k8 and _kv16 pack heads, to a head_dim of 256")
+        if group_split < 1 or gqa % group_split or (group_split > 1 and pack_heads > 1):
+            raise ValueError(f"MainSm90: group_split {group_split} with gqa {gqa}, pack_heads {pack_heads}: allowed a "
+                             "divisor of gqa, and 1 where heads are packed")
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
-        self.pack_heads = pack_heads
-        head_dim, gqa = head_dim * pack_heads, gqa * pack_heads  # the CTA's
+        self.pack_heads, self.group_split = pack_heads, group_split
+        head_dim, gqa = head_dim * pack_heads, gqa * pack_heads // group_split  # the CTA's
         # head_dim 128 streams 128-token tiles: its main kernel 5% faster than on 64 (benchmarks/NOTES.md P18)
         wide = dict(BLOCK_N=128) if name == "vattn_main_sm90_k8" and head_dim == 128 else {}
         packed = dict(PACK_HEADS=pack_heads) if pack_heads > 1 else {}
-        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | packed | dict(extra_defines or {})
+        split = dict(GROUP_SPLIT=group_split) if group_split > 1 else {}
+        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | packed | split | dict(extra_defines or {})
         self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
         self.kv16 = name == "vattn_main_sm90_kv16"
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
@@ -261,7 +266,8 @@ class MainSm90:
         vattn.hopper.launch's Launch (C++; ctypes where it cannot be built), made at the first call (whose nine
         tensors are its signature) and kept as launch.fast[0]: vattn.api.attention calls it directly on later
         calls. o_part, lse_part: [W, Hkv / pack_heads, max_q_len x gqa x pack_heads, D] and [W, Hkv / pack_heads,
-        max_q_len x gqa x pack_heads] (a row of the CTA's query heads keeps its own head's D columns). The kernel
+        max_q_len x gqa x pack_heads] (a row of the CTA's query heads keeps its own head's D columns); with
+        group_split, [W, Hkv x group_split, max_q_len x gqa / group_split, D] and the same for lse. The kernel
         writes the partials, and out's rows of every sequence that is one piece (the reduce's
         skip_whole). Near its end each CTA lets a programmatic dependent (vattn's reduce with pdl) launch.
         pdl: launch it as a programmatic dependent of the stream's previous kernel: its CTAs may start while that
@@ -292,7 +298,7 @@ class MainSm90:
             *map(fixed, lse_part.stride()[:2]), ("ptr", 8), ("stride", 8, 0), ("stride", 8, 1),
             ("i32", v_lbo), ("i32", v_sbo),
         ] + ([("kmap",), ("vmap",)] if self.tma else [])
-        grid = (k_cache.shape[2] // self.pack_heads, plan_tensors["work_seq"].shape[0], 1)
+        grid = (k_cache.shape[2] // self.pack_heads * self.group_split, plan_tensors["work_seq"].shape[0], 1)
         held = (plan_tensors, o_part, lse_part)  # the frozen addresses' tensors live as long as the launch
         # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose
         # boxes are 128-byte rows (16x35k-bf16 main 146.4 / 148.1 us against 151.8 / 150.2 at 256 B, NOTES P21);

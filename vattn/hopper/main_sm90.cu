@@ -23,6 +23,11 @@
 // query heads, P x the model's; row r's query head r % GQA belongs to KV head (r % GQA) / (GQA / P) of the
 // CTA's P, and its Q fills only that head's OUT_DIM columns of the row (the others zero), so S = Q.K^T sees its
 // own head's keys alone; of O = P.V it keeps those columns. Q, out and the partials are rows of OUT_DIM.
+//
+// GROUP_SPLIT = S (default 1): the other way round, S CTAs per KV head, each with GQA = the model's G / S query heads
+// of its group, for max_q_len x G > 64 (8 draft tokens at G 16). The grid's x is then Hkv x S, x = S x KV head + the
+// group's part, so Q, out and the partials index query head x x GQA + r % GQA as ever; only the cache's coordinates
+// take the KV head x / S. The S CTAs of an item are launched side by side and read the same pages, mostly from L2.
 
 #include <cuda.h>  // CUtensorMap
 #include <cuda_fp16.h>
@@ -46,6 +51,9 @@
 #define PACK_HEADS 1
 #endif
 #define OUT_DIM (HEAD_DIM / PACK_HEADS)  // the model's head_dim: Q's, out's and the partials' rows
+#ifndef GROUP_SPLIT
+#define GROUP_SPLIT 1
+#endif
 // PARTIAL_BF16=1: the partials' O in bf16 (half the bytes a split piece stores at its end and the reduce reads);
 // their lse stays fp32
 #ifndef PARTIAL_BF16
@@ -351,12 +359,13 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
   return true;
 }
 
-// A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's KV head
-// h, its work item `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a
-// fixed-size plan) ends the whole CTA here, so no barrier is left waiting.
+// A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's head
+// h (its query heads' group; with GROUP_SPLIT a part of one), the KV head kvh whose pages it reads, its work item
+// `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a fixed-size plan)
+// ends the whole CTA here, so no barrier is left waiting.
 #define CTA_WORK_ITEM()                                                                                               \
   wait_for_previous_kernel();                                                                                         \
-  const int h = blockIdx.x;                                                                                           \
+  const int h = blockIdx.x, kvh = blockIdx.x / GROUP_SPLIT;                                                           \
   Item it;                                                                                                            \
   if (!read_item(it, blockIdx.y, work_order, work_seq, work_start, work_end, work_part, seq_lens, cu_q, bt,           \
                  stride_bt))                                                                                          \
@@ -854,7 +863,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
     int pg[TILE_PAGES];
     load_pages(pg, bt_row, start + half * BLOCK_N, end);
     if (half < n_tiles)
-      load_tile(t, pg, k, v, skp, sks, svp, svs, h * skh, h * svh, start + half * BLOCK_N, end, htid);
+      load_tile(t, pg, k, v, skp, sks, svp, svs, kvh * skh, kvh * svh, start + half * BLOCK_N, end, htid);
     load_pages(pg, bt_row, start + (half + 2) * BLOCK_N, end);
     for (int i = half; i < n_tiles; i += 2) {
       if (i >= 2) bar_sync(BAR_EMPTY_K + half, BAR_COUNT);  // the consumer's wgmmas are done with K(i - 2)
@@ -866,7 +875,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) vattn_main_sm90(
       fence_async_smem();
       bar_arrive(BAR_FULL_V + half, BAR_COUNT);
       if (i + 2 < n_tiles) {
-        load_tile(t, pg, k, v, skp, sks, svp, svs, h * skh, h * svh, start + (i + 2) * BLOCK_N, end, htid);
+        load_tile(t, pg, k, v, skp, sks, svp, svs, kvh * skh, kvh * svh, start + (i + 2) * BLOCK_N, end, htid);
         load_pages(pg, bt_row, start + (i + 4) * BLOCK_N, end);
       }
     }
@@ -1274,7 +1283,7 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
           mbar_arrive(&raw_full[(t - AHEAD) % K8_RAW_SLOTS]);
         }
         if (t >= K8_RAW_SLOTS) mbar_wait(&raw_empty[r], ((t / K8_RAW_SLOTS) - 1) & 1);
-        copy_tile_cpasync(raw + r * 2 * K8_TILE, pg, k, v, skp, sks, svp, svs, h * skh, h * svh, ts, end, ptid);
+        copy_tile_cpasync(raw + r * 2 * K8_TILE, pg, k, v, skp, sks, svp, svs, kvh * skh, kvh * svh, ts, end, ptid);
         cp_async_commit();
         if (t + 1 < n_tiles) load_pages(pg, bt_row, ts + BLOCK_N, end);
       }
@@ -1303,8 +1312,8 @@ extern "C" __global__ void __launch_bounds__(K8_THREADS, 1) vattn_main_sm90_k8(
           if (p < pages) {
 #pragma unroll
             for (int g = 0; g < HEAD_DIM / 128; ++g)
-              tma_load_4d(rk + g * (BLOCK_N * 128) + p * PAGE * 128, &tmap_k, g * 128, h, 0, pg[p], &raw_full[r]);
-            tma_load_4d(rk + K8_TILE + p * PAGE * HEAD_DIM, &tmap_v, 0, h, 0, pg[p], &raw_full[r]);
+              tma_load_4d(rk + g * (BLOCK_N * 128) + p * PAGE * 128, &tmap_k, g * 128, kvh, 0, pg[p], &raw_full[r]);
+            tma_load_4d(rk + K8_TILE + p * PAGE * HEAD_DIM, &tmap_v, 0, kvh, 0, pg[p], &raw_full[r]);
           }
         }
         if (t == 0) STAMP(128, 11, 0);
@@ -1618,7 +1627,7 @@ extern "C" __global__ void __launch_bounds__(KV16_THREADS, 1) vattn_main_sm90_kv
 #pragma unroll
             for (int g = 0; g < REGIONS; ++g)
               tma_load_4d(rk + kv * KV16_TILE + g * (BLOCK_N * 128) + p * PAGE * 128, kv ? &tmap_v : &tmap_k,
-                          g * 64, h, 0, pg[p], full);
+                          g * 64, kvh, 0, pg[p], full);
           }
         }
       }
