@@ -380,97 +380,78 @@ def test_interp_a_backend_with_its_own_main_kernel_is_followed_by_vattns_reduce(
         api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == "fake-main"))
 
 
-@interp_only
-def test_interp_a_backend_whose_programs_read_two_kv_heads_plans_and_reduces_by_its_programs():
-    """A backend with kv_heads_per_program 2 (the Hopper kernel's packed heads): its workspace plans for Hkv / 2
-    programs a piece, and vattn's reduce reads the partials as its programs lay them out (Workspace.partials: a
-    program's query rows token-major, the second head's after the first's). The stand-in main kernel runs
-    Triton's on the one-head-a-program view and moves its partials into that layout; the answer must be the
-    reference's. Triton itself, given the same workspace, serves the call on its own view."""
+def _serves_by_its_programs(b, max_q, name, to_programs, program_kv_heads, **layout):
+    """Register a fake backend with the programs' layout `layout` (a Backend field: lambda ws: n), whose stand-in
+    main kernel runs Triton's on the one-head-a-program view and moves its partials into the programs' view with
+    to_programs(o, lse, ws) -> (o, lse) shaped as Workspace.partials(by_program=True) gives them. Its workspace
+    must plan for program_kv_heads programs a piece, and the answer must be the reference's; so must Triton's on
+    the same workspace and plan, once the fake has failed."""
     import vattn
     from vattn import api
-
-    b = make_batch([40, 9, 130], [2, 1, 2], gqa=3, num_kv_heads=4)
-    max_q = 2
 
     def bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan):
         main, ws = api.TRITON.bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan), plan.workspace
 
-        def packed(q, k, v, tables, lens, cu, kd, vd, out):
+        def by_programs(q, k, v, tables, lens, cu, kd, vd, out):
             main(q, k, v, tables, lens, cu, kd, vd, out)
-            w, heads, _, d = ws.o_part.shape
-            o = ws.o_part.view(w, heads // 2, 2, max_q, ws.gqa, d).permute(0, 1, 3, 2, 4, 5).clone()
-            lse = ws.lse_part.view(w, heads // 2, 2, max_q, ws.gqa).permute(0, 1, 3, 2, 4).clone()
-            o_prog, lse_prog, gqa = ws.partials(by_program=True)
-            assert gqa == 2 * ws.gqa and o_prog.data_ptr() == ws.o_part.data_ptr()
+            o_prog, lse_prog, _ = ws.partials(by_program=True)
+            assert o_prog.data_ptr() == ws.o_part.data_ptr()
+            o, lse = to_programs(ws.o_part, ws.lse_part, ws)
             o_prog.copy_(o.reshape(o_prog.shape))
             lse_prog.copy_(lse.reshape(lse_prog.shape))
-        return packed
+        return by_programs
 
-    fake = api.Backend("fake-packed", lambda w, q, k: True, None, bind_main, slots_per_sm=lambda w: 1,
-                       kv_heads_per_program=lambda w: 2)
+    fake = api.Backend(name, lambda w, q, k: True, None, bind_main, slots_per_sm=lambda w: 1, **layout)
     api.register_backend(fake)
     try:
         pl = _planned(b, max_q)
         ws = pl.workspace
-        assert (ws.kv_heads_per_program, ws.program_kv_heads) == (2, 2)
+        assert ws.program_kv_heads == program_kv_heads
         lens, cu = b["seq_lens"].tolist(), b["cu_seqlens_q"].tolist()
         q_lens = [y - x for x, y in zip(cu, cu[1:])]
-        want_plan = plan_python(lens, q_lens, num_kv_heads=2, slots=2, mode="balanced", overhead=ws.piece_overhead)
+        want_plan = plan_python(lens, q_lens, num_kv_heads=program_kv_heads, slots=2, mode="balanced",
+                                overhead=ws.piece_overhead)
         assert pl.tensors["seq_part_start"].tolist() == want_plan.seq_part_start
         assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 2e-3
-        api.FAILED.add("fake-packed")  # Triton serves the same workspace and plan on its own layout
+        api.FAILED.add(name)  # Triton serves the same workspace and plan on its own layout
         assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 2e-3
     finally:
         api.BACKENDS.remove(fake)
-        api.FAILED.discard("fake-packed")
+        api.FAILED.discard(name)
+
+
+@interp_only
+def test_interp_a_backend_whose_programs_read_two_kv_heads_plans_and_reduces_by_its_programs():
+    """A backend with kv_heads_per_program 2 (the Hopper kernel's packed heads): its workspace plans for Hkv / 2
+    programs a piece, and vattn's reduce reads the partials as its programs lay them out (Workspace.partials: a
+    program's query rows token-major, the second head's after the first's)."""
+    max_q = 2
+
+    def packed(o, lse, ws):
+        assert ws.partials(by_program=True)[2] == 2 * ws.gqa
+        w, heads, _, d = o.shape
+        return (o.view(w, heads // 2, 2, max_q, ws.gqa, d).permute(0, 1, 3, 2, 4, 5).clone(),
+                lse.view(w, heads // 2, 2, max_q, ws.gqa).permute(0, 1, 3, 2, 4).clone())
+
+    _serves_by_its_programs(make_batch([40, 9, 130], [2, 1, 2], gqa=3, num_kv_heads=4), max_q, "fake-packed",
+                            packed, 2, kv_heads_per_program=lambda w: 2)
 
 
 @interp_only
 def test_interp_a_backend_with_two_programs_a_kv_head_plans_and_reduces_by_its_programs():
     """A backend with programs_per_kv_head 2 (the Hopper kernel's split groups, for more rows than a CTA holds): its
     workspace plans for Hkv x 2 programs a piece, and vattn's reduce reads the partials as its programs lay them
-    out (Workspace.partials: a program's half of the query heads, token-major). The stand-in main kernel runs
-    Triton's on the one-head-a-program view and moves its partials into that layout; the answer must be the
-    reference's. Triton itself, given the same workspace, serves the call on its own view."""
-    import vattn
-    from vattn import api
-
-    b = make_batch([40, 9, 130], [3, 1, 2], gqa=4, num_kv_heads=2)
+    out (Workspace.partials: a program's half of the query heads, token-major)."""
     max_q = 3
 
-    def bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan):
-        main, ws = api.TRITON.bind_main(q, k, v, tables, lens, cu, kd, vd, scale, plan), plan.workspace
+    def split(o, lse, ws):
+        assert ws.partials(by_program=True)[2] == ws.gqa // 2
+        w, heads, _, d = o.shape
+        return (o.view(w, heads, max_q, 2, ws.gqa // 2, d).permute(0, 1, 3, 2, 4, 5).clone(),
+                lse.view(w, heads, max_q, 2, ws.gqa // 2).permute(0, 1, 3, 2, 4).clone())
 
-        def split(q, k, v, tables, lens, cu, kd, vd, out):
-            main(q, k, v, tables, lens, cu, kd, vd, out)
-            w, heads, _, d = ws.o_part.shape
-            o = ws.o_part.view(w, heads, max_q, 2, ws.gqa // 2, d).permute(0, 1, 3, 2, 4, 5).clone()
-            lse = ws.lse_part.view(w, heads, max_q, 2, ws.gqa // 2).permute(0, 1, 3, 2, 4).clone()
-            o_prog, lse_prog, gqa = ws.partials(by_program=True)
-            assert gqa == ws.gqa // 2 and o_prog.shape == (w, 2 * heads, max_q * gqa, d)
-            assert o_prog.data_ptr() == ws.o_part.data_ptr()
-            o_prog.copy_(o.reshape(o_prog.shape))
-            lse_prog.copy_(lse.reshape(lse_prog.shape))
-        return split
-
-    fake = api.Backend("fake-split", lambda w, q, k: True, None, bind_main, slots_per_sm=lambda w: 1,
-                       programs_per_kv_head=lambda w: 2)
-    api.register_backend(fake)
-    try:
-        pl = _planned(b, max_q)
-        ws = pl.workspace
-        assert (ws.programs_per_kv_head, ws.program_kv_heads) == (2, 4)
-        lens, cu = b["seq_lens"].tolist(), b["cu_seqlens_q"].tolist()
-        q_lens = [y - x for x, y in zip(cu, cu[1:])]
-        want_plan = plan_python(lens, q_lens, num_kv_heads=4, slots=2, mode="balanced", overhead=ws.piece_overhead)
-        assert pl.tensors["seq_part_start"].tolist() == want_plan.seq_part_start
-        assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 2e-3
-        api.FAILED.add("fake-split")  # Triton serves the same workspace and plan on its own layout
-        assert rel_err(vattn.attention(**b, plan=pl), reference(b)) < 2e-3
-    finally:
-        api.BACKENDS.remove(fake)
-        api.FAILED.discard("fake-split")
+    _serves_by_its_programs(make_batch([40, 9, 130], [3, 1, 2], gqa=4, num_kv_heads=2), max_q, "fake-split",
+                            split, 4, programs_per_kv_head=lambda w: 2)
 
 
 @interp_only
