@@ -233,6 +233,68 @@ def test_the_backend_packs_two_kv_heads_where_head_dim_128s_rows_fit_twice(monke
     assert pack() == 1
 
 
+def test_a_models_build_is_the_one_its_workspaces_are_bound_to(monkeypatch):
+    """model_build (vattn.hopper.prebuild's, by the model's shape) against the build bind_main takes for a workspace
+    planned by the backend's own rules, over the shapes the kernels cover."""
+    torch = pytest.importorskip("torch")
+    from itertools import product
+    from types import SimpleNamespace
+
+    from vattn.hopper import backend
+
+    monkeypatch.setattr(backend, "_covers", lambda ws: True)  # an sm_90 GPU's workspace (covered shapes only)
+    dtypes = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
+    builds = set()
+    for kv, head_dim, (hq, hkv), page, q_len in product(dtypes, (128, 256), ((16, 1), (16, 2), (32, 4), (12, 2)),
+                                                       (4, 16, 64), (1, 4, 8)):
+        want = backend.model_build(kv, head_dim, hq, hkv, page, q_len)
+        if not backend.covers_shape(kv, head_dim, page, q_len * hq // hkv, hq // hkv):
+            assert want is None
+            continue
+        ws = SimpleNamespace(kv_dtype=dtypes[kv], head_dim=head_dim, num_kv_heads=hkv, page_size=page,
+                             max_q_len=q_len, gqa=hq // hkv)
+        ws.kv_heads_per_program = backend.kv_heads_per_program(ws)  # as vattn.Workspace takes them
+        ws.programs_per_kv_head = backend.programs_per_kv_head(ws)
+        ws.program_partial_dtype = backend.partial_dtype(ws) or torch.float32
+        assert backend.main_build(*backend.workspace_build(ws)) == want, (kv, head_dim, hq, hkv, page, q_len)
+        builds.add(repr(want))
+    assert len(builds) > 10  # packed, split, kv16, k8 at both head_dims, the page-of-4 kernel
+    assert backend.model_build("fp8", 256, 16, 1, 1, 4) is None  # pages of 1: Triton
+
+
+def test_prebuild_rejects_bad_shapes_by_name_and_builds_nothing_where_triton_runs(tmp_path, capsys):
+    from vattn.hopper import prebuild
+
+    base = ["--kv-dtype", "fp8", "--head-dim", "256", "--num-q-heads", "16", "--num-kv-heads", "1",
+            "--page-size", "16", "--max-q-len", "4", "--cache", str(tmp_path)]
+    for change, message in ((["--num-kv-heads", "3"], "--num-q-heads: got 16 with --num-kv-heads 3"),
+                            (["--max-q-len", "4,9"], "--max-q-len: got '4,9'; allowed: comma-separated integers"),
+                            (["--page-size", "0"], "--page-size: got 0; allowed: a positive integer"),
+                            (["--kv-dtype", "fp16"], "--kv-dtype: invalid choice: 'fp16'")):
+        with pytest.raises(SystemExit):
+            prebuild.main(base + change)
+        assert message in capsys.readouterr().err
+    assert prebuild.main(base + ["--page-size", "1"]) == 0
+    assert "max_q_len 4: not covered by the Hopper kernels (vattn runs Triton there)" in capsys.readouterr().out
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, capsys):
+    from vattn.hopper import backend, prebuild
+
+    monkeypatch.setattr(build, "CACHE", build.CACHE)  # prebuild points it at --cache
+    assert prebuild.main(["--kv-dtype", "fp8", "--head-dim", "128", "--num-q-heads", "16", "--num-kv-heads", "2",
+                          "--page-size", "16", "--max-q-len", "4,8", "--cache", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # what MainSm90 compiles at first use for those workspaces: two KV heads a CTA at q4, one with two consumers at q8
+    want = [build.compile_cubin(build.main_defines(**backend.model_build("fp8", 128, 16, 2, 16, q))) for q in (4, 8)]
+    assert [w.parent for w in want] == [tmp_path] * 2 and sorted(tmp_path.glob("*.cubin")) == sorted(want)
+    assert "PACK_HEADS=2" in lines[0] and "K8_CONSUMERS=2" in lines[1]
+    assert all(f"{w} (" in line and "vattn_main_sm90_k8: " in line and " 0 bytes of spill stores" in line
+               for w, line in zip(want, lines)), lines
+
+
 @pytest.fixture(scope="module")
 def built_launch(tmp_path_factory):
     """vattn/hopper/launch.cpp built into a fresh cache (~20 s): its Launch class."""

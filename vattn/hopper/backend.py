@@ -123,16 +123,13 @@ def slots_per_sm(ws) -> int | None:
     return 1 if _covers(ws) else None  # one CTA per SM (registers and shared memory)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1, bf16_partials: bool = False,
-            group_split: int = 1):
-    from vattn.hopper.build import MainSm90
-
+def main_build(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1, bf16_partials: bool = False,
+               group_split: int = 1) -> dict:
+    """MainSm90's arguments for the build this backend runs (the workspace's shape, heads a CTA, partials)."""
     partials = {"PARTIAL_BF16": 1} if bf16_partials else {}
     if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's build
         defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1}
-        return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines | partials,
-                        pack_heads=pack_heads)
+        return dict(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines | partials, pack_heads=pack_heads)
 
     # bf16 caches take vattn_main_sm90_kv16 (TMA pages straight into the wgmma layout); e4m3 caches on pages of
     # whole 8-row swizzle atoms vattn_main_sm90_k8 (TMA pages, K as fp8 for the tensor cores: 1.3x the other
@@ -143,18 +140,43 @@ def _kernel(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int =
     defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1} if page % 8 == 0 else None
     if defines == {"K8": 1} and head_dim == 128:
         defines["K8_CONSUMERS"] = 2
-    return MainSm90(head_dim=head_dim, gqa=gqa, page=page, extra_defines=(defines or {}) | partials,
-                    group_split=group_split)
+    return dict(head_dim=head_dim, gqa=gqa, page=page, extra_defines=(defines or {}) | partials,
+                group_split=group_split)
+
+
+def model_build(kv_dtype: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
+                max_q_len: int) -> dict | None:
+    """main_build's arguments for a model's calls of up to max_q_len query tokens (kv_dtype as covers_shape's), by
+    the rules a workspace of that shape takes from this backend (kv_heads_per_program, programs_per_kv_head,
+    partial_dtype); None where the kernels do not cover it and vattn runs Triton. Pure Python."""
+    gqa, rows = num_q_heads // num_kv_heads, max_q_len * (num_q_heads // num_kv_heads)
+    if num_q_heads % num_kv_heads or not covers_shape(kv_dtype, head_dim, page_size, rows, gqa):
+        return None
+    return main_build(head_dim, gqa, page_size, kv_dtype == "bf16",
+                      kv_heads_per_cta(kv_dtype, head_dim, num_kv_heads, page_size, rows), BF16_PARTIALS,
+                      group_split(gqa, rows))
+
+
+def workspace_build(ws) -> tuple:
+    """main_build's arguments for a workspace's calls, as it was planned by this backend's rules."""
+    import torch
+
+    return (ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16, ws.kv_heads_per_program,
+            ws.program_partial_dtype == torch.bfloat16, ws.programs_per_kv_head)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(*build):
+    from vattn.hopper.build import MainSm90
+
+    return MainSm90(**main_build(*build))
 
 
 def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
               plan, pdl: bool = True):
     """The main kernel bound for calls of one signature; pdl as MainSm90.bind's (a benchmark times it without)."""
-    import torch
-
     ws = plan.workspace
-    kernel = _kernel(ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16, ws.kv_heads_per_program,
-                     ws.program_partial_dtype == torch.bfloat16, ws.programs_per_kv_head)
+    kernel = _kernel(*workspace_build(ws))
     o_part, lse_part, _ = ws.partials(by_program=True)
     return kernel.bind(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                        plan.tensors, o_part, lse_part, pdl=pdl)

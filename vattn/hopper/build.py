@@ -138,6 +138,30 @@ def _kernel_name(defines: dict) -> str:
         else "vattn_main_sm90"
 
 
+def main_defines(*, head_dim: int, gqa: int, page: int, extra_defines: dict | None = None, pack_heads: int = 1,
+                 group_split: int = 1) -> dict:
+    """main_sm90.cu's compile-time constants for one build (MainSm90's arguments): the CTA's head_dim and query
+    heads, the page, and extra_defines (K8=1, KV16=1 pick the kernel); no GPU needed, so that compile_cubin can
+    build it anywhere nvcc is (vattn.hopper.prebuild)."""
+    name = _kernel_name(extra_defines or {})
+    if head_dim not in ((256,) if name == "vattn_main_sm90" else (128, 256)) or not 1 <= gqa * pack_heads <= QROWS:
+        raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa} x pack_heads {pack_heads}: covers head_dim "
+                         f"256 (K8=1, KV16=1: 128 or 256) and <= {QROWS} query heads a CTA (max_q_len x that "
+                         f"<= {QROWS} packed rows)")
+    if pack_heads != 1 and (name == "vattn_main_sm90" or head_dim * pack_heads != 256):
+        raise ValueError(f"MainSm90: pack_heads {pack_heads} with {name} at head_dim {head_dim}: only "
+                         "vattn_main_sm90_k8 and _kv16 pack heads, to a head_dim of 256")
+    if group_split < 1 or gqa % group_split or (group_split > 1 and pack_heads > 1):
+        raise ValueError(f"MainSm90: group_split {group_split} with gqa {gqa}, pack_heads {pack_heads}: allowed a "
+                         "divisor of gqa, and 1 where heads are packed")
+    head_dim, gqa = head_dim * pack_heads, gqa * pack_heads // group_split  # the CTA's
+    # head_dim 128 streams 128-token tiles: its main kernel 5% faster than on 64 (benchmarks/NOTES.md P18)
+    wide = dict(BLOCK_N=128) if name == "vattn_main_sm90_k8" and head_dim == 128 else {}
+    packed = dict(PACK_HEADS=pack_heads) if pack_heads > 1 else {}
+    split = dict(GROUP_SPLIT=group_split) if group_split > 1 else {}
+    return dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | packed | split | dict(extra_defines or {})
+
+
 class TensorMaps:
     """TMA descriptors (CUtensorMap, 128 bytes) of the K and V caches, encoded with cuTensorMapEncodeTiled: a 4-D
     map [num_pages, PAGE, Hkv, D], one box = one page of one KV head. e4m3 caches (vattn_main_sm90_k8): K in
@@ -211,26 +235,12 @@ class MainSm90:
                  pack_heads: int = 1, group_split: int = 1):
         import torch
 
-        name = _kernel_name(extra_defines or {})
-        if head_dim not in ((256,) if name == "vattn_main_sm90" else (128, 256)) or not 1 <= gqa * pack_heads <= QROWS:
-            raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa} x pack_heads {pack_heads}: covers head_dim "
-                             f"256 (K8=1, KV16=1: 128 or 256) and <= {QROWS} query heads a CTA (max_q_len x that "
-                             f"<= {QROWS} packed rows)")
-        if pack_heads != 1 and (name == "vattn_main_sm90" or head_dim * pack_heads != 256):
-            raise ValueError(f"MainSm90: pack_heads {pack_heads} with {name} at head_dim {head_dim}: only "
-                             "vattn_main_sm90_k8 and _kv16 pack heads, to a head_dim of 256")
-        if group_split < 1 or gqa % group_split or (group_split > 1 and pack_heads > 1):
-            raise ValueError(f"MainSm90: group_split {group_split} with gqa {gqa}, pack_heads {pack_heads}: allowed a "
-                             "divisor of gqa, and 1 where heads are packed")
+        self.defines = main_defines(head_dim=head_dim, gqa=gqa, page=page, extra_defines=extra_defines,
+                                    pack_heads=pack_heads, group_split=group_split)
+        name = _kernel_name(self.defines)
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
         self.pack_heads, self.group_split = pack_heads, group_split
-        head_dim, gqa = head_dim * pack_heads, gqa * pack_heads // group_split  # the CTA's
-        # head_dim 128 streams 128-token tiles: its main kernel 5% faster than on 64 (benchmarks/NOTES.md P18)
-        wide = dict(BLOCK_N=128) if name == "vattn_main_sm90_k8" and head_dim == 128 else {}
-        packed = dict(PACK_HEADS=pack_heads) if pack_heads > 1 else {}
-        split = dict(GROUP_SPLIT=group_split) if group_split > 1 else {}
-        self.defines = dict(HEAD_DIM=head_dim, GQA=gqa, PAGE=page) | wide | packed | split | dict(extra_defines or {})
         self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
         self.kv16 = name == "vattn_main_sm90_kv16"
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps

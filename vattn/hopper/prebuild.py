@@ -1,0 +1,77 @@
+"""Compile vattn's Hopper main kernels ahead of time, on any machine with nvcc and no GPU, for one model's shapes:
+the builds its calls would otherwise compile at first use. Point VATTN_CACHE at the folder on the GPU machine
+(an engine's image without nvcc would else fall back to Triton, and each tensor-parallel worker would compile
+the same build at its first call).
+
+    python -m vattn.hopper.prebuild --kv-dtype fp8 --head-dim 256 --num-q-heads 16 --num-kv-heads 1 \\
+        --page-size 16 --max-q-len 1,4,8 --cache ./vattn-cubins
+
+Heads are those of one GPU (after tensor parallelism). One line a max_q_len: the build, its cubin, and ptxas's
+registers and spills; a shape the kernels do not cover is named as going to Triton."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from vattn.hopper import backend, build
+
+MAX_Q_LENS = range(1, 9)  # as vattn.Workspace's max_q_len
+
+
+def _q_lens(text: str) -> list[int]:
+    try:
+        lens = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        lens = []
+    if not lens or any(n not in MAX_Q_LENS for n in lens):
+        raise argparse.ArgumentTypeError(f"got {text!r}; allowed: comma-separated integers from 1 to 8")
+    return lens
+
+
+def _ptxas_summary(cubin: Path, kernel: str) -> str:
+    """ptxas's registers and spill stores of the cubin's entry function `kernel` (the one the build launches)."""
+    report = build.ptxas_report(cubin).read_text()
+    part = report.split(f"Compiling entry function '{kernel}'", 1)[-1].split("Compiling entry function", 1)[0]
+    regs, spills = re.search(r"Used (\d+) registers", part), re.search(r"(\d+) bytes spill stores", part)
+    if not regs or not spills:
+        return f"no ptxas figures for {kernel}"
+    return f"{kernel}: {regs.group(1)} registers, {spills.group(1)} bytes of spill stores"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kv-dtype", required=True, choices=("fp8", "bf16"), help="the KV cache's dtype (fp8: e4m3)")
+    ap.add_argument("--head-dim", required=True, type=int)
+    ap.add_argument("--num-q-heads", required=True, type=int, help="query heads on one GPU")
+    ap.add_argument("--num-kv-heads", required=True, type=int, help="KV heads on one GPU")
+    ap.add_argument("--page-size", required=True, type=int, help="tokens a KV page")
+    ap.add_argument("--max-q-len", required=True, type=_q_lens,
+                    help="the workspaces' max_q_len values, comma-separated (decode 1, verify the draft tokens)")
+    ap.add_argument("--cache", type=Path, default=build.CACHE, help=f"the cubin folder (default {build.CACHE})")
+    a = ap.parse_args(argv)
+    for field, value in (("--head-dim", a.head_dim), ("--num-q-heads", a.num_q_heads),
+                         ("--num-kv-heads", a.num_kv_heads), ("--page-size", a.page_size)):
+        if value < 1:
+            ap.error(f"{field}: got {value}; allowed: a positive integer")
+    if a.num_q_heads % a.num_kv_heads:
+        ap.error(f"--num-q-heads: got {a.num_q_heads} with --num-kv-heads {a.num_kv_heads}; allowed: a multiple of it")
+
+    build.CACHE = a.cache
+    for q_len in a.max_q_len:
+        args = backend.model_build(a.kv_dtype, a.head_dim, a.num_q_heads, a.num_kv_heads, a.page_size, q_len)
+        if args is None:
+            print(f"max_q_len {q_len}: not covered by the Hopper kernels (vattn runs Triton there); nothing to build",
+                  flush=True)
+            continue
+        defines = build.main_defines(**args)
+        cubin = build.compile_cubin(defines)
+        flags = ", ".join(f"{k}={v}" for k, v in sorted(defines.items()))
+        print(f"max_q_len {q_len}: {cubin} ({flags}; {_ptxas_summary(cubin, build._kernel_name(defines))})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
