@@ -7,7 +7,9 @@ the same build at its first call).
         --page-size 16 --max-q-len 1,4,8 --cache ./vattn-cubins
 
 Heads are those of one GPU (after tensor parallelism). One line a max_q_len: the build, its cubin, and ptxas's
-registers and spills; a shape the kernels do not cover is named as going to Triton."""
+registers and spills; a shape the kernels do not cover is named as going to Triton. The launch extension
+(vattn/hopper/launch.cpp) is still built at first use, by the GPU machine's C++ compiler against its torch; without
+one, launches go through ctypes."""
 
 from __future__ import annotations
 
