@@ -270,12 +270,15 @@ def test_prebuild_rejects_bad_shapes_by_name_and_builds_nothing_where_triton_run
     for change, message in ((["--num-kv-heads", "3"], "--num-q-heads: got 16 with --num-kv-heads 3"),
                             (["--max-q-len", "4,9"], "--max-q-len: got '4,9'; allowed: comma-separated integers"),
                             (["--page-size", "0"], "--page-size: got 0; allowed: a positive integer"),
-                            (["--kv-dtype", "fp16"], "--kv-dtype: invalid choice: 'fp16'")):
+                            (["--kv-dtype", "fp16"], "--kv-dtype: invalid choice: 'fp16'"),
+                            (["--tp", "3"], "--tp: got 3 with 16 query and 1 KV heads; allowed: a divisor")):
         with pytest.raises(SystemExit):
             prebuild.main(base + change)
         assert message in capsys.readouterr().err
-    assert prebuild.main(base + ["--page-size", "1"]) == 0
-    assert "max_q_len 4: not covered by the Hopper kernels (vattn runs Triton there)" in capsys.readouterr().out
+    assert prebuild.main(base + ["--page-size", "1", "--num-q-heads", "32", "--num-kv-heads", "2", "--tp", "4"]) == 0
+    out = capsys.readouterr().out  # sglang's share: a quarter of the query heads, the KV heads one a GPU
+    assert "one GPU of 4: 8 query heads, 1 KV heads (GQA 8)" in out
+    assert "max_q_len 4: not covered by the Hopper kernels (vattn runs Triton there)" in out
     assert not any(tmp_path.iterdir())
 
 
@@ -284,9 +287,9 @@ def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, c
     from vattn.hopper import backend, prebuild
 
     monkeypatch.setattr(build, "CACHE", build.CACHE)  # prebuild points it at --cache
-    assert prebuild.main(["--kv-dtype", "fp8", "--head-dim", "128", "--num-q-heads", "16", "--num-kv-heads", "2",
-                          "--page-size", "16", "--max-q-len", "4,8", "--cache", str(tmp_path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    assert prebuild.main(["--kv-dtype", "fp8", "--head-dim", "128", "--num-q-heads", "32", "--num-kv-heads", "4",
+                          "--tp", "2", "--page-size", "16", "--max-q-len", "4,8", "--cache", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
     # what MainSm90 compiles at first use for those workspaces: two KV heads a CTA at q4, one with two consumers at q8
     want = [build.compile_cubin(build.main_defines(**backend.model_build("fp8", 128, 16, 2, 16, q))) for q in (4, 8)]
     assert [w.parent for w in want] == [tmp_path] * 2 and sorted(tmp_path.glob("*.cubin")) == sorted(want)

@@ -3,10 +3,11 @@ the builds its calls would otherwise compile at first use. Point VATTN_CACHE at 
 (an engine's image without nvcc would else fall back to Triton, and each tensor-parallel worker would compile
 the same build at its first call).
 
-    python -m vattn.hopper.prebuild --kv-dtype fp8 --head-dim 256 --num-q-heads 16 --num-kv-heads 1 \\
+    python -m vattn.hopper.prebuild --kv-dtype fp8 --head-dim 256 --num-q-heads 32 --num-kv-heads 2 --tp 2 \\
         --page-size 16 --max-q-len 1,4,8 --cache ./vattn-cubins
 
-Heads are those of one GPU (after tensor parallelism). One line a max_q_len: the build, its cubin, and ptxas's
+Heads are the model's; --tp shares them out as sglang does (each GPU a tp-th of the query heads, and of the KV
+heads, or one KV head where there are fewer than tp). One line a max_q_len: the build, its cubin, and ptxas's
 registers and spills; a shape the kernels do not cover is named as going to Triton. The launch extension
 (vattn/hopper/launch.cpp) is still built at first use, by the GPU machine's C++ compiler against its torch; without
 one, launches go through ctypes."""
@@ -47,23 +48,30 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv-dtype", required=True, choices=("fp8", "bf16"), help="the KV cache's dtype (fp8: e4m3)")
     ap.add_argument("--head-dim", required=True, type=int)
-    ap.add_argument("--num-q-heads", required=True, type=int, help="query heads on one GPU")
-    ap.add_argument("--num-kv-heads", required=True, type=int, help="KV heads on one GPU")
+    ap.add_argument("--num-q-heads", required=True, type=int, help="the model's query heads")
+    ap.add_argument("--num-kv-heads", required=True, type=int, help="the model's KV heads")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs the heads are shared over (default 1)")
     ap.add_argument("--page-size", required=True, type=int, help="tokens a KV page")
     ap.add_argument("--max-q-len", required=True, type=_q_lens,
                     help="the workspaces' max_q_len values, comma-separated (decode 1, verify the draft tokens)")
     ap.add_argument("--cache", type=Path, default=build.CACHE, help=f"the cubin folder (default {build.CACHE})")
     a = ap.parse_args(argv)
     for field, value in (("--head-dim", a.head_dim), ("--num-q-heads", a.num_q_heads),
-                         ("--num-kv-heads", a.num_kv_heads), ("--page-size", a.page_size)):
+                         ("--num-kv-heads", a.num_kv_heads), ("--tp", a.tp), ("--page-size", a.page_size)):
         if value < 1:
             ap.error(f"{field}: got {value}; allowed: a positive integer")
     if a.num_q_heads % a.num_kv_heads:
         ap.error(f"--num-q-heads: got {a.num_q_heads} with --num-kv-heads {a.num_kv_heads}; allowed: a multiple of it")
+    if a.num_q_heads % a.tp or (a.num_kv_heads % a.tp and a.tp % a.num_kv_heads):
+        ap.error(f"--tp: got {a.tp} with {a.num_q_heads} query and {a.num_kv_heads} KV heads; allowed: a divisor of "
+                 "the query heads that divides the KV heads or is a multiple of them")
+    q_heads, kv_heads = a.num_q_heads // a.tp, max(1, a.num_kv_heads // a.tp)  # one GPU's
 
     build.CACHE = a.cache
+    print(f"one GPU of {a.tp}: {q_heads} query heads, {kv_heads} KV heads (GQA {q_heads // kv_heads}), head_dim "
+          f"{a.head_dim}, {a.kv_dtype} pages of {a.page_size}", flush=True)
     for q_len in a.max_q_len:
-        args = backend.model_build(a.kv_dtype, a.head_dim, a.num_q_heads, a.num_kv_heads, a.page_size, q_len)
+        args = backend.model_build(a.kv_dtype, a.head_dim, q_heads, kv_heads, a.page_size, q_len)
         if args is None:
             print(f"max_q_len {q_len}: not covered by the Hopper kernels (vattn runs Triton there); nothing to build",
                   flush=True)
