@@ -131,7 +131,7 @@ def _flag(defines: dict, name: str) -> bool:
     return str(defines.get(name, 0)) not in ("0", "")
 
 
-def _kernel_name(defines: dict) -> str:
+def kernel_name(defines: dict) -> str:
     """KV16=1 selects vattn_main_sm90_kv16 (bf16 caches by TMA), K8=1 vattn_main_sm90_k8 (K read as e4m3 by the
     tensor cores, pages by TMA), neither vattn_main_sm90."""
     return "vattn_main_sm90_kv16" if _flag(defines, "KV16") else "vattn_main_sm90_k8" if _flag(defines, "K8") \
@@ -143,7 +143,7 @@ def main_defines(*, head_dim: int, gqa: int, page: int, extra_defines: dict | No
     """main_sm90.cu's compile-time constants for one build (MainSm90's arguments): the CTA's head_dim and query
     heads, the page, and extra_defines (K8=1, KV16=1 pick the kernel); no GPU needed, so that compile_cubin can
     build it anywhere nvcc is (vattn.hopper.prebuild)."""
-    name = _kernel_name(extra_defines or {})
+    name = kernel_name(extra_defines or {})
     if head_dim not in ((256,) if name == "vattn_main_sm90" else (128, 256)) or not 1 <= gqa * pack_heads <= QROWS:
         raise ValueError(f"MainSm90: head_dim {head_dim}, gqa {gqa} x pack_heads {pack_heads}: covers head_dim "
                          f"256 (K8=1, KV16=1: 128 or 256) and <= {QROWS} query heads a CTA (max_q_len x that "
@@ -237,7 +237,7 @@ class MainSm90:
 
         self.defines = main_defines(head_dim=head_dim, gqa=gqa, page=page, extra_defines=extra_defines,
                                     pack_heads=pack_heads, group_split=group_split)
-        name = _kernel_name(self.defines)
+        name = kernel_name(self.defines)
         torch.cuda.current_stream()  # the primary context current on this thread
         torch.zeros(1, device="cuda")
         self.pack_heads, self.group_split = pack_heads, group_split

@@ -79,7 +79,8 @@ def main(argv=None) -> int:
         defines = build.main_defines(**args)
         cubin = build.compile_cubin(defines)
         flags = ", ".join(f"{k}={v}" for k, v in sorted(defines.items()))
-        print(f"max_q_len {q_len}: {cubin} ({flags}; {_ptxas_summary(cubin, build._kernel_name(defines))})", flush=True)
+        ptxas = _ptxas_summary(cubin, build.kernel_name(defines))
+        print(f"max_q_len {q_len}: {cubin} ({flags}; {ptxas})", flush=True)
     return 0
 
 
