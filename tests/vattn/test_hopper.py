@@ -260,6 +260,13 @@ def test_a_models_build_is_the_one_its_workspaces_are_bound_to(monkeypatch):
         builds.add(repr(want))
     assert len(builds) > 10  # packed, split, kv16, k8 at both head_dims, the page-of-4 kernel
     assert backend.model_build("fp8", 256, 16, 1, 1, 4) is None  # pages of 1: Triton
+    # the TMA kernels' copies evict-first in L2 (the page-of-4 kernel has no TMA copies)
+    assert backend.model_build("fp8", 256, 16, 1, 16, 4)["extra_defines"]["TMA_EVICT_FIRST"] == 1
+    assert backend.model_build("fp8", 128, 16, 2, 16, 8)["extra_defines"]["TMA_EVICT_FIRST"] == 1
+    assert "TMA_EVICT_FIRST" not in backend.model_build("fp8", 256, 16, 1, 4, 4)["extra_defines"]
+    monkeypatch.setattr(backend, "EVICT_FIRST_E4M3", False)
+    assert "TMA_EVICT_FIRST" not in backend.model_build("fp8", 256, 16, 1, 16, 4)["extra_defines"]
+    assert backend.model_build("bf16", 256, 16, 1, 16, 4)["extra_defines"]["TMA_EVICT_FIRST"] == 1
 
 
 def test_prebuild_rejects_bad_shapes_by_name_and_builds_nothing_where_triton_runs(tmp_path, capsys):
@@ -294,8 +301,8 @@ def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, c
     want = [build.compile_cubin(build.main_defines(**backend.model_build("fp8", 128, 16, 2, 16, q))) for q in (4, 8)]
     assert [w.parent for w in want] == [tmp_path] * 2 and sorted(tmp_path.glob("*.cubin")) == sorted(want)
     assert "PACK_HEADS=2" in lines[0] and "K8_CONSUMERS=2" in lines[1]
-    assert all(f"{w} (" in line and "vattn_main_sm90_k8: " in line and " 0 bytes of spill stores" in line
-               for w, line in zip(want, lines)), lines
+    assert all(f"{w} (" in line and "TMA_EVICT_FIRST=1" in line and "vattn_main_sm90_k8: " in line
+               and " 0 bytes of spill stores" in line for w, line in zip(want, lines)), lines
 
 
 @pytest.fixture(scope="module")

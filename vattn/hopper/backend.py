@@ -123,12 +123,21 @@ def slots_per_sm(ws) -> int | None:
     return 1 if _covers(ws) else None  # one CTA per SM (registers and shared memory)
 
 
+# The e4m3 kernels' page copies carry an L2 evict-first policy, as the bf16 kernel's do (main_sm90.cu's
+# TMA_EVICT_FIRST): a stream read once then leaves Q, the page tables and the partials in L2. On an H200, off and
+# on alternating, two rounds of the bench (benchmarks/NOTES.md P90, run AX): plan + main + reduce faster in 23 of 26
+# pairs, 16x35k 88.1, 88.1 -> 86.1, 85.8 us, 32x8k-hd128-gqa4 48.2, 49.0 -> 46.2, 47.1; bs20 mixed (320.8 -> 329.0,
+# 325.6 -> 322.0). False restores the old builds (for A/B timing).
+EVICT_FIRST_E4M3 = True
+
+
 def main_build(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1, bf16_partials: bool = False,
                group_split: int = 1) -> dict:
     """MainSm90's arguments for the build this backend runs (the workspace's shape, heads a CTA, partials)."""
     partials = {"PARTIAL_BF16": 1} if bf16_partials else {}
+    k8 = {"K8": 1, "TMA_EVICT_FIRST": 1} if EVICT_FIRST_E4M3 else {"K8": 1}
     if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's build
-        defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1}
+        defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else dict(k8)
         return dict(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines | partials, pack_heads=pack_heads)
 
     # bf16 caches take vattn_main_sm90_kv16 (TMA pages straight into the wgmma layout); e4m3 caches on pages of
@@ -137,8 +146,8 @@ def main_build(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: in
     # (the bf16 kernel's copies evict-first: 16x35k-bf16 main 142.6 / 144.8 us against 145.8 / 146.5, NOTES P21);
     # e4m3 at head_dim 128 whose heads are not read in pairs with two consumer warpgroups on alternate tiles (main
     # 1-2.5% faster in three runs, P34)
-    defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else {"K8": 1} if page % 8 == 0 else None
-    if defines == {"K8": 1} and head_dim == 128:
+    defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else dict(k8) if page % 8 == 0 else None
+    if not bf16_kv and defines and head_dim == 128:
         defines["K8_CONSUMERS"] = 2
     return dict(head_dim=head_dim, gqa=gqa, page=page, extra_defines=(defines or {}) | partials,
                 group_split=group_split)

@@ -1162,7 +1162,8 @@ __device__ __forceinline__ void copy_tile_cpasync(char* rk, const int (&pg)[TILE
   }
 }
 
-// TMA_EVICT_FIRST=1 (a measurement switch): the copies carry an L2 evict-first policy, as a stream read once should
+// TMA_EVICT_FIRST=1: the copies carry an L2 evict-first policy, as a stream read once should (every build the
+// backend runs on the TMA kernels: vattn/hopper/backend.py main_build)
 #ifndef TMA_EVICT_FIRST
 #define TMA_EVICT_FIRST 0
 #endif
