@@ -113,57 +113,51 @@ def test_h200_vattn_fits_the_bench(planner):
     assert not bad, bad
 
 
-# newest first: a shape's rows come from the first run that has it
-HOPPER_RECORDS = (("h200-peers.json", "2026-12-02 session 17 run U"),  # the one-run peer table: KERNEL.md's shapes
-                  ("h200-peers.json", "2026-12-02 session 17 run V"),
-                  ("h200-peers.json", "2026-12-02 session 17 run X"))  # tiny batches, long among short
+# the runs the profile's vattn_hopper figures were fitted to (`python -m benchmarks.kernel.fit_cost --run ...`): the
+# one-run peer table on two KV heads a CTA, bf16 partials, split groups and evict-first copies, and vattn alone on the
+# same kernels on a machine that read 2% faster
+HOPPER_RECORDS = (("h200-peers.json", "2026-12-04 session 28 run BB"),  # KERNEL.md's 17 shapes, the tiny batches
+                  ("h200-vattn.json", "2026-12-04 session 27 run AY"))  # and long among short, in each run
 
 
 def hopper_records():
-    """vattn's VATTN_HOPPER=1 balanced row of each shape from the final kernels' one-run table (runs U and V)
-    and its small-batch run (X)."""
-    rows, seen = [], set()
+    """vattn's VATTN_HOPPER=1 balanced rows of the fitted runs."""
+    rows = []
     for name, run in HOPPER_RECORDS:
-        found = [r for r in json.loads((BENCH.parent / name).read_text())
-                 if r.get("run", "").startswith(run) and r["impl"] == "vattn" and r["shape"] not in seen]
-        rows += found
-        seen |= {r["shape"] for r in found}
-    assert len(rows) == 21 and {r["planner"] for r in rows} == {"balanced"}
+        rows += [r for r in json.loads((BENCH.parent / name).read_text())
+                 if r.get("run", "").startswith(run) and r["impl"] == "vattn"]
+    assert len(rows) == 42 and {r["planner"] for r in rows} == {"balanced"}
     return rows
 
 
-def test_h200_vattn_hopper_fits_its_bench_rows(monkeypatch):
-    # every row the Hopper kernels served within 5% (the fit's worst: 4.8%); q8 (128 packed rows) and page 1
-    # took the Triton path on the GPU, and take the Triton model here. Those kernels read one KV head a CTA at
-    # head_dim 128, stored fp32 partials and left 128 rows to Triton: the model of that, as the backend's switches
-    # set it
-    from vattn.hopper import backend
+def test_h200_vattn_hopper_fits_its_bench_rows():
+    # every row the Hopper kernels served within 11%, their rms within 6% (the fit's: 10.3%, 5.6%); the largest
+    # error is 20x116k-uniform's, whose call took 324.7 us in one run and 399.4 in the other (its main kernel alone
+    # 318-332: the call's spread on the longest rows, BENCHMARKS.md). Page 1 took the Triton path on the GPU, and
+    # takes the Triton model here.
     from vattn.hopper.backend import covers_shape
 
-    monkeypatch.setattr(backend, "PACK_KV_HEADS", False)
-    monkeypatch.setattr(backend, "BF16_PARTIALS", False)
-    monkeypatch.setattr(backend, "SPLIT_GROUPS", False)
-
-    bad, served = [], 0
+    bad, errors = [], []
     for r in hopper_records():
         lens, qs = bench_batch(r)
         shape = dict(num_kv_heads=r["num_kv_heads"], head_dim=r["head_dim"], gqa=r["gqa"], kv_dtype=r["kv_dtype"],
                      page_size=r["page_size"])
         got = predict_attention_us(lens, qs, impl="vattn_hopper", planner="balanced", profile=H200, **shape)
         if not covers_shape(r["kv_dtype"], r["head_dim"], r["page_size"], max(qs) * r["gqa"], r["gqa"]):
+            assert r["backend"] != "hopper_sm90"
             assert got == predict_attention_us(lens, qs, impl="vattn", planner="balanced", profile=H200, **shape)
             continue
-        served += 1
-        if not within(got, r["us"], 0.05):
+        assert r["backend"] == "hopper_sm90"
+        errors.append(got / r["us"] - 1)
+        if not within(got, r["us"], 0.11):
             bad.append((r["shape"], round(got, 1), round(r["us"], 1)))
     assert not bad, bad
-    assert served == 19
+    assert len(errors) == 40 and (sum(e * e for e in errors) / len(errors)) ** 0.5 <= 0.06
 
 
 def test_vattn_hopper_models_two_kv_heads_a_cta_at_head_dim_128(monkeypatch):
     """Where the backend reads two KV heads of 128 a CTA, the model plans half the programs on the head_dim-256
-    kernel's path: faster than one head a CTA, as measured (run AM: 54.7 -> 50.9 us, 52.5 -> 49.7), though the
-    profile, fitted to one head a CTA, still puts it 9-10% above run AN's 50.6 / 49.9 us."""
+    kernel's path: faster than one head a CTA, as measured (run AM: 54.7 -> 50.9 us, 52.5 -> 49.7)."""
     from vattn.hopper import backend
 
     shape = dict(num_kv_heads=2, head_dim=128, kv_dtype="fp8", page_size=16)
