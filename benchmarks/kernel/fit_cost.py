@@ -8,8 +8,8 @@ the fit goes part by part, then polishes on the whole:
   2. the reduce's (reduce_fixed_us, reduce_piece_us, reduce_seq_us, reduce_tbps) on reduce_us, by non-negative
      least squares of the relative error (the model is linear in them);
   3. plan_us as the median of what the chain adds to the two (with programmatic launches it overlaps them);
-  4. every figure together on the call's us, minimising the largest relative error plus 0.3 x its rms
-     (Nelder-Mead from step 3's figures).
+  4. every figure together on the call's us, minimising the largest relative error plus 0.3 x its rms, held
+     near steps 1-3's figures (Nelder-Mead from them).
 Rows the Hopper kernels did not serve (backend Triton) are left out: the model gives them Triton's figures.
 Needs scipy (a benchmark tool, not a runtime dependency)."""
 
@@ -70,21 +70,29 @@ def _score(errs: np.ndarray) -> float:
     return float(np.max(np.abs(errs)) + 0.3 * np.sqrt(np.mean(errs ** 2)))
 
 
-def _minimise(fn, x0):
+MAIN_START = (4.0, 4.0, 5.0)  # TB/s of k8 and kv16, us of a CTA's fixed cost
+PART_WEIGHT = 0.05  # step 4's pull toward the parts' figures
+RATES = ("k8", "kv16", "reduce_tbps")  # divisors: kept above zero; every other figure at zero or above
+
+
+def _minimise(fn, names, x0):
     from scipy.optimize import minimize
 
-    return minimize(lambda x: fn(x) if min(x) > 0 else 10.0, x0, method="Nelder-Mead",
-                    options=dict(maxiter=4000, xatol=1e-5, fatol=1e-8)).x
+    def bounded(x):
+        ok = all(v > 0 if n in RATES else v >= 0 for n, v in zip(names, x))
+        return fn(x) if ok else 10.0
+
+    return minimize(bounded, x0, method="Nelder-Mead", options=dict(maxiter=4000, xatol=1e-5, fatol=1e-8)).x
 
 
 def fit(prof: HardwareProfile, rows) -> dict[str, float]:
     from scipy.optimize import nnls
 
-    start = figures(prof)
-    # 1. the main kernel alone: every other term off
+    # 1. the main kernel alone, every other term off, from the same start whatever the profile holds (so that the
+    # fit's figures depend on the rows alone)
     main_prof = with_figures(prof, _OFF)
-    x = _minimise(lambda x: _score(errors(with_figures(main_prof, dict(zip(MAIN, x))), rows, "main_us")),
-                  [start[k] for k in MAIN])
+    x = _minimise(lambda x: _score(errors(with_figures(main_prof, dict(zip(MAIN, x))), rows, "main_us")), MAIN,
+                  MAIN_START)
     values = dict(zip(MAIN, x))
     # 2. the reduce: the model adds fixed + piece x a + seq x b + bytes / tbps; each column is one term at 1
     bare = with_figures(prof, _OFF | {"k8": 1e9, "kv16": 1e9})
@@ -95,9 +103,15 @@ def fit(prof: HardwareProfile, rows) -> dict[str, float]:
     values |= dict(zip(REDUCE[:3], coef[:3])) | {"reduce_tbps": 1 / coef[3] if coef[3] > 0 else 1e12}
     # 3. the plan: what the chain adds to its main kernel and reduce timed alone
     values["plan_us"] = max(0.0, float(np.median([r["us"] - r["main_us"] - r["reduce_us"] for _, r in rows])))
-    # 4. all of them on the call
-    x = _minimise(lambda x: _score(errors(with_figures(prof, dict(zip(FITTED, x))), rows)),
-                  [values[k] for k in FITTED])
+    # 4. all of them on the call, held near the parts' figures (a penalty on each one's log ratio to them): the
+    # call alone cannot tell the plan's fixed time from the reduce's or a CTA's, and would trade one for another
+    parts = np.array([values[k] for k in FITTED])
+
+    def call_score(x):
+        return _score(errors(with_figures(prof, dict(zip(FITTED, x))), rows)) + PART_WEIGHT * float(
+            np.mean(np.log((x + 1e-3) / (parts + 1e-3)) ** 2))
+
+    x = _minimise(call_score, FITTED, parts)
     return dict(zip(FITTED, x))
 
 

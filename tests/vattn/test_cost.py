@@ -131,7 +131,7 @@ def hopper_records():
 
 
 def test_h200_vattn_hopper_fits_its_bench_rows():
-    # every row the Hopper kernels served within 11%, their rms within 6% (the fit's: 10.3%, 5.6%); the largest
+    # every row the Hopper kernels served within 11%, their rms within 6% (the profile's: 10.4%, 5.6%); the largest
     # error is 20x116k-uniform's, whose call took 324.7 us in one run and 399.4 in the other (its main kernel alone
     # 318-332: the call's spread on the longest rows, BENCHMARKS.md). Page 1 took the Triton path on the GPU, and
     # takes the Triton model here.
