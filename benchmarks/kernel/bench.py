@@ -326,6 +326,32 @@ def _dry_run(a) -> int:
     return 1 if any("error" in r and not r["error"].startswith("skipped:") for r in records) else 0
 
 
+def _prebuild(a) -> int:
+    """--prebuild DIR: the Hopper main kernels the shapes' VATTN_HOPPER=1 calls take, compiled into DIR on any
+    machine with nvcc (vattn.hopper.prebuild's, by the backend's own rules: each shape's batch is one model's call
+    of its longest q_len), for a GPU machine to read from VATTN_CACHE instead of compiling at first use."""
+    from pathlib import Path
+
+    from vattn.hopper import backend, build
+    from vattn.hopper.prebuild import ptxas_summary
+
+    build.CACHE = Path(a.prebuild)
+    builds: dict[tuple, dict] = {}
+    for s in select(a.shapes or "main,variants"):
+        args = (backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads, s.num_kv_heads, s.page_size,
+                                    max(s.q_lens)) if s.kv_dtype in ("fp8", "bf16") else None)
+        if args is None:
+            print(f"{s.name}: not covered by the Hopper kernels (vattn runs Triton there)", flush=True)
+            continue
+        defines = build.main_defines(**args)
+        builds.setdefault(tuple(sorted(defines.items())), defines)
+    for defines in builds.values():
+        cubin = build.compile_cubin(defines)
+        print(f"{cubin} ({ptxas_summary(cubin, build.kernel_name(defines))})", flush=True)
+    print(f"{len(builds)} builds in {build.CACHE}")
+    return 0
+
+
 def precompile(pairs) -> None:
     """Compile the main kernel of every (shape, config) side by side, one process each, into Triton's
     on-disk cache, so that the timed sweep after it does not compile one variant at a time."""
@@ -390,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "its parts (vattn's Python; the plan, main and reduce launches through vattn.launcher; a graph "
                     "replay) on tiny batches; no bandwidth")
     ap.add_argument("--host-calls", type=int, default=400, help="with --host-overhead: calls timed per part")
+    ap.add_argument("--prebuild", default=None, metavar="DIR", help="compile the Hopper kernels the shapes' "
+                    "VATTN_HOPPER=1 calls take into DIR (any machine with nvcc; point VATTN_CACHE at it) and exit")
     ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "
                     "rows (those marked default_config when any are) and exit")
     ap.add_argument("--peer-table", default=None, metavar="JSON", help="print issue 8's vattn-vs-peers markdown "
@@ -407,6 +435,8 @@ def main(argv=None) -> int:
         with open(a.markdown) as f:
             print(markdown_table(json.load(f)))
         return 0
+    if a.prebuild:
+        return _prebuild(a)
     if a.host_overhead:
         return _host_overhead(a)
     if a.dry_run:

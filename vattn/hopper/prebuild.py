@@ -34,7 +34,7 @@ def _q_lens(text: str) -> list[int]:
     return lens
 
 
-def _ptxas_summary(cubin: Path, kernel: str) -> str:
+def ptxas_summary(cubin: Path, kernel: str) -> str:
     """ptxas's registers and spill stores of the cubin's entry function `kernel` (the one the build launches)."""
     report = build.ptxas_report(cubin).read_text()
     part = report.split(f"Compiling entry function '{kernel}'", 1)[-1].split("Compiling entry function", 1)[0]
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         defines = build.main_defines(**args)
         cubin = build.compile_cubin(defines)
         flags = ", ".join(f"{k}={v}" for k, v in sorted(defines.items()))
-        ptxas = _ptxas_summary(cubin, build.kernel_name(defines))
+        ptxas = ptxas_summary(cubin, build.kernel_name(defines))
         print(f"max_q_len {q_len}: {cubin} ({flags}; {ptxas})", flush=True)
     return 0
 

@@ -72,3 +72,29 @@ def test_host_overhead_needs_a_gpu_or_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(SystemExit, match=r"--host-overhead --dry-run: set TRITON_INTERPRET=1"):
         bench.main(["--host-overhead", "--dry-run"])
+
+
+def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch, capsys):
+    """--prebuild: one build per distinct model_build among the shapes (16x35k and its ragged twin share one),
+    page 1 named as Triton's; the compile itself stubbed (the nvcc build is test_hopper's)."""
+    from vattn.hopper import backend, build, prebuild
+    from benchmarks.kernel.shapes import select
+
+    compiled = []
+
+    def compile_cubin(defines):
+        compiled.append(defines)
+        return tmp_path / f"{len(compiled)}.cubin"
+
+    monkeypatch.setattr(build, "CACHE", build.CACHE)  # --prebuild points it at its folder
+    monkeypatch.setattr(build, "compile_cubin", compile_cubin)
+    monkeypatch.setattr(prebuild, "ptxas_summary", lambda cubin, kernel: kernel)
+    names = "16x35k,16x35k-ragged,16x35k-page1,32x8k-hd128-gqa8,16x35k-bf16"
+    assert bench.main(["--shapes", names, "--prebuild", str(tmp_path)]) == 0
+    assert build.CACHE == tmp_path
+    want = {tuple(sorted(build.main_defines(**backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads,
+                                                                  s.num_kv_heads, s.page_size, max(s.q_lens))).items()))
+            for s in select(names) if s.page_size != 1}
+    assert len(want) == 3 and {tuple(sorted(d.items())) for d in compiled} == want and len(compiled) == 3
+    out = capsys.readouterr().out
+    assert "16x35k-page1: not covered by the Hopper kernels" in out and f"3 builds in {tmp_path}" in out
