@@ -333,21 +333,19 @@ def _prebuild(a) -> int:
     from pathlib import Path
 
     from vattn.hopper import backend, build
-    from vattn.hopper.prebuild import ptxas_summary
+    from vattn.hopper.prebuild import compile_build
 
     build.CACHE = Path(a.prebuild)
     builds: dict[tuple, dict] = {}
     for s in select(a.shapes or "main,variants"):
-        args = (backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads, s.num_kv_heads, s.page_size,
-                                    max(s.q_lens)) if s.kv_dtype in ("fp8", "bf16") else None)
+        args = backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads, s.num_kv_heads, s.page_size, max(s.q_lens))
         if args is None:
             print(f"{s.name}: not covered by the Hopper kernels (vattn runs Triton there)", flush=True)
             continue
         defines = build.main_defines(**args)
         builds.setdefault(tuple(sorted(defines.items())), defines)
     for defines in builds.values():
-        cubin = build.compile_cubin(defines)
-        print(f"{cubin} ({ptxas_summary(cubin, build.kernel_name(defines))})", flush=True)
+        print(compile_build(defines), flush=True)
     print(f"{len(builds)} builds in {build.CACHE}")
     return 0
 

@@ -44,6 +44,13 @@ def ptxas_summary(cubin: Path, kernel: str) -> str:
     return f"{kernel}: {regs.group(1)} registers, {spills.group(1)} bytes of spill stores"
 
 
+def compile_build(defines: dict) -> str:
+    """Compile one build into build.CACHE; its line: the cubin, its defines, ptxas's registers and spills."""
+    cubin = build.compile_cubin(defines)
+    flags = ", ".join(f"{k}={v}" for k, v in sorted(defines.items()))
+    return f"{cubin} ({flags}; {ptxas_summary(cubin, build.kernel_name(defines))})"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kv-dtype", required=True, choices=("fp8", "bf16"), help="the KV cache's dtype (fp8: e4m3)")
@@ -76,11 +83,7 @@ def main(argv=None) -> int:
             print(f"max_q_len {q_len}: not covered by the Hopper kernels (vattn runs Triton there); nothing to build",
                   flush=True)
             continue
-        defines = build.main_defines(**args)
-        cubin = build.compile_cubin(defines)
-        flags = ", ".join(f"{k}={v}" for k, v in sorted(defines.items()))
-        ptxas = ptxas_summary(cubin, build.kernel_name(defines))
-        print(f"max_q_len {q_len}: {cubin} ({flags}; {ptxas})", flush=True)
+        print(f"max_q_len {q_len}: {compile_build(build.main_defines(**args))}", flush=True)
     return 0
 
 
