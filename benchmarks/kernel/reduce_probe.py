@@ -1,58 +1,36 @@
 """A measurement: vattn's reduce on the Hopper path's bf16 partials as a CUDA kernel of few, wide CTAs
 (reduce_sm90.cu: a warp a slice of a row whose lane groups take different pieces, several warps a CTA) instead of
-the Triton reduce's one-warp programs.
+the Triton reduce's one-warp programs. hopper_proto's `--cuda-reduce WARPS:UNROLL:SLICE,...` checks it against the
+reference and times it alone and in the chain (plan + main + reduce), launched as the Triton reduce is, as the main
+kernel's programmatic dependent.
 
-The Triton reduce adds ~4 us to a 16x35k call behind the main kernel (NOTES P65), several times its loads' one
-round trip; its launch shapes moved it by program count more than by bytes (P85-P87). This kernel is launched,
-as the Triton one, as the main kernel's programmatic dependent; hopper_proto's
-`--cuda-reduce WARPS:UNROLL:SLICE,...`
-times it in the chain (plan + main + this reduce) beside the Triton reduce.
+On an H200 (benchmarks/NOTES.md P91) it took 0.5-1.7 us off the chain on 16x35k and head_dim 128 and lost up to
+2 us on batches of few sequences of many pieces (4x35k): the reduce's share of a call is its place in the chain
+more than its program count. Not the backend's.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("reduce_sm90.cu")
 
 
-def compile_cubin(head_dim: int, warps: int, unroll: int, slice_: int, trigger: int, after_wait: int) -> Path:
-    from vattn.hopper.build import CACHE, nvcc
+def compile_cubin(head_dim: int, warps: int, unroll: int, slice_: int) -> Path:
+    from vattn.hopper.build import compile_source
 
-    src = "".join(f"#define {k} {v}\n" for k, v in (("HEAD_DIM", head_dim), ("WARPS", warps), ("UNROLL", unroll),
-                                                                  ("SLICE", slice_), ("TRIGGER", trigger),
-                                                                  ("AFTER_WAIT", after_wait)))
-    src += SOURCE.read_text()
-    out = CACHE / f"vattn_reduce_sm90_{hashlib.sha256(src.encode()).hexdigest()[:16]}.cubin"
-    if out.exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        cu = Path(tmp) / "reduce_sm90.cu"
-        cu.write_text(src)
-        cmd = [nvcc(), "-cubin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v",
-               "-o", str(Path(tmp) / "r.cubin"), str(cu)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
-        os.replace(Path(tmp) / "r.cubin", out)
-    return out
+    head = "".join(f"#define {k} {v}\n" for k, v in (("HEAD_DIM", head_dim), ("WARPS", warps), ("UNROLL", unroll),
+                                                        ("SLICE", slice_)))
+    return compile_source(head + SOURCE.read_text(), "vattn_reduce_sm90")
 
 
 @functools.lru_cache(maxsize=None)
 class ReduceSm90:
-    """The loaded reduce for one head_dim, warps a CTA, loads in flight a lane, slice of a row a warp and whether it
-    lets the next kernel launch at its start (trigger), and whether it reads seq_part_start only after the main kernel
-    (after_wait: a main kernel built with IN_KERNEL_PLAN writes it); call it as launch_reduce (bf16 partials,
-    skip_whole)."""
+    """The loaded reduce for one head_dim, warps a CTA, loads in flight a lane and slice of a row a warp; call it
+    as launch_reduce (bf16 partials, skip_whole)."""
 
-    def __init__(self, head_dim: int, warps: int = 8, unroll: int = 8, slice_: int = 64, trigger: int = 0,
-                 after_wait: int = 0):
+    def __init__(self, head_dim: int, warps: int = 8, unroll: int = 8, slice_: int = 64):
         import torch
 
         from vattn.hopper.build import _driver
@@ -61,8 +39,7 @@ class ReduceSm90:
         torch.zeros(1, device="cuda")  # the primary context current on this thread
         self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
         drv = _driver()
-        image = compile_cubin(head_dim, warps, unroll, self.slice, trigger, after_wait).read_bytes()
-        self.after_wait = bool(after_wait)
+        image = compile_cubin(head_dim, warps, unroll, self.slice).read_bytes()
         self._image = ctypes.create_string_buffer(image, len(image))
         self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
         drv.check(drv.lib.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")

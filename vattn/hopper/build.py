@@ -81,16 +81,21 @@ def nvcc() -> str:
 
 def compile_cubin(defines: dict, *, verbose: bool = False) -> Path:
     """The cached cubin for these compile-time constants, compiled now if absent."""
-    src = source(**defines)
+    return compile_source(source(**defines), "vattn_main_sm90", verbose=verbose)
+
+
+def compile_source(src: str, stem: str, *, verbose: bool = False) -> Path:
+    """The cached sm_90a cubin of a CUDA source (named stem and the source's hash), compiled now if absent; ptxas's
+    report beside it (ptxas_report)."""
     key = hashlib.sha256(src.encode()).hexdigest()[:16]
-    out = CACHE / f"vattn_main_sm90_{key}.cubin"
+    out = CACHE / f"{stem}_{key}.cubin"
     if out.exists():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
     # built beside the cache and renamed into it: processes that build at once (an engine's TP workers) never
     # read a half-written file
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        cu = Path(tmp) / "main_sm90.cu"
+        cu = Path(tmp) / f"{stem}.cu"
         cu.write_text(src)
         cmd = [nvcc(), "-cubin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v",
                "-o", str(Path(tmp) / "k.cubin"), str(cu)]
@@ -307,9 +312,7 @@ class MainSm90:
             fixed(o_part.data_ptr()), *map(fixed, o_part.stride()[:3]), fixed(lse_part.data_ptr()),
             *map(fixed, lse_part.stride()[:2]), ("ptr", 8), ("stride", 8, 0), ("stride", 8, 1),
             ("i32", v_lbo), ("i32", v_sbo),
-        ] + ([fixed(plan_tensors["seq_part_start"].data_ptr()), fixed(plan_tensors["num_items"].data_ptr()),
-              ("i32", seq_lens.shape[0])] if _flag(self.defines, "IN_KERNEL_PLAN") else []) + (
-            [("kmap",), ("vmap",)] if self.tma else [])
+        ] + ([("kmap",), ("vmap",)] if self.tma else [])
         grid = (k_cache.shape[2] // self.pack_heads * self.group_split, plan_tensors["work_seq"].shape[0], 1)
         held = (plan_tensors, o_part, lse_part)  # the frozen addresses' tensors live as long as the launch
         # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose
