@@ -4,8 +4,8 @@ the Triton reduce's one-warp programs. hopper_proto's `--cuda-reduce WARPS:UNROL
 reference and times it alone and in the chain (plan + main + reduce), launched as the Triton reduce is, as the main
 kernel's programmatic dependent.
 
-On an H200 (benchmarks/NOTES.md P91) it took 0.5-1.7 us off the chain on 16x35k and head_dim 128 and lost up to
-2 us on batches of few sequences of many pieces (4x35k): the reduce's share of a call is its place in the chain
+On an H200 (benchmarks/NOTES.md P91) it took 0.2-1.8 us off the chain on 16x35k and head_dim 128 and lost up to
+2.9 us on batches of few sequences of many pieces (4x35k): the reduce's share of a call is its place in the chain
 more than its program count. Not the backend's.
 """
 from __future__ import annotations
