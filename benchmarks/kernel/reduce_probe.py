@@ -33,19 +33,14 @@ class ReduceSm90:
     def __init__(self, head_dim: int, warps: int = 8, unroll: int = 8, slice_: int = 64):
         import torch
 
-        from vattn.hopper.build import _driver
+        from vattn.hopper.build import _driver, load_function
         from vattn.hopper.launch import _DRIVER_LAUNCH
 
         torch.zeros(1, device="cuda")  # the primary context current on this thread
         self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
-        drv = _driver()
-        image = compile_cubin(head_dim, warps, unroll, self.slice).read_bytes()
-        self._image = ctypes.create_string_buffer(image, len(image))
-        self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
-        drv.check(drv.lib.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
-        drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, b"vattn_reduce_sm90"),
-                  "cuModuleGetFunction")
-        self._launch = _DRIVER_LAUNCH(ctypes.cast(drv.lib.cuLaunchKernelEx, ctypes.c_void_p).value)
+        self._image, self.module, self.fn = load_function(compile_cubin(head_dim, warps, unroll, self.slice),
+                                                          "vattn_reduce_sm90")
+        self._launch = _DRIVER_LAUNCH(ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value)
 
     def __call__(self, o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                  pdl: bool = True) -> None:
@@ -57,14 +52,14 @@ class ReduceSm90:
             raise ValueError(f"ReduceSm90: bf16 partials of head_dim {self.head_dim}; got {o_part.dtype}, "
                              f"{out.shape[2]}")
         batch, heads = cu_seqlens_q.shape[0] - 1, out.shape[1]
-        warps = heads * (self.head_dim // self.slice)  # a warp a slice of a row
+        slices = heads * (self.head_dim // self.slice)  # a warp a slice of a row
         i64, i32 = ctypes.c_int64, ctypes.c_int32
         args = [i64(o_part.data_ptr()), *map(i64, o_part.stride()[:3]), i64(lse_part.data_ptr()),
                 *map(i64, lse_part.stride()[:2]), i64(seq_part_start.data_ptr()), i64(cu_seqlens_q.data_ptr()),
                 i64(out.data_ptr()), i64(out.stride(0)), i64(out.stride(1)), i32(heads), i32(gqa), i32(int(pdl))]
         params = (ctypes.c_void_p * len(args))(*map(ctypes.addressof, args))
         attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        grid = (-(-warps // self.warps), max_q_len, batch)
+        grid = (-(-slices // self.warps), max_q_len, batch)
         config = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(self.warps * 32, 1, 1),
                                smem=0, stream=torch.cuda.current_stream().cuda_stream, attrs=ctypes.pointer(attr),
                                num_attrs=1 if pdl else 0)

@@ -116,6 +116,18 @@ def ptxas_report(cubin: Path) -> Path:
     return cubin.with_suffix(".ptxas.txt")
 
 
+def load_function(cubin: Path, name: str) -> tuple:
+    """(image, module, function): kernel `name` of a cubin, loaded into the current context. The image buffer must
+    live as long as the module."""
+    drv = _driver()
+    data = cubin.read_bytes()
+    image = ctypes.create_string_buffer(data, len(data))
+    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
+    drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), "cuModuleGetFunction")
+    return image, module, fn
+
+
 class _Driver:
     def __init__(self):
         self.lib = ctypes.CDLL("libcuda.so.1")
@@ -250,12 +262,7 @@ class MainSm90:
         self.kv16 = name == "vattn_main_sm90_kv16"
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
         drv = _driver()
-        image = compile_cubin(self.defines).read_bytes()
-        self._image = ctypes.create_string_buffer(image, len(image))
-        self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
-        drv.check(drv.lib.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
-        drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(self.fn), self.module, name.encode()),
-                  "cuModuleGetFunction")
+        self._image, self.module, self.fn = load_function(compile_cubin(self.defines), name)
         # the kernel's shared memory and threads, as its source computes them from the defines
         shape, addr, size = (ctypes.c_int * 2)(), ctypes.c_uint64(), ctypes.c_size_t()
         drv.check(drv.lib.cuModuleGetGlobal_v2(ctypes.byref(addr), ctypes.byref(size), self.module,
