@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from vattn import launcher
 
@@ -482,9 +482,14 @@ def _reduce_kernel(
     out_ptr, stride_ot, stride_oh_out,
     batch,
     G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, SKIP_WHOLE: tl.constexpr,
-    BLOCK_B: tl.constexpr = 1, PDL: tl.constexpr = False,
+    BLOCK_B: tl.constexpr = 1, PDL: tl.constexpr = False, INDICES_AFTER_WAIT: tl.constexpr = False,
+    LET_NEXT_LAUNCH: tl.constexpr = False,
 ):
     ND: tl.constexpr = D // BLOCK_D
+    if LET_NEXT_LAUNCH:
+        gdc_launch_dependents()
+    if PDL and INDICES_AFTER_WAIT:  # the main kernel wrote seq_part_start (a build that plans itself)
+        gdc_wait()
     hq = tl.program_id(0) // ND
     d = (tl.program_id(0) % ND) * BLOCK_D + tl.arange(0, BLOCK_D)
     j = tl.program_id(1)
@@ -540,7 +545,8 @@ def _reduce_kernel(
 
 def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                   block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
-                  skip_whole: bool = False, pdl: bool = False, block_b: int | None = None) -> None:
+                  skip_whole: bool = False, pdl: bool = False, block_b: int | None = None,
+                  indices_after_wait: bool = False, let_next_launch: bool = False) -> None:
     """Grid (Hq x D / block_d, max_q_len, B / block_b): one program per (output row, D chunk of block_d) of
     block_b sequences, merged one after the other; absent tokens are skipped. A token whose sequence has no
     pieces (L = 0) gets O = 0. skip_whole: the main kernel wrote the rows of every sequence of one piece
@@ -579,7 +585,8 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     33 pieces. Only on a CUDA device of sm_90 or later, not under the interpreter."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
                                 block_p=block_p, block_d=block_d, num_warps=num_warps, skip_whole=skip_whole,
-                                pdl=pdl, block_b=block_b)
+                                pdl=pdl, block_b=block_b, indices_after_wait=indices_after_wait,
+                                let_next_launch=let_next_launch)
     if launch is not None:
         launcher.kernel(_reduce_kernel).launch(*launch)
 
@@ -593,7 +600,8 @@ REDUCE_LIVE = (8, 9)  # cu_seqlens_q, out
 
 def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                        block_p: int = 16, block_d: int | None = None, num_warps: int | None = None,
-                       skip_whole: bool = False, pdl: bool = False, block_b: int | None = None):
+                       skip_whole: bool = False, pdl: bool = False, block_b: int | None = None,
+                       indices_after_wait: bool = False, let_next_launch: bool = False):
     """(grid, args, kwargs) of the reduce kernel (launch_reduce's), or None when there is nothing to launch."""
     batch = cu_seqlens_q.shape[0] - 1
     if batch == 0 or out.shape[0] == 0:  # nothing to write (and a zero grid is not launchable)
@@ -611,4 +619,5 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1), batch,
     ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole, BLOCK_B=block_b,
-            num_warps=num_warps) | (dict(PDL=True, launch_pdl=True) if pdl else {})
+            num_warps=num_warps) | (dict(PDL=True, launch_pdl=True, INDICES_AFTER_WAIT=bool(indices_after_wait),
+                                         LET_NEXT_LAUNCH=bool(let_next_launch)) if pdl else {})

@@ -38,7 +38,7 @@ def _plan_tensors(shape, slots: int, device: str, overhead: int, num_kv_heads: i
     lists = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=num_kv_heads, slots=slots,
                         mode="balanced", overhead=overhead)
     return {f: torch.tensor(getattr(lists, f), dtype=torch.int32, device=device)
-            for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start")}
+            for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start", "num_items")}
 
 
 def alternating_rounds(names: list, rounds: int) -> list:
@@ -67,8 +67,8 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
               reduce_variants: dict | None = None, chain: bool = False, overhead: int | None = None,
               rounds: int = 1, pack_heads: int = 1, cuda_reduces: tuple = ()) -> dict:
     """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with);
-    reduce_variants: name -> launch_reduce keyword arguments (ints); cuda_reduces: (warps, unroll, slice) of
-    reduce_probe's CUDA reduce, timed as reduce variants cudaW_U_S; rounds: alternating_rounds of the timing;
+    reduce_variants: name -> launch_reduce keyword arguments (ints); cuda_reduces: (warps, unroll, slice[, trigger[,
+    after_wait]]) of reduce_probe's CUDA reduce, timed as reduce variants cudaW_U_S...; rounds: alternating_rounds of the timing;
     pack_heads: KV heads a CTA reads (the module docstring)."""
     import functools
 
@@ -173,10 +173,11 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         # the first real build also with each reduce variant
         real = [n for n in kernels if not _timing_only(variants[n])]
         for name in real:
-            for rname, kw in [("", {})] + [(f"_{r}", fn) for r, fn in reducers.items() if name == real[0]]:
+            ik = variants[name].get("IN_KERNEL_PLAN", "0") != "0"  # each reduce variant: it needs one reading after
+            for rname, kw in [("", {})] + [(f"_{r}", fn) for r, fn in reducers.items() if name == real[0] or ik]:
                 rec.update({f"{k}_{name}{rname}": v for k, v in chain_us(
                     shape, b, ref, plan, kernels[name], o_part_of[name], lse_part, gqa, qlen, descriptors[0], replays,
-                    overhead, kw, heads).items()})
+                    overhead, kw, heads, in_kernel=ik).items()})
     ws = _workspace(shape, b, None)
     times, _ = _time_planner(shape, "balanced", b, ws, replays)
     rec.update({f"triton_{k}": v for k, v in times.items()})
@@ -188,7 +189,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
 
 
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
-             replays: int, overhead: int, reduce_kw=None, heads: int | None = None) -> dict:
+             replays: int, overhead: int, reduce_kw=None, heads: int | None = None, in_kernel: bool = False) -> dict:
     """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path (pdl: the main
     kernel a programmatic dependent of the plan, which lets it launch at once, and the reduce (launch_reduce's
     defaults, or reduce_kw) of the main kernel), with the reduce's alone (reducepdl) and as ordinary launches
@@ -198,7 +199,11 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     planner's plan (pdlfixed: on a uniform batch balanced's pieces without its cap search), and the plan kernel
     alone, balanced and fixed. heads: the CTAs of a work item (KV heads / pack_heads; default the shape's KV heads),
     gqa the query heads of each. reduce_kw: launch_reduce's keyword arguments, or a reduce called as launch_reduce
-    (skip_whole implied)."""
+    (skip_whole implied).
+    in_kernel: a build with IN_KERNEL_PLAN (it plans itself and writes seq_part_start): no plan kernel; the reduce as
+    an ordinary launch (iknopdl) and, where it reads seq_part_start after its wait (reduce_probe's after_wait,
+    launch_reduce's indices_after_wait), as the main kernel's programmatic dependent (ikpdl); seq_part_start and
+    num_items checked against the plan's."""
     import functools
 
     import torch
@@ -215,24 +220,34 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     stages = (("pdl", True, True, True, True), ("reducepdl", True, False, True, True),
               ("nopdl", True, False, True, False), ("mainreduce", False, False, True, True),
               ("planmain", True, True, False, False), ("pdlfixed", "fixed", True, True, True))
+    if in_kernel:
+        after_wait = getattr(reduce, "after_wait", False) or getattr(reduce, "keywords", {}).get("indices_after_wait")
+        stages = (("ikpdl", False, True, True, True),) * bool(after_wait) + (
+            ("iknopdl", False, False, True, False),)
     for name, with_plan, main_pdl, with_reduce, pdl in stages:
         def call(r, with_plan=with_plan, main_pdl=main_pdl, with_reduce=with_reduce, pdl=pdl):
             if with_plan:
                 plan_gpu(b.seq_lens, b.cu, num_kv_heads=heads or shape.num_kv_heads, slots=sm,
                          mode="fixed" if with_plan == "fixed" else "balanced", out=out_plan, overhead=overhead,
                          let_next_launch=main_pdl)
-            kern.launch(*b.attention_args(r), out_plan if with_plan else plan, o_part, lse_part, b.out, v_lbo=lbo,
-                        v_sbo=sbo, pdl=main_pdl)
+            kern.launch(*b.attention_args(r), out_plan if with_plan or in_kernel else plan, o_part, lse_part, b.out,
+                        v_lbo=lbo, v_sbo=sbo, pdl=main_pdl)
             if with_reduce:
                 reduce(o_part, lse_part, out_plan["seq_part_start"], b.cu, b.out, gqa=gqa, max_q_len=qlen, pdl=pdl)
 
         b.out.fill_(float("nan"))
+        if in_kernel:
+            out_plan["seq_part_start"].fill_(-7)
+            out_plan["num_items"].fill_(-7)
         call(0)
         torch.cuda.synchronize()
+        if in_kernel:
+            rec[f"ik_plan_ok_{name}"] = bool(torch.equal(out_plan["seq_part_start"], plan["seq_part_start"])
+                                             and torch.equal(out_plan["num_items"], plan["num_items"]))
         if with_reduce:
             rec[f"rel_err_chain_{name}"], rec[f"nan_chain_{name}"] = harness.check(b.out, ref)
         rec[f"chain_us_{name}"] = harness.timed_graph(lambda: [call(r) for r in range(b.replicas)], replays) / b.replicas
-    for mode in ("balanced", "fixed"):  # the plan kernel alone, back to back
+    for mode in ("balanced", "fixed") * (not in_kernel):  # the plan kernel alone, back to back
         rec[f"plan_alone_us_{mode}"] = harness.timed_graph(lambda: [plan_gpu(
             b.seq_lens, b.cu, num_kv_heads=heads or shape.num_kv_heads, slots=sm, mode=mode, out=out_plan,
             overhead=overhead) for _ in range(b.replicas)], replays) / b.replicas
@@ -354,8 +369,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pack-heads", type=int, default=1, help="KV heads a CTA reads (2: head_dim 128's two heads as "
                     "one of 256, as the backend runs them where the rows fit); 1 or 2")
     ap.add_argument("--cuda-reduce", default="", help="reduce_probe's CUDA reduce as reduce variants: "
-                    "comma-separated WARPS:UNROLL:SLICE (warps a CTA, loads in flight a lane, values of a row a warp), "
-                    "named cudaWARPS_UNROLL_SLICE")
+                    "comma-separated WARPS:UNROLL:SLICE[:TRIGGER[:AFTER_WAIT]] (warps a CTA, loads in flight a lane, "
+                    "values of a row a warp; 1: lets the next kernel launch at its start; 1: reads seq_part_start after "
+                    "its wait, as an IN_KERNEL_PLAN build needs), named cudaWARPS_UNROLL_SLICE[_TRIGGER[_AFTER_WAIT]]")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     if a.rounds < 1:

@@ -17,20 +17,24 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("reduce_sm90.cu")
 
 
-def compile_cubin(head_dim: int, warps: int, unroll: int, slice_: int) -> Path:
+def compile_cubin(head_dim: int, warps: int, unroll: int, slice_: int, trigger: int = 0, after_wait: int = 0) -> Path:
     from vattn.hopper.build import compile_source
 
     head = "".join(f"#define {k} {v}\n" for k, v in (("HEAD_DIM", head_dim), ("WARPS", warps), ("UNROLL", unroll),
-                                                        ("SLICE", slice_)))
+                                                        ("SLICE", slice_), ("TRIGGER", trigger),
+                                                        ("AFTER_WAIT", after_wait)))
     return compile_source(head + SOURCE.read_text(), "vattn_reduce_sm90")
 
 
 @functools.lru_cache(maxsize=None)
 class ReduceSm90:
-    """The loaded reduce for one head_dim, warps a CTA, loads in flight a lane and slice of a row a warp; call it
-    as launch_reduce (bf16 partials, skip_whole)."""
+    """The loaded reduce for one head_dim, warps a CTA, loads in flight a lane and slice of a row a warp; trigger:
+    it lets the next kernel launch at its start; after_wait: it reads seq_part_start only after its wait for the
+    main kernel (which writes it when built with IN_KERNEL_PLAN). Call it as launch_reduce (bf16 partials,
+    skip_whole)."""
 
-    def __init__(self, head_dim: int, warps: int = 8, unroll: int = 8, slice_: int = 64):
+    def __init__(self, head_dim: int, warps: int = 8, unroll: int = 8, slice_: int = 64, trigger: int = 0,
+                 after_wait: int = 0):
         import torch
 
         from vattn.hopper.build import _driver, load_function
@@ -38,8 +42,9 @@ class ReduceSm90:
 
         torch.zeros(1, device="cuda")  # the primary context current on this thread
         self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
-        self._image, self.module, self.fn = load_function(compile_cubin(head_dim, warps, unroll, self.slice),
-                                                          "vattn_reduce_sm90")
+        self.after_wait = bool(after_wait)
+        self._image, self.module, self.fn = load_function(
+            compile_cubin(head_dim, warps, unroll, self.slice, trigger, after_wait), "vattn_reduce_sm90")
         self._launch = _DRIVER_LAUNCH(ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value)
 
     def __call__(self, o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,

@@ -21,6 +21,12 @@
 #ifndef SLICE
 #define SLICE 64
 #endif
+#ifndef TRIGGER  // 1: let the next kernel launch (a programmatic dependent: the next call's plan) at the start
+#define TRIGGER 0
+#endif
+#ifndef AFTER_WAIT  // 1: seq_part_start read after the wait (the main kernel wrote it: IN_KERNEL_PLAN)
+#define AFTER_WAIT 0
+#endif
 
 constexpr int SLICES = HEAD_DIM / SLICE;  // warps a row
 constexpr int GROUP = SLICE / 8;           // lanes a piece's slice
@@ -38,11 +44,19 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
   const int group = lane / GROUP, chunk = (task % SLICES) * GROUP + lane % GROUP;
   const int j = blockIdx.y, b = blockIdx.z;
   const int q0 = cu_q[b], n_q = cu_q[b + 1] - q0;
+  if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#if AFTER_WAIT
+  if (pdl && ((hq < num_q_heads && j < n_q) || (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0))
+    wait_for_main();
+  const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
+  const bool merge = hq < num_q_heads && j < n_q && p_last - p_first > 1;
+#else
   const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
   // one-piece sequences: the main kernel wrote their rows (skip_whole)
   const bool merge = hq < num_q_heads && j < n_q && p_last - p_first > 1;
   if (pdl && (merge || (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0))
     wait_for_main();  // the first thread always waits, so that the grid cannot end before the main kernel
+#endif
   if (!merge) return;  // a whole warp: merge does not depend on the lane
   const int h = hq / gqa, row = j * gqa + hq % gqa;
   const __nv_bfloat16* obase = o_part + h * soh + row * sor + chunk * 8;

@@ -110,12 +110,15 @@ def test_every_kernel_of_a_build_exports_its_launch_shape(tmp_path, monkeypatch,
 # beside 2 slots of 64 KB); two consumer warpgroups with two fp16 V stages each (also with clock stamps of both
 # warpgroups' loop iterations), and taking turns to issue on 3 slots; the chain softmax scaling each score
 # before its maxima (the default until session 20); each wgmma descriptor rebuilt from its address (K8_DESC_ADD=0,
-# the default until session 22). They must build within one CTA's shared
+# the default until session 22); the main kernel making balanced's plan itself (IN_KERNEL_PLAN, NOTES P95-P103),
+# also before its wait for the previous kernel. They must build within one CTA's shared
 # memory without serialised wgmmas; their few spilled registers are what they are measured with
 C2V4 = dict(K8_CONSUMERS=2, K8_RAW_SLOTS=2, K8_VSTAGES=4)
 MEASUREMENT_BUILDS = {"n128": dict(BLOCK_N=128), "c2v4": C2V4, "c2v4-stamps": C2V4 | dict(PROFILE_STAMPS=1),
                       "c2-pingpong": dict(K8_CONSUMERS=2, K8_PINGPONG=1, K8_RAW_SLOTS=3, K8_VSTAGES=2),
-                      "softmax-chain-scaled-first": dict(SOFTMAX_SCALE_IN_EXP=0), "desc-rebuilt": dict(K8_DESC_ADD=0)}
+                      "softmax-chain-scaled-first": dict(SOFTMAX_SCALE_IN_EXP=0), "desc-rebuilt": dict(K8_DESC_ADD=0),
+                      "in-kernel-plan": dict(IN_KERNEL_PLAN=1, PARTIAL_BF16=1, TMA_EVICT_FIRST=1),
+                      "in-kernel-plan-before-wait": dict(IN_KERNEL_PLAN=1, PLAN_BEFORE_WAIT=1, PLAN_CHUNKS=2)}
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")

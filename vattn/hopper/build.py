@@ -319,7 +319,9 @@ class MainSm90:
             fixed(o_part.data_ptr()), *map(fixed, o_part.stride()[:3]), fixed(lse_part.data_ptr()),
             *map(fixed, lse_part.stride()[:2]), ("ptr", 8), ("stride", 8, 0), ("stride", 8, 1),
             ("i32", v_lbo), ("i32", v_sbo),
-        ] + ([("kmap",), ("vmap",)] if self.tma else [])
+        ] + ([fixed(plan_tensors["seq_part_start"].data_ptr()), fixed(plan_tensors["num_items"].data_ptr()),
+              ("i32", seq_lens.shape[0])] if _flag(self.defines, "IN_KERNEL_PLAN") else []) + (
+            [("kmap",), ("vmap",)] if self.tma else [])
         grid = (k_cache.shape[2] // self.pack_heads * self.group_split, plan_tensors["work_seq"].shape[0], 1)
         held = (plan_tensors, o_part, lse_part)  # the frozen addresses' tensors live as long as the launch
         # L2 promotion of the maps' copies (a knob of the maps, not of the source): 128 B for the bf16 kernel, whose

@@ -305,7 +305,7 @@ typedef float partial_t;
       const int* work_seq, const int* work_start, const int* work_end,                                                \
       const int* work_part, const int* work_order, partial_t* __restrict__ o_part, int64_t sow,                       \
       int64_t soh, int64_t sor, float* __restrict__ lse_part, int64_t slw, int64_t slh,                               \
-      __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo
+      __nv_bfloat16* __restrict__ out, int64_t sot, int64_t soh_out, int v_lbo, int v_sbo PLAN_PARAMS
 
 // One program's work item of vattn's plan (launch order work_order), and its sequence's lengths.
 struct Item {
@@ -359,10 +359,219 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
   return true;
 }
 
+#ifndef IN_KERNEL_PLAN
+#define IN_KERNEL_PLAN 0
+#endif
+#if IN_KERNEL_PLAN
+// ---------------- IN_KERNEL_PLAN=1: vattn's balanced plan, made in the main kernel (a measurement) ----------------
+// Warp 0 of each CTA makes vattn.planner's balanced plan from the lengths (planner._split_balanced's piece cap, then
+// plan_python's items and launch order) and hands its program's item to the CTA, instead of the CTA reading the
+// plan kernel's work list: no plan kernel before the main kernel. CTA (0, 0) writes seq_part_start and num_items
+// for the reduce, which must read them after its wait for this grid (reduce_probe's AFTER_WAIT, launch_reduce's
+// indices_after_wait). PLAN_BUDGET: pieces a wave holds (slot_budget); PLAN_OVERHEAD: a piece's fixed cost in
+// tiles, also the smallest cap (MIN_CAP); PLAN_CHUNKS: the batch it plans for, at most 32 x PLAN_CHUNKS sequences;
+// PLAN_BEFORE_WAIT=1: the plan is made before the wait for the previous kernel (the lengths must then be final
+// before that kernel starts), only CTA (0, 0)'s writes after it. Measured in benchmarks/NOTES.md P95-P103.
+#ifndef PLAN_BUDGET
+#define PLAN_BUDGET 132
+#endif
+#ifndef PLAN_OVERHEAD
+#define PLAN_OVERHEAD 8
+#endif
+#ifndef PLAN_CHUNKS
+#define PLAN_CHUNKS 1
+#endif
+#ifndef PLAN_BEFORE_WAIT
+#define PLAN_BEFORE_WAIT 0
+#endif
+#define PLAN_TILE 64  // vattn.planner.KV_TILE
+
+__device__ __forceinline__ int warp_sum(int v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ int warp_max(int v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += u;
+  }
+  return v;
+}
+
+struct Planned {
+  int seq, start, end, part, len, q0, n_q;  // seq -1: an idle program
+};
+
+// The program's item, made by one warp. The lengths are loaded once, in one round trip, into registers (sequence
+// 32 i + lane in lane's slot i). The cap search tests 32 candidate caps a round, one a lane, each against the whole
+// batch (planner._slot_need; the tiles broadcast from their lanes), dividing through the float reciprocal of its cap
+// corrected to the exact quotient: a warp sum a candidate, with the 12 warps splitting the candidates, cost warp 0
+// 1.9 us a round (P98), this 1.1 (P100). Stamps in slots 24-28 (free on one consumer warpgroup).
+__device__ __noinline__ Planned plan_item(int program, const int* seq_lens, const int* cu_q, int batch,
+                                          int* seq_part_start, int* num_items, bool writer) {
+  const int lane = threadIdx.x & 31;
+  int tiles[PLAN_CHUNKS], lens[PLAN_CHUNKS], q0s[PLAN_CHUNKS], nqs[PLAN_CHUNKS];
+#pragma unroll
+  for (int i = 0; i < PLAN_CHUNKS; ++i) {
+    const int b = 32 * i + lane;
+    const bool in = b < batch;
+    const int q_begin = in ? cu_q[b] : 0, q_end = in ? cu_q[b + 1] : 0;
+    lens[i] = in ? seq_lens[b] : 0;
+    q0s[i] = q_begin;
+    nqs[i] = q_end - q_begin;
+  }
+  STAMP(0, 24, lens[0] + q0s[0] + nqs[0]);
+  const int chunks = (batch + 31) / 32;  // the slots past it hold no sequence: skipped (a uniform branch)
+  int total = 0, longest = 0, live = 0;
+#pragma unroll
+  for (int i = 0; i < PLAN_CHUNKS; ++i) {
+    tiles[i] = nqs[i] > 0 ? (lens[i] + PLAN_TILE - 1) / PLAN_TILE : 0;
+    total += tiles[i];
+    longest = max(longest, tiles[i]);
+    live += tiles[i] > 0;
+  }
+  total = warp_sum(total);
+  longest = warp_max(longest);
+  live = warp_sum(live);
+  STAMP(0, 25, total + longest + live);
+  int cap = 1;
+  if (live > 0) {  // planner._split_balanced's bracket, then the smallest cap that fits (hi counts as fitting)
+    const int budget = max(PLAN_BUDGET, live);
+    int lo = max(1, (total + budget - 1) / budget - PLAN_OVERHEAD);
+    int hi = budget <= live ? longest
+                            : min(longest, max((total + budget - 1) / budget,
+                                               (total + budget - live - 1) / (budget - live)));
+    hi = max(hi, lo);
+    for (int round = 0; lo < hi; ++round) {
+      const int step = (hi - lo + 31) / 32;
+      const int c = min(lo + lane * step, hi);
+      const float rc = 1.f / (float)c;
+      int held = 0, packed = 0;
+#pragma unroll
+      for (int i = 0; i < PLAN_CHUNKS; ++i) {
+        if (i >= chunks) break;
+        const int n = min(32, batch - 32 * i);
+#pragma unroll 8
+        for (int s = 0; s < n; ++s) {
+          const int t = __shfl_sync(0xffffffffu, tiles[i], s);
+          const int num = t + c - 1;  // ceil(t / c), exact: the float quotient is off by at most one
+          int q = __float2int_rz((float)num * rc);
+          const int r = num - q * c;
+          q += (r >= c) - (r < 0);
+          const bool split = 2 * t > c;
+          held += split ? q : 0;
+          packed += (!split && t > 0) ? t + PLAN_OVERHEAD : 0;
+        }
+      }
+      const bool fits = c >= hi || held + (packed + c + PLAN_OVERHEAD - 1) / (c + PLAN_OVERHEAD) <= budget;
+      if (round == 0) STAMP(0, 28, fits);
+      const unsigned mask = __ballot_sync(0xffffffffu, fits);  // a suffix: the need falls as c grows
+      if (mask == 0) {
+        lo = lo + 31 * step + 1;
+      } else {
+        const int f = __ffs(mask) - 1, fitting = min(lo + f * step, hi);
+        lo = f == 0 ? lo : min(lo + (f - 1) * step, hi) + 1;  // past the last cap that does not fit
+        hi = fitting;
+      }
+    }
+    cap = max(hi, PLAN_OVERHEAD);
+  }
+  STAMP(0, 26, cap);
+  // items in row order (sequence by sequence, piece by piece); launch order: the split sequences' pieces, then the
+  // single pieces, each in row order (plan_python's work_order)
+  int pieces[PLAN_CHUNKS], n_items = 0, n_split = 0;
+#pragma unroll
+  for (int i = 0; i < PLAN_CHUNKS; ++i) {
+    pieces[i] = tiles[i] > 0 ? (tiles[i] + cap - 1) / cap : 0;
+    n_items += pieces[i];
+    n_split += pieces[i] > 1 ? pieces[i] : 0;
+  }
+  n_items = warp_sum(n_items);
+  n_split = warp_sum(n_split);
+  Planned it{-1, 0, 0, 0, 0, 0, 0};
+  int rows = 0, splits = 0, singles = 0;
+  if (PLAN_BEFORE_WAIT && writer) wait_for_previous_kernel();  // the previous kernel may still read seq_part_start
+#pragma unroll
+  for (int i = 0; i < PLAN_CHUNKS; ++i) {
+    if (i >= chunks) break;
+    const int b = 32 * i + lane, k = pieces[i];
+    const int sk = k > 1 ? k : 0, one = k == 1;
+    const int rows_in = warp_inclusive_sum(k, lane), splits_in = warp_inclusive_sum(sk, lane);
+    const int singles_in = warp_inclusive_sum(one, lane);
+    const int row0 = rows + rows_in - k, split0 = splits + splits_in - sk, single0 = singles + singles_in - one;
+    if (writer && b < batch) seq_part_start[b] = row0;
+    int piece = -1;
+    if (program < n_split) {
+      if (sk > 0 && split0 <= program && program < split0 + k) piece = program - split0;
+    } else if (program < n_items && one && single0 == program - n_split) {
+      piece = 0;
+    }
+    const unsigned hit = __ballot_sync(0xffffffffu, piece >= 0);  // one lane of one round at most
+    if (hit) {
+      const int src = __ffs(hit) - 1;
+      piece = __shfl_sync(0xffffffffu, piece, src);
+      const int first_row = __shfl_sync(0xffffffffu, row0, src), len = __shfl_sync(0xffffffffu, lens[i], src);
+      const int q0 = __shfl_sync(0xffffffffu, q0s[i], src), n_q = __shfl_sync(0xffffffffu, nqs[i], src);
+      const int64_t seg = (int64_t)cap * PLAN_TILE;
+      it = Planned{32 * i + src, (int)(piece * seg), (int)min((int64_t)len, (piece + 1) * seg), first_row + piece, len,
+                   q0, n_q};
+    }
+    rows += __shfl_sync(0xffffffffu, rows_in, 31);
+    splits += __shfl_sync(0xffffffffu, splits_in, 31);
+    singles += __shfl_sync(0xffffffffu, singles_in, 31);
+  }
+  if (writer && lane == 0) {
+    seq_part_start[batch] = n_items;
+    num_items[0] = n_items;
+  }
+  STAMP(0, 27, it.part);
+  return it;
+}
+
+#define PLAN_PARAMS , int* plan_seq_part_start, int* plan_num_items, int plan_batch
+#else
+#define PLAN_PARAMS
+#endif
+
 // A kernel's prologue after what needs no global memory: the wait for the previous kernel, then the CTA's head
 // h (its query heads' group; with GROUP_SPLIT a part of one), the KV head kvh whose pages it reads, its work item
 // `it` (blockIdx.y in launch order) and the item's parts by name. An idle item (the padding of a fixed-size plan)
 // ends the whole CTA here, so no barrier is left waiting.
+#if IN_KERNEL_PLAN
+#define CTA_WORK_ITEM()                                                                                               \
+  if (!PLAN_BEFORE_WAIT) wait_for_previous_kernel();                                                                  \
+  const int h = blockIdx.x, kvh = blockIdx.x / GROUP_SPLIT;                                                           \
+  __shared__ Planned plan_shared;                                                                                     \
+  if (threadIdx.x < 32) { /* warp 0 plans; the others wait at the barrier (sharing its issue slots cost more) */     \
+    const Planned p = plan_item(blockIdx.y, seq_lens, cu_q, plan_batch, plan_seq_part_start, plan_num_items,          \
+                                blockIdx.x == 0 && blockIdx.y == 0);                                                  \
+    if (threadIdx.x == 0) plan_shared = p;                                                                            \
+  }                                                                                                                   \
+  __syncthreads();                                                                                                    \
+  const Planned planned = plan_shared;                                                                                \
+  if (PLAN_BEFORE_WAIT) wait_for_previous_kernel();                                                                   \
+  if (planned.seq < 0) return;                                                                                        \
+  Item it;                                                                                                            \
+  it.start = planned.start;                                                                                           \
+  it.end = planned.end;                                                                                               \
+  it.part = planned.part;                                                                                             \
+  it.kv_len = planned.len;                                                                                            \
+  it.q0 = planned.q0;                                                                                                 \
+  it.n_q = planned.n_q;                                                                                               \
+  it.n_tiles = (it.end - it.start + BLOCK_N - 1) / BLOCK_N;                                                           \
+  it.bt_row = bt + (int64_t)planned.seq * stride_bt;                                                                  \
+  const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;                          \
+  const int tid = threadIdx.x
+#else
 #define CTA_WORK_ITEM()                                                                                               \
   wait_for_previous_kernel();                                                                                         \
   const int h = blockIdx.x, kvh = blockIdx.x / GROUP_SPLIT;                                                           \
@@ -372,6 +581,7 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
     return;                                                                                                           \
   const int start = it.start, end = it.end, q0 = it.q0, n_q = it.n_q, n_tiles = it.n_tiles;                          \
   const int tid = threadIdx.x
+#endif
 
 // ---------------- the consumer's per-tile steps ----------------
 // This thread's accumulator rows (wgmma's m64 layout): r0 = warp * 16 + lane / 4 and r0 + 8; columns
