@@ -320,8 +320,8 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
 def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
                  softmax_scale, plan: Plan, out):
     """A faster backend's run for calls of one (checked) signature, with the same arguments as _triton_run's
-    run: its bound main kernel and vattn's bound reduce (or its own run, without bind_main). If it cannot build
-    or launch, this call and every later one go to Triton, after one warning."""
+    run: its bound main kernel and its own bound reduce (Backend.bind_reduce) or vattn's (or its own run, without
+    bind_main). If it cannot build or launch, this call and every later one go to Triton, after one warning."""
     import torch
 
     main = reduce = None
@@ -333,8 +333,11 @@ def _backend_run(backend: Backend, q, k_cache, v_cache, block_tables, seq_lens, 
         except Exception as exc:  # a kernel that cannot build: this signature goes to Triton from the start
             FAILED.add(backend.name)
             warnings.warn(f"vattn: backend {backend.name!r} failed ({exc!r}); falling back to Triton")
-        reduce = _bound_reduce(plan, cu_seqlens_q, out, skip_whole=backend.writes_whole, pdl=backend.pdl,
-                               by_program=True)
+        if main is not None and backend.bind_reduce:
+            reduce = backend.bind_reduce(plan, cu_seqlens_q, out)
+        if reduce is None:
+            reduce = _bound_reduce(plan, cu_seqlens_q, out, skip_whole=backend.writes_whole, pdl=backend.pdl,
+                                   by_program=True)
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:

@@ -39,6 +39,9 @@ class Backend:
         plan lets it launch at once, and it waits for that kernel after its prologue), and lets the next kernel
         launch before it ends: vattn's reduce then goes as its programmatic dependent where that pays
         (launch_reduce's pdl).
+    bind_reduce(plan, cu_seqlens_q, out) -> reduce(cu_seqlens_q, out) | None, optional: its own reduce of the
+        partials its main kernel wrote, bound for calls of one signature, merging as launch_reduce with
+        skip_whole=writes_whole and pdl would; None where vattn's (Triton) reduce takes the call.
     """
 
     name: str
@@ -52,6 +55,7 @@ class Backend:
     programs_per_kv_head: Callable | None = None
     partial_dtype: Callable | None = None
     pdl: bool = False
+    bind_reduce: Callable | None = None
 
 
 BACKENDS: list[Backend] = []  # dispatch order

@@ -582,7 +582,11 @@ def launch_reduce(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: i
     main kernel must not write what they read (cu_seqlens_q, seq_part_start). Taken only for batches of at
     least PDL_MIN_SEQUENCES (sequences x KV heads): on an H200 (benchmarks/NOTES.md P19) it saved 3.4 us of
     18.9 on 64 x 24 tokens and 1.4 of 101.5 on 16x35k, but cost 3.6 us on 4x35k, whose programs each merge
-    33 pieces. Only on a CUDA device of sm_90 or later, not under the interpreter."""
+    33 pieces. Only on a CUDA device of sm_90 or later, not under the interpreter.
+
+    With pdl, two measurement switches (benchmarks/NOTES.md P102): indices_after_wait, every program waits for
+    the main kernel before it reads seq_part_start (a main kernel built with IN_KERNEL_PLAN writes it);
+    let_next_launch, the programs let the next kernel launch at their start."""
     launch = reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
                                 block_p=block_p, block_d=block_d, num_warps=num_warps, skip_whole=skip_whole,
                                 pdl=pdl, block_b=block_b, indices_after_wait=indices_after_wait,

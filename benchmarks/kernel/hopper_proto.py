@@ -68,8 +68,8 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
               rounds: int = 1, pack_heads: int = 1, cuda_reduces: tuple = ()) -> dict:
     """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with);
     reduce_variants: name -> launch_reduce keyword arguments (ints); cuda_reduces: (warps, unroll, slice[, trigger[,
-    after_wait]]) of reduce_probe's CUDA reduce, timed as reduce variants cudaW_U_S...; rounds: alternating_rounds of the timing;
-    pack_heads: KV heads a CTA reads (the module docstring)."""
+    after_wait]]) of vattn.hopper.reduce's CUDA reduce, timed as reduce variants cudaW_U_S...; rounds: alternating_rounds of
+    the timing; pack_heads: KV heads a CTA reads (the module docstring)."""
     import functools
 
     import torch
@@ -137,7 +137,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         if rounds > 1:
             rec[f"rounds_us_{name}"] = times
         if "PROFILE_STAMPS" in variants[name]:  # the kernel's last launch's CTAs, stage by stage
-            rec[f"stamps_{name}"] = read_stamps(kernels[name])
+            rec[f"stamps_{name}"] = read_stamps(kernels[name], variants[name].get("IN_KERNEL_PLAN", "0") != "0")
     lbo, sbo = descriptors[0]
     for name in variants:
         for spm in slots_per_sm[1:]:  # the same build on a plan for more CTAs than SMs (timed only)
@@ -154,7 +154,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
     reducers = {name: functools.partial(K.launch_reduce, skip_whole=True, **kw)
                 for name, kw in (reduce_variants or {}).items()}
     if cuda_reduces:
-        from benchmarks.kernel.reduce_probe import ReduceSm90
+        from vattn.hopper.reduce import ReduceSm90
 
         reducers |= {f"cuda{'_'.join(map(str, c))}": ReduceSm90(shape.head_dim, *c) for c in cuda_reduces}
     if reducers:  # the reduce's launch shapes, on the first variant's partials (checked, then timed)
@@ -173,7 +173,8 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         # the first real build also with each reduce variant
         real = [n for n in kernels if not _timing_only(variants[n])]
         for name in real:
-            ik = variants[name].get("IN_KERNEL_PLAN", "0") != "0"  # each reduce variant: it needs one reading after
+            # a build that plans itself runs with every reduce variant: its reduce must read seq_part_start late
+            ik = variants[name].get("IN_KERNEL_PLAN", "0") != "0"
             for rname, kw in [("", {})] + [(f"_{r}", fn) for r, fn in reducers.items() if name == real[0] or ik]:
                 rec.update({f"{k}_{name}{rname}": v for k, v in chain_us(
                     shape, b, ref, plan, kernels[name], o_part_of[name], lse_part, gqa, qlen, descriptors[0], replays,
@@ -191,8 +192,9 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
 def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, descriptor: tuple,
              replays: int, overhead: int, reduce_kw=None, heads: int | None = None, in_kernel: bool = False) -> dict:
     """plan + main + reduce per call, in one graph, as vattn.attention runs them on the Hopper path (pdl: the main
-    kernel a programmatic dependent of the plan, which lets it launch at once, and the reduce (launch_reduce's
-    defaults, or reduce_kw) of the main kernel), with the reduce's alone (reducepdl) and as ordinary launches
+    kernel a programmatic dependent of the plan, which lets it launch at once, and the reduce (vattn's Triton
+    reduce, launch_reduce's defaults, or reduce_kw: the backend's own where it serves is `--cuda-reduce 8:8:128`) of
+    the main kernel), with the reduce's alone (reducepdl) and as ordinary launches
     (nopdl); each checked. Where the chain's time over the main kernel's goes: the main kernel on the plan
     already made, then the reduce as its dependent (mainreduce, checked), and the plan then the main kernel as
     its dependent without a reduce (planmain, timed only: it leaves split sequences' rows unmerged), pdl on the fixed
@@ -201,7 +203,7 @@ def chain_us(shape, b, ref, plan, kern, o_part, lse_part, gqa: int, qlen: int, d
     gqa the query heads of each. reduce_kw: launch_reduce's keyword arguments, or a reduce called as launch_reduce
     (skip_whole implied).
     in_kernel: a build with IN_KERNEL_PLAN (it plans itself and writes seq_part_start): no plan kernel; the reduce as
-    an ordinary launch (iknopdl) and, where it reads seq_part_start after its wait (reduce_probe's after_wait,
+    an ordinary launch (iknopdl) and, where it reads seq_part_start after its wait (ReduceSm90's after_wait,
     launch_reduce's indices_after_wait), as the main kernel's programmatic dependent (ikpdl); seq_part_start and
     num_items checked against the plan's."""
     import functools
@@ -268,6 +270,9 @@ STAMP_SLOTS = {1: "work item read", 2: "barriers initialised", 3: "Q arrived", 4
 # 256 (the second consumer warpgroup's first thread, where there is one)
 LOOP_SLOTS = (18, 19, 20, 21, 22, 23)
 SECOND_LOOP_SLOTS = (24, 25, 26, 27, 28, 29)
+# an IN_KERNEL_PLAN build stamps its plan's steps in the second warpgroup's slots (it has one consumer warpgroup)
+PLAN_SLOTS = {24: "plan: lengths loaded", 25: "plan: totals", 28: "plan: first search round", 26: "plan: cap",
+              27: "plan: item"}
 
 
 def loop_stage_cycles(ctas: list, slots: tuple = LOOP_SLOTS) -> dict:
@@ -290,10 +295,11 @@ def second_warpgroup_timeline(ctas: list) -> dict:
             for slot in SECOND_LOOP_SLOTS} if both else {}
 
 
-def read_stamps(kern) -> dict:
+def read_stamps(kern, in_kernel_plan: bool = False) -> dict:
     """Per stage of a PROFILE_STAMPS build's last launch: the median over its CTAs of the time since the CTA
     started, in us (clock64 at the SM clock that %globaltimer gives over the CTA's life); and the spread of the
-    CTAs' starts and the kernel's span from start to the last CTA's end, by %globaltimer."""
+    CTAs' starts and the kernel's span from start to the last CTA's end, by %globaltimer. in_kernel_plan: an
+    IN_KERNEL_PLAN build, whose slots 24-28 are its plan's steps (PLAN_SLOTS)."""
     import ctypes
     import statistics
 
@@ -312,11 +318,12 @@ def read_stamps(kern) -> dict:
     if not ctas:  # a kernel without the stamps of a CTA's start, end and stored result (only k8 has them)
         return {"CTAs": 0}
     ghz = statistics.median((c[9] - c[0]) / max(1, c[15] - c[14]) for c in ctas)
+    names = STAMP_SLOTS | (PLAN_SLOTS if in_kernel_plan else {})
     out = {name: round(statistics.median((c[slot] - c[0]) / ghz / 1e3 for c in ctas if c[slot]), 2)
-           for slot, name in STAMP_SLOTS.items() if any(c[slot] for c in ctas)}
-    for key, value in (("tile 16 cycles", loop_stage_cycles(ctas)),
-                       ("tile 17 cycles", loop_stage_cycles(ctas, SECOND_LOOP_SLOTS)),
-                       ("tile 17 after tile 16's top", second_warpgroup_timeline(ctas))):
+           for slot, name in names.items() if any(c[slot] for c in ctas)}
+    second = () if in_kernel_plan else (("tile 17 cycles", loop_stage_cycles(ctas, SECOND_LOOP_SLOTS)),
+                                        ("tile 17 after tile 16's top", second_warpgroup_timeline(ctas)))
+    for key, value in (("tile 16 cycles", loop_stage_cycles(ctas)),) + second:
         if value:
             out[key] = value
     starts, ends = [c[14] for c in ctas], [c[15] for c in ctas]
@@ -368,7 +375,7 @@ def main(argv=None) -> int:
                     "each variant's time is its median over the rounds")
     ap.add_argument("--pack-heads", type=int, default=1, help="KV heads a CTA reads (2: head_dim 128's two heads as "
                     "one of 256, as the backend runs them where the rows fit); 1 or 2")
-    ap.add_argument("--cuda-reduce", default="", help="reduce_probe's CUDA reduce as reduce variants: "
+    ap.add_argument("--cuda-reduce", default="", help="vattn.hopper.reduce's CUDA reduce as reduce variants (the backend's, where it serves a call: 8:8:128): "
                     "comma-separated WARPS:UNROLL:SLICE[:TRIGGER[:AFTER_WAIT]] (warps a CTA, loads in flight a lane, "
                     "values of a row a warp; 1: lets the next kernel launch at its start; 1: reads seq_part_start after "
                     "its wait, as an IN_KERNEL_PLAN build needs), named cudaWARPS_UNROLL_SLICE[_TRIGGER[_AFTER_WAIT]]")

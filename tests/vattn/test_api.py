@@ -338,3 +338,39 @@ def test_the_hopper_backend_plans_for_one_cta_per_sm_only_on_the_workspaces_it_c
     covered_but_cpu = ws_for("cpu", head_dim=256, num_q_heads=32, num_kv_heads=2)  # 16 x q_len 4 = 64 rows
     assert backend.slots_per_sm(covered_but_cpu) is None  # not an sm_90 GPU
     assert backend.BACKEND.bind_main is backend.bind_main and backend.BACKEND.slots_per_sm is backend.slots_per_sm
+
+
+def test_a_backend_with_its_own_reduce_merges_with_it_and_without_one_with_vattns(dev, monkeypatch):
+    """_backend_run binds the backend's main launch, then its bind_reduce's launch for the call's signature; where
+    that gives None, vattn's reduce (api._bound_reduce) with the backend's skip_whole and pdl. Recorders stand in
+    for the kernels: nothing is launched."""
+    from vattn import api
+
+    calls, vattns, own = [], [], [True]  # own[0]: whether the backend's bind_reduce gives a launch
+
+    def bind_main(*args):
+        return lambda *call: calls.append("main")
+
+    def bind_reduce(plan, cu_seqlens_q, out):
+        calls.append(("bind_reduce", plan.workspace.head_dim, tuple(out.shape)))
+        return (lambda cu, o: calls.append(("reduce", cu is cu_seqlens_q, o is out))) if own[0] else None
+
+    def vattn_reduce(plan, cu_seqlens_q, out, **kw):
+        vattns.append(kw)
+        return lambda cu, o: calls.append("vattn's reduce")
+
+    monkeypatch.setattr(api, "_bound_reduce", vattn_reduce)
+    fast = api.Backend("fake-hopper", lambda w, q, k: True, lambda *a: None, bind_main=bind_main,
+                       slots_per_sm=lambda w: 1, writes_whole=True, pdl=True, bind_reduce=bind_reduce)
+    api.register_backend(fast)
+    try:
+        for own[0] in (True, False):
+            x, pl = planned(dev)  # a new plan: its calls are bound anew
+            calls.clear()
+            out = torch.zeros_like(x["q"])
+            vattn.attention(**x, plan=pl, out=out)
+            merged = ("reduce", True, True) if own[0] else "vattn's reduce"
+            assert calls == [("bind_reduce", 128, tuple(out.shape)), "main", merged], calls
+        assert vattns == [dict(skip_whole=True, pdl=True, by_program=True)]
+    finally:
+        api.BACKENDS.remove(fast)

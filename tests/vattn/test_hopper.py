@@ -1,8 +1,10 @@
 """The Hopper main kernel (vattn/hopper): its generated source compiles for sm_90a wherever nvcc is, and on an
 sm_90 GPU its partials, merged by vattn's reduce, match vattn.reference on ragged batches."""
 
+import dataclasses
 import re
 import shutil
+import warnings
 
 import pytest
 
@@ -129,6 +131,37 @@ def test_head_dim_256_measurement_builds_compile(tmp_path, monkeypatch, name):
     report = build.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report, report
     assert "C7513" not in report and "serialized" not in report, report
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("head_dim, slice_, switches", [(256, 128, (0, 0)), (128, 128, (0, 0)), (256, 64, (0, 0)),
+                                                         (256, 128, (1, 1))])
+def test_the_reduce_compiles_without_spills(tmp_path, monkeypatch, head_dim, slice_, switches):
+    # vattn/hopper/reduce.py's kernel at the backend's launch shape (128-value slices) for both head_dims, the
+    # 64-value slices it was measured against, and its measurement switches (trigger, after_wait)
+    from vattn.hopper import reduce
+
+    monkeypatch.setattr(build, "CACHE", tmp_path)
+    cubin = reduce.compile_cubin(head_dim, slice_=slice_, trigger=switches[0], after_wait=switches[1])
+    report = build.ptxas_report(cubin).read_text()
+    assert cubin.stat().st_size > 0 and "entry function 'vattn_reduce_sm90'" in report
+    assert "0 bytes spill stores" in report, report
+
+
+def test_the_cuda_reduce_serves_bf16_rows_of_whole_slices_from_16_sequences_x_programs():
+    torch = pytest.importorskip("torch")
+    from vattn.hopper import reduce
+
+    def parts(programs=1, dtype=torch.bfloat16):
+        return torch.zeros(8, programs, 64, 256, dtype=dtype)
+
+    out = torch.zeros(64, 16, 256, dtype=torch.bfloat16)
+    assert reduce.serves(parts(), out, 16) and reduce.serves(parts(2), out, 8)
+    assert not reduce.serves(parts(), out, 15)  # vattn's Triton reduce (kernel.PDL_MIN_SEQUENCES)
+    assert not reduce.serves(parts(dtype=torch.float32), out, 16)  # fp32 partials
+    assert not reduce.serves(parts(), out.float(), 16)
+    assert not reduce.serves(parts(), torch.zeros(64, 16, 64, dtype=torch.bfloat16), 16)  # head_dim 64
+    assert not reduce.serves(parts(), torch.zeros(64, 16, 260, dtype=torch.bfloat16)[..., :256], 16)  # rows of 520 B
 
 
 def test_tma_map_layout_is_one_page_of_one_head_innermost_first():
@@ -294,7 +327,7 @@ def test_prebuild_rejects_bad_shapes_by_name_and_builds_nothing_where_triton_run
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, capsys):
-    from vattn.hopper import backend, prebuild
+    from vattn.hopper import backend, prebuild, reduce
 
     monkeypatch.setattr(build, "CACHE", build.CACHE)  # prebuild points it at --cache
     assert prebuild.main(["--kv-dtype", "fp8", "--head-dim", "128", "--num-q-heads", "32", "--num-kv-heads", "4",
@@ -302,10 +335,13 @@ def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, c
     lines = capsys.readouterr().out.splitlines()[1:]
     # what MainSm90 compiles at first use for those workspaces: two KV heads a CTA at q4, one with two consumers at q8
     want = [build.compile_cubin(build.main_defines(**backend.model_build("fp8", 128, 16, 2, 16, q))) for q in (4, 8)]
-    assert [w.parent for w in want] == [tmp_path] * 2 and sorted(tmp_path.glob("*.cubin")) == sorted(want)
+    want_reduce = reduce.compile_cubin(128)  # and their reduce (vattn/hopper/reduce.py)
+    assert [w.parent for w in want + [want_reduce]] == [tmp_path] * 3
+    assert sorted(tmp_path.glob("*.cubin")) == sorted(want + [want_reduce])
     assert "PACK_HEADS=2" in lines[0] and "K8_CONSUMERS=2" in lines[1]
     assert all(f"{w} (" in line and "TMA_EVICT_FIRST=1" in line and "vattn_main_sm90_k8: " in line
                and " 0 bytes of spill stores" in line for w, line in zip(want, lines)), lines
+    assert lines[2].startswith(f"reduce: {want_reduce} (vattn_reduce_sm90: ") and " 0 bytes of spill stores" in lines[2]
 
 
 @pytest.fixture(scope="module")
@@ -500,16 +536,17 @@ def test_probe_matches_reference(case, probe):
     _check_against_reference(case, "hd256-gqa16", PROBES[probe])
 
 
-def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int = 1, split: int = 1):
+def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int = 1, split: int = 1,
+                             cuda_reduce: bool = False):
     """out_pad: out's head stride is head_dim + out_pad (a view of a wider tensor). pack: KV heads a CTA reads
     (MainSm90's pack_heads), split: CTAs a KV head (its group_split); planned and partials as the backend lays them
-    out for them."""
+    out for them. cuda_reduce: merged by vattn/hopper/reduce.py's kernel, else by vattn's Triton reduce."""
     torch = _hopper_gpu()
     import vattn
     from vattn import kernel as K
     from vattn.planner import plan_python
 
-    seq_lens, q_lens = (CASES | SPLIT_CASES)[case]
+    seq_lens, q_lens = (CASES | SPLIT_CASES | REDUCE_CASES)[case]
     d, hq, hkv = (CONFIGS | PACKED_CONFIGS | SPLIT_CONFIGS)[config]
     gqa, max_q = hq // hkv, max(q_lens)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -560,8 +597,13 @@ def _check_against_reference(case, config, defines, out_pad: int = 0, pack: int 
     out = torch.full((q.shape[0], hq, d + out_pad), float("nan"), device="cuda", dtype=q.dtype)[..., :d]
     kern.launch(q, k, v, tables, sl, cu_t, kd, vd, scale, plan, o_part, lse_part, out)
     # as the Hopper backend runs it: the reduce as the main kernel's programmatic dependent
-    K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=cta_gqa, max_q_len=max_q,
-                    skip_whole=True, pdl=True)
+    if cuda_reduce:
+        from vattn.hopper.reduce import ReduceSm90
+
+        ReduceSm90(d)(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=cta_gqa, max_q_len=max_q, pdl=True)
+    else:
+        K.launch_reduce(o_part, lse_part, plan["seq_part_start"], cu_t, out, gqa=cta_gqa, max_q_len=max_q,
+                        skip_whole=True, pdl=True)
     ref = vattn.reference(q, k, v, tables, sl, cu_t, kd, vd, scale)
     torch.cuda.synchronize()
     assert not torch.isnan(out).any()
@@ -588,6 +630,21 @@ def test_bf16_partials_match_reference(case, schedule):
 @pytest.mark.parametrize("case", ["ragged", "long-among-short"])
 def test_packed_kv_heads_with_bf16_partials_match_reference(case, schedule):
     _check_against_reference(case, "hd128-gqa8", SCHEDULES[schedule] | {"PARTIAL_BF16": 1}, pack=2)
+
+
+# vattn/hopper/reduce.py's reduce on the bf16 partials of every layout the backend gives it: one KV head, two packed,
+# two CTAs a KV head (every case, whatever its sequence count: serves() picks it from 16 sequences x programs)
+REDUCE_CASES = {"with-empty": ([0, 300, 5000, 17, 0] + [1000] * 11, [2, 4, 1, 4, 3] + [4] * 11)}  # no KV: zeros
+CUDA_REDUCE_RUNS = [(case, config, pack, split) for case in sorted(CASES | REDUCE_CASES)
+                    for config, pack, split in (("hd256-gqa16", 1, 1), ("hd128-gqa8", 2, 1), ("hd128-gqa4", 2, 1))
+                    ] + [(case, "hd256-gqa16-hkv2", 1, 2) for case in ("q8-ragged", "q8-long-among-short")]
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("case,config,pack,split", CUDA_REDUCE_RUNS)
+def test_the_cuda_reduce_matches_reference(case, config, pack, split):
+    _check_against_reference(case, config, {"K8": 1, "PARTIAL_BF16": 1}, pack=pack, split=split, cuda_reduce=True)
 
 
 # two CTAs a KV head, each half its query heads (GROUP_SPLIT, the backend's kernels where max_q_len x GQA > 64),
@@ -765,7 +822,13 @@ def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch, head_dim, n
     from vattn.hopper import backend
 
     assert (batch >= K.PDL_MIN_SEQUENCES) == (batch == 24)
-    api.register_backend(backend.BACKEND)
+    bound = []  # what the backend's bind_reduce gave: its CUDA reduce from 16 sequences x programs, else None
+
+    def bind_reduce(*args):
+        bound.append(backend.bind_reduce(*args))
+        return bound[-1]
+
+    api.register_backend(dataclasses.replace(backend.BACKEND, bind_reduce=bind_reduce))
     try:
         gen = torch.Generator(device="cuda").manual_seed(3)
         page, max_len = 16, 6000
@@ -807,5 +870,52 @@ def test_backend_in_a_cuda_graph_replays_new_lengths_as_eager(batch, head_dim, n
             ref = vattn.reference(**b, softmax_scale=head_dim ** -0.5)
             assert float((replayed.float() - ref).norm() / ref.norm()) < 5e-3, seed
         assert backend.BACKEND.name not in api.FAILED
+        assert bound and all((r is not None) == (batch == 24) for r in bound)
+    finally:
+        api.BACKENDS.remove(next(x for x in api.BACKENDS if x.name == backend.BACKEND.name))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(180, method="thread")
+def test_a_reduce_that_cannot_be_built_leaves_the_merge_to_triton_after_one_warning(monkeypatch):
+    torch = _hopper_gpu()
+    import vattn
+    from vattn import api
+    from vattn.hopper import backend, reduce
+
+    def no_nvcc(*args, **kwargs):
+        raise RuntimeError("nvcc: not found (forced by the test)")
+
+    monkeypatch.setattr(reduce, "compile_cubin", no_nvcc)
+    monkeypatch.setattr(backend, "_REDUCE_FAILED", [])
+    reduce.ReduceSm90.cache_clear()
+    api.register_backend(backend.BACKEND)
+    try:
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        batch, page, max_len = 16, 16, 5000
+        pages = -(-max_len // page)
+        k = torch.randn(batch * pages, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        v = torch.randn(batch * pages, page, 1, 256, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        b = dict(q=torch.randn(4 * batch, 16, 256, device="cuda", generator=gen).to(torch.bfloat16), k_cache=k,
+                 v_cache=v, block_tables=torch.randperm(batch * pages, device="cuda", generator=gen).to(
+                     torch.int32).view(batch, pages),
+                 seq_lens=torch.full((batch,), max_len, dtype=torch.int32, device="cuda"),
+                 cu_seqlens_q=torch.arange(0, 4 * batch + 1, 4, dtype=torch.int32, device="cuda"),
+                 k_descale=torch.tensor([0.9], device="cuda"), v_descale=torch.tensor([1.1], device="cuda"))
+        ws = vattn.Workspace(head_dim=256, num_q_heads=16, num_kv_heads=1, kv_dtype=torch.float8_e4m3fn,
+                             q_dtype=torch.bfloat16, page_size=page, max_q_len=4, max_batch=batch)
+        pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=1, page_size=page, workspace=ws)
+        with pytest.warns(UserWarning, match="the Hopper reduce failed .*nvcc: not found"):
+            out = vattn.attention(**b, plan=pl)
+        with warnings.catch_warnings(record=True) as later:  # another signature (out given): bound again, quietly
+            warnings.simplefilter("always")
+            again = vattn.attention(**b, plan=pl, out=torch.empty_like(b["q"]))
+        assert not [w for w in later if "reduce" in str(w.message)]
+        torch.cuda.synchronize()
+        ref = vattn.reference(**b, softmax_scale=256 ** -0.5)
+        for got in (out, again):
+            assert float((got.float() - ref).norm() / ref.norm()) < 5e-3
+        assert backend.BACKEND.name not in api.FAILED and len(backend._REDUCE_FAILED) == 1
     finally:
         api.BACKENDS.remove(backend.BACKEND)
+        reduce.ReduceSm90.cache_clear()

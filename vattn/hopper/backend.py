@@ -4,7 +4,9 @@ whole 16 bytes, bf16 Q, head_dim 256 or 128; a CTA packs max_q_len x GQA <= 64 r
 narrower groups leave rows masked), and more rows than that take several CTAs a KV head, each a part of its query
 heads (programs_per_kv_head); every other call goes to Triton. A workspace whose calls it covers plans for one CTA
 per SM (slots_per_sm), and at head_dim 128 for CTAs that read two adjacent KV heads as one of 256 where they fit
-(kv_heads_per_program). A build or launch failure falls back to Triton with one warning (vattn.api.attention)."""
+(kv_heads_per_program). Its reduce is vattn/hopper/reduce.py's where that serves the call (bind_reduce), else
+vattn's Triton reduce. A build or launch failure falls back to Triton with one warning (vattn.api.attention; a
+reduce that cannot be built, to the Triton reduce)."""
 
 from __future__ import annotations
 
@@ -191,12 +193,41 @@ def bind_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
                        plan.tensors, o_part, lse_part, pdl=pdl)
 
 
+CUDA_REDUCE = True  # bind_reduce's choice; False leaves every merge to vattn's Triton reduce (for A/B timing)
+_REDUCE_FAILED: list = []  # the CUDA reduce's build or load error, once: later calls take the Triton reduce
+
+
+def bind_reduce(plan, cu_seqlens_q, out):
+    """vattn/hopper/reduce.py's CUDA reduce bound for calls of one signature (Backend.bind_reduce), where it serves
+    the call (reduce.serves); None: vattn's Triton reduce. If it cannot be built or loaded, one warning, and the
+    Triton reduce from then on."""
+    import warnings
+
+    from vattn.hopper import reduce
+
+    o_part, lse_part, gqa = plan.workspace.partials(by_program=True)
+    if not CUDA_REDUCE or _REDUCE_FAILED or not reduce.serves(o_part, out, cu_seqlens_q.shape[0] - 1):
+        return None
+    try:
+        kernel = reduce.ReduceSm90(out.shape[2])
+    except Exception as exc:  # no nvcc, a failed compile: the Triton reduce merges as well, a little slower
+        _REDUCE_FAILED.append(exc)
+        warnings.warn(f"vattn: the Hopper reduce failed ({exc!r}); vattn's Triton reduce instead")
+        return None
+    return kernel.bind(o_part, lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=gqa,
+                       max_q_len=plan.workspace.max_q_len, pdl=True)
+
+
 def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, plan,
         out) -> None:
     from vattn import kernel as K
 
     args = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
     bind_main(*args, softmax_scale, plan)(*args, out)
+    reduce = bind_reduce(plan, cu_seqlens_q, out)
+    if reduce is not None:
+        reduce(cu_seqlens_q, out)
+        return
     ws = plan.workspace
     o_part, lse_part, gqa = ws.partials(by_program=True)
     K.launch_reduce(o_part, lse_part, plan.tensors["seq_part_start"], cu_seqlens_q, out, gqa=gqa,
@@ -214,4 +245,4 @@ def piece_overhead_tiles(kv_dtype) -> int:
 BACKEND = Backend("hopper_sm90", supports, run, bind_main, slots_per_sm, writes_whole=True,
                   piece_overhead_tiles=lambda ws: piece_overhead_tiles(ws.kv_dtype),
                   kv_heads_per_program=kv_heads_per_program, programs_per_kv_head=programs_per_kv_head,
-                  partial_dtype=partial_dtype, pdl=True)
+                  partial_dtype=partial_dtype, pdl=True, bind_reduce=bind_reduce)

@@ -1,5 +1,5 @@
-"""Compile vattn's Hopper main kernels ahead of time, on any machine with nvcc and no GPU, for one model's shapes:
-the builds its calls would otherwise compile at first use. Point VATTN_CACHE at the folder on the GPU machine
+"""Compile vattn's Hopper main kernels and their reduce ahead of time, on any machine with nvcc and no GPU, for one
+model's shapes: the builds its calls would otherwise compile at first use. Point VATTN_CACHE at the folder on the GPU machine
 (an engine's image without nvcc would else fall back to Triton, and each tensor-parallel worker would compile
 the same build at its first call).
 
@@ -8,7 +8,7 @@ the same build at its first call).
 
 Heads are the model's; --tp shares them out as sglang does (each GPU a tp-th of the query heads, and of the KV
 heads, or one KV head where there are fewer than tp). One line a max_q_len: the build, its cubin, and ptxas's
-registers and spills; a shape the kernels do not cover is named as going to Triton. The launch extension
+registers and spills; a shape the kernels do not cover is named as going to Triton; then the reduce's cubin. The launch extension
 (vattn/hopper/launch.cpp) is still built at first use, by the GPU machine's C++ compiler against its torch; without
 one, launches go through ctypes."""
 
@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from vattn.hopper import backend, build
+from vattn.hopper import backend, build, reduce
 
 MAX_Q_LENS = range(1, 9)  # as vattn.Workspace's max_q_len
 
@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     build.CACHE = a.cache
     print(f"one GPU of {a.tp}: {q_heads} query heads, {kv_heads} KV heads (GQA {q_heads // kv_heads}), head_dim "
           f"{a.head_dim}, {a.kv_dtype} pages of {a.page_size}", flush=True)
+    built = False
     for q_len in a.max_q_len:
         args = backend.model_build(a.kv_dtype, a.head_dim, q_heads, kv_heads, a.page_size, q_len)
         if args is None:
@@ -84,6 +85,11 @@ def main(argv=None) -> int:
                   flush=True)
             continue
         print(f"max_q_len {q_len}: {compile_build(build.main_defines(**args))}", flush=True)
+        built = True
+    if built and a.head_dim % reduce.SLICE == 0:  # its bf16 partials' merge (reduce.serves; below 16 sequences x
+        # programs vattn's Triton reduce takes it)
+        cubin = reduce.compile_cubin(a.head_dim)
+        print(f"reduce: {cubin} ({ptxas_summary(cubin, 'vattn_reduce_sm90')})", flush=True)
     return 0
 
 

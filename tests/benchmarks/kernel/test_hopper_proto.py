@@ -92,17 +92,3 @@ def test_second_warpgroup_stages_are_timed_from_the_first_ones_iteration():
         "tile 17: top": 400, "tile 17: S issued": 500, "tile 17: last P.V issued": 700, "tile 17: S done": 1000,
         "tile 17: softmax done": 1400, "tile 17: P packed": 1900}
     assert loop_stage_cycles(ctas, SECOND_LOOP_SLOTS)["tile 17: S done -> softmax done"] == 400
-
-
-@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("head_dim, slice_", [(256, 64), (256, 256), (128, 128)])
-def test_cuda_reduce_probe_compiles_without_spills(tmp_path, monkeypatch, head_dim, slice_):
-    # reduce_probe's CUDA reduce, each row width its slices cover (its results are checked on the GPU by hopper_proto)
-    from benchmarks.kernel import reduce_probe
-    from vattn.hopper import build
-
-    monkeypatch.setattr(build, "CACHE", tmp_path)
-    cubin = reduce_probe.compile_cubin(head_dim, 8, 8, slice_)
-    report = build.ptxas_report(cubin).read_text()
-    assert cubin.stat().st_size > 0 and "vattn_reduce_sm90" in report
-    assert "0 bytes spill stores" in report, report

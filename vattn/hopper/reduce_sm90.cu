@@ -1,11 +1,11 @@
-// A reduce for the Hopper path's bf16 partials in CUDA (a measurement, benchmarks/kernel/reduce_probe.py). A warp
-// merges a SLICE-wide slice of one output row (sequence b, query token j, query head hq): its lanes form groups of
-// SLICE / 8 lanes, each lane 8 values (one 16-byte load a partial), the groups take different pieces, so UNROLL loads
-// a lane keep 32 / (SLICE / 8) x UNROLL pieces in flight; the groups merge through shuffles at the end. WARPS warps
-// a CTA: a 16x35k call's 1024 rows of 256 are 4096 warps (SLICE 64) in 512 CTAs, instead of vattn's Triton reduce's
-// 4096 one-warp programs that load 16 pieces of a quarter row.
+// vattn's reduce for the Hopper path's bf16 partials (vattn/hopper/reduce.py builds and launches it). A warp merges
+// a SLICE-wide slice of one output row (sequence b, query token j, query head hq): its lanes form groups of SLICE / 8
+// lanes, each lane 8 values (one 16-byte load a partial), the groups take different pieces, so UNROLL loads a lane
+// keep 32 / (SLICE / 8) x UNROLL pieces in flight; the groups merge through shuffles at the end. WARPS warps a CTA:
+// a 16x35k call's 1024 rows of 256 are 2048 warps (SLICE 128) in 256 CTAs, where vattn's Triton reduce runs 4096
+// one-warp programs that load 16 pieces of a quarter row.
 // Its indices (the plan's seq_part_start, cu_seqlens_q) are read before griddepcontrol.wait: the plan ended before
-// the main kernel started.
+// the main kernel started; with AFTER_WAIT seq_part_start is read after it (a main kernel that plans itself writes it).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -49,11 +49,11 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
   if (pdl && ((hq < num_q_heads && j < n_q) || (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0))
     wait_for_main();
   const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
-  const bool merge = hq < num_q_heads && j < n_q && p_last - p_first > 1;
+  const bool merge = hq < num_q_heads && j < n_q && p_last - p_first != 1;
 #else
   const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
-  // one-piece sequences: the main kernel wrote their rows (skip_whole)
-  const bool merge = hq < num_q_heads && j < n_q && p_last - p_first > 1;
+  // one-piece sequences: the main kernel wrote their rows (skip_whole); a sequence of none (no KV) gets zeros
+  const bool merge = hq < num_q_heads && j < n_q && p_last - p_first != 1;
   if (pdl && (merge || (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0))
     wait_for_main();  // the first thread always waits, so that the grid cannot end before the main kernel
 #endif

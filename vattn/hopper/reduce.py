@@ -1,0 +1,116 @@
+"""The Hopper path's reduce (reduce_sm90.cu): the bf16 partials of a call's split sequences merged by CTAs of
+WARPS warps, a warp SLICE values of one output row, its lane groups taking different pieces.
+
+On an H200, against vattn's Triton reduce (run BE: the bench's calls, the reduce off and on alternating on one
+machine, two rounds; BENCHMARKS.md): 16x35k 0.3-1.0 us faster, head_dim 128 0.5-1.4, 16x35k-q8 4.8-5.0, 16x119k
+2.5-3.0; q1 +1.3 and -0.1, long among short 0.4-0.8 slower. Below 16 sequences x programs it lost (4x35k +0.9-1.3 us
+a layer, benchmarks/NOTES.md P91), where vattn's Triton reduce is not a programmatic dependent either
+(kernel.PDL_MIN_SEQUENCES): the backend takes this one only from there (`serves`). 64-value slices lost 8-18 us
+behind 16x70k's main kernel (P105).
+
+Built with nvcc at first use (vattn.hopper.build.compile_source, cached beside the main kernel's cubins; or ahead
+of time by vattn.hopper.prebuild) and launched through ctypes with its parameters bound once per call signature:
+a call sets two addresses (host time per eager call 1-2 us under the Triton reduce's bound launch, run BE host).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("reduce_sm90.cu")
+WARPS, UNROLL, SLICE = 8, 8, 128  # warps a CTA, loads in flight a lane, values of a row a warp (P91, P105)
+
+
+def compile_cubin(head_dim: int, warps: int = WARPS, unroll: int = UNROLL, slice_: int = SLICE, trigger: int = 0,
+                  after_wait: int = 0) -> Path:
+    """The cached cubin of one launch shape (trigger, after_wait: reduce_sm90.cu's measurement switches)."""
+    from vattn.hopper.build import compile_source
+
+    head = "".join(f"#define {k} {v}\n" for k, v in (("HEAD_DIM", head_dim), ("WARPS", warps), ("UNROLL", unroll),
+                                                        ("SLICE", slice_), ("TRIGGER", trigger),
+                                                        ("AFTER_WAIT", after_wait)))
+    return compile_source(head + SOURCE.read_text(), "vattn_reduce_sm90")
+
+
+def serves(o_part, out, batch: int) -> bool:
+    """Whether this reduce takes a call's merge: bf16 partials and output whose rows the slices cover in 16-byte
+    loads and stores (out's address, which a call may change, is checked at each launch), and at least kernel.PDL_MIN_SEQUENCES sequences x programs (below, vattn's Triton reduce)."""
+    import torch
+
+    from vattn.kernel import PDL_MIN_SEQUENCES
+
+    return (o_part.dtype == out.dtype == torch.bfloat16 and out.shape[2] % SLICE == 0 and o_part.stride(3) == 1
+            and out.stride(2) == 1 and out.stride(0) % 8 == 0 and out.stride(1) % 8 == 0
+            and batch * o_part.shape[1] >= PDL_MIN_SEQUENCES)
+
+
+@functools.lru_cache(maxsize=None)
+class ReduceSm90:
+    """The loaded reduce of one head_dim and launch shape. Call it as kernel.launch_reduce (bf16 partials,
+    skip_whole), or bind it once for calls of one signature. trigger: it lets the next kernel launch at its start;
+    after_wait: it reads seq_part_start only after its wait for the main kernel (which writes it when built with
+    IN_KERNEL_PLAN). Both are measurement switches (benchmarks/NOTES.md P100-P104)."""
+
+    def __init__(self, head_dim: int, warps: int = WARPS, unroll: int = UNROLL, slice_: int = SLICE,
+                 trigger: int = 0, after_wait: int = 0):
+        import torch
+
+        from vattn.hopper.build import _driver, load_function
+        from vattn.hopper.launch import _DRIVER_LAUNCH
+
+        torch.zeros(1, device="cuda")  # the primary context current on this thread
+        self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
+        self.after_wait = bool(after_wait)
+        self._image, self.module, self.fn = load_function(
+            compile_cubin(head_dim, warps, unroll, self.slice, trigger, after_wait), "vattn_reduce_sm90")
+        self._launch = _DRIVER_LAUNCH(ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value)
+
+    def bind(self, o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
+             pdl: bool = True):
+        """launch(cu_seqlens_q, out) for calls whose other arguments are these and whose cu_seqlens_q and out
+        have these shapes and strides (vattn.api binds one per call signature); pdl: as a programmatic dependent
+        of the main kernel."""
+        import torch
+
+        from vattn.hopper.launch import _PROGRAMMATIC_STREAM_SERIALIZATION, _LaunchAttribute, _LaunchConfig
+
+        if o_part.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or out.shape[2] != self.head_dim:
+            raise ValueError(f"ReduceSm90: bf16 partials and output of head_dim {self.head_dim}; got {o_part.dtype}, "
+                             f"{out.dtype}, head_dim {out.shape[2]}")
+        batch, heads = cu_seqlens_q.shape[0] - 1, out.shape[1]
+        slices = heads * (self.head_dim // self.slice)  # a warp a slice of a row
+        i64, i32 = ctypes.c_int64, ctypes.c_int32
+        cu_arg, out_arg = i64(), i64()  # the two addresses a call sets
+        args = [i64(o_part.data_ptr()), *map(i64, o_part.stride()[:3]), i64(lse_part.data_ptr()),
+                *map(i64, lse_part.stride()[:2]), i64(seq_part_start.data_ptr()), cu_arg, out_arg,
+                i64(out.stride(0)), i64(out.stride(1)), i32(heads), i32(gqa), i32(int(pdl))]
+        params = (ctypes.c_void_p * len(args))(*map(ctypes.addressof, args))
+        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        config = _LaunchConfig(grid=(ctypes.c_uint * 3)(-(-slices // self.warps), max_q_len, batch),
+                               block=(ctypes.c_uint * 3)(self.warps * 32, 1, 1), smem=0,
+                               attrs=ctypes.pointer(attr), num_attrs=1 if pdl else 0)
+        raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), out.device.index
+        stream = (functools.partial(raw_stream, device) if raw_stream
+                  else lambda: torch.cuda.current_stream(device).cuda_stream)
+        driver, fn, config_ref = self._launch, self.fn, ctypes.byref(config)
+        held = (o_part, lse_part, seq_part_start, args, params, attr)  # live as long as the launch
+
+        def launch(cu_seqlens_q, out) -> None:
+            cu_arg.value, out_arg.value = cu_seqlens_q.data_ptr(), out.data_ptr()
+            if out_arg.value % 16:  # its rows are stored 16 bytes at a time
+                raise ValueError(f"vattn's Hopper reduce: out at {out_arg.value:#x}; allowed: a 16-byte aligned "
+                                 "address")
+            config.stream = stream()
+            rc = driver(config_ref, fn, params, None)
+            if rc != 0:
+                raise RuntimeError(f"cuLaunchKernelEx (vattn_reduce_sm90) failed: CUresult {rc}")
+
+        launch.keep = held
+        return launch
+
+    def __call__(self, o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
+                 pdl: bool = True) -> None:
+        self.bind(o_part, lse_part, seq_part_start, cu_seqlens_q, out, gqa=gqa, max_q_len=max_q_len,
+                  pdl=pdl)(cu_seqlens_q, out)
