@@ -623,5 +623,6 @@ def reduce_launch_args(o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, g
         seq_part_start, cu_seqlens_q,
         out, out.stride(0), out.stride(1), batch,
     ), dict(G=gqa, D=head_dim, BLOCK_P=block_p, BLOCK_D=block_d, SKIP_WHOLE=skip_whole, BLOCK_B=block_b,
-            num_warps=num_warps) | (dict(PDL=True, launch_pdl=True, INDICES_AFTER_WAIT=bool(indices_after_wait),
-                                         LET_NEXT_LAUNCH=bool(let_next_launch)) if pdl else {})
+            num_warps=num_warps) | (dict(PDL=True, launch_pdl=True) if pdl else {}) | (
+        dict(INDICES_AFTER_WAIT=True) if pdl and indices_after_wait else {}) | (
+        dict(LET_NEXT_LAUNCH=True) if pdl and let_next_launch else {})

@@ -1,16 +1,16 @@
 """Compile vattn's Hopper main kernels and their reduce ahead of time, on any machine with nvcc and no GPU, for one
-model's shapes: the builds its calls would otherwise compile at first use. Point VATTN_CACHE at the folder on the GPU machine
-(an engine's image without nvcc would else fall back to Triton, and each tensor-parallel worker would compile
-the same build at its first call).
+model's shapes: the builds its calls would otherwise compile at first use. Point VATTN_CACHE at the folder on the
+GPU machine (an engine's image without nvcc would else fall back to Triton, and each tensor-parallel worker would
+compile the same build at its first call).
 
     python -m vattn.hopper.prebuild --kv-dtype fp8 --head-dim 256 --num-q-heads 32 --num-kv-heads 2 --tp 2 \\
         --page-size 16 --max-q-len 1,4,8 --cache ./vattn-cubins
 
 Heads are the model's; --tp shares them out as sglang does (each GPU a tp-th of the query heads, and of the KV
 heads, or one KV head where there are fewer than tp). One line a max_q_len: the build, its cubin, and ptxas's
-registers and spills; a shape the kernels do not cover is named as going to Triton; then the reduce's cubin. The launch extension
-(vattn/hopper/launch.cpp) is still built at first use, by the GPU machine's C++ compiler against its torch; without
-one, launches go through ctypes."""
+registers and spills; a shape the kernels do not cover is named as going to Triton; then the reduce's cubin. The
+launch extension (vattn/hopper/launch.cpp) is still built at first use, by the GPU machine's C++ compiler against
+its torch; without one, launches go through ctypes."""
 
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ def compile_cubin(head_dim: int, warps: int = WARPS, unroll: int = UNROLL, slice
 
 def serves(o_part, out, batch: int) -> bool:
     """Whether this reduce takes a call's merge: bf16 partials and output whose rows the slices cover in 16-byte
-    loads and stores (out's address, which a call may change, is checked at each launch), and at least kernel.PDL_MIN_SEQUENCES sequences x programs (below, vattn's Triton reduce)."""
+    loads and stores (out's address, which a call may change, is checked at each launch), and at least
+    kernel.PDL_MIN_SEQUENCES sequences x programs (below, vattn's Triton reduce)."""
     import torch
 
     from vattn.kernel import PDL_MIN_SEQUENCES
