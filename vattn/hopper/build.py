@@ -297,7 +297,7 @@ class MainSm90:
         read anything (griddepcontrol.wait, a no-op after any other launch)."""
         import torch
 
-        from vattn.hopper.launch import launch_type
+        from vattn.hopper.launch import current_stream_fn, launch_type
 
         partial_dtype = torch.bfloat16 if _flag(self.defines, "PARTIAL_BF16") else torch.float32
         if o_part.dtype != partial_dtype:
@@ -329,9 +329,7 @@ class MainSm90:
         # 256 B for k8 (at 128 B bs20 took 371.5 us against 359.0)
         promotion = int(self.defines.get("TMA_L2_PROMOTION", 2 if self.kv16 else 3))
         layout, maps_kept = TensorMaps.layout_key(k_cache, v_cache), self._maps
-        raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), q.device.index
-        stream = (functools.partial(raw_stream, device) if raw_stream
-                  else lambda: torch.cuda.current_stream(device).cuda_stream)
+        stream = current_stream_fn(q.device.index)
         start = (ctypes.cast(drv.lib.cuLaunchKernelEx, ctypes.c_void_p).value, stream, self.fn.value, grid,
                  self.threads, self.smem)
         fast = []

@@ -96,6 +96,16 @@ class _LaunchConfig(ctypes.Structure):  # cuda.h's CUlaunchConfig
 _DRIVER_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
                                   ctypes.c_void_p)  # cuLaunchKernelEx's prototype
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+def current_stream_fn(device: int):
+    """A callable giving torch's current raw stream on `device` (the capture stream inside a CUDA graph capture):
+    torch's private C getter where it has one, the public API otherwise."""
+    import torch
+
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return (functools.partial(raw_stream, device) if raw_stream
+            else lambda: torch.cuda.current_stream(device).cuda_stream)
 _FIXED = {"u64": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
 _DESCALES = (6, 7)  # [1] tensors: their strides are not part of the signature
 

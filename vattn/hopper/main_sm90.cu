@@ -367,11 +367,12 @@ __device__ __forceinline__ bool read_item(Item& it, int program, const int* work
 // Warp 0 of each CTA makes vattn.planner's balanced plan from the lengths (planner._split_balanced's piece cap, then
 // plan_python's items and launch order) and hands its program's item to the CTA, instead of the CTA reading the
 // plan kernel's work list: no plan kernel before the main kernel. CTA (0, 0) writes seq_part_start and num_items
-// for the reduce, which must read them after its wait for this grid (reduce_probe's AFTER_WAIT, launch_reduce's
-// indices_after_wait). PLAN_BUDGET: pieces a wave holds (slot_budget); PLAN_OVERHEAD: a piece's fixed cost in
-// tiles, also the smallest cap (MIN_CAP); PLAN_CHUNKS: the batch it plans for, at most 32 x PLAN_CHUNKS sequences;
-// PLAN_BEFORE_WAIT=1: the plan is made before the wait for the previous kernel (the lengths must then be final
-// before that kernel starts), only CTA (0, 0)'s writes after it. Measured in benchmarks/NOTES.md P95-P103.
+// for the reduce, which must read them after its wait for this grid (vattn/hopper/reduce.py's after_wait,
+// launch_reduce's indices_after_wait). PLAN_BUDGET: pieces a wave holds (slot_budget); PLAN_OVERHEAD: a piece's
+// fixed cost in tiles, also the smallest cap (MIN_CAP); PLAN_CHUNKS: the batch it plans for, at most
+// 32 x PLAN_CHUNKS sequences; PLAN_BEFORE_WAIT=1: the plan is made before the wait for the previous kernel (the
+// lengths must then be final before that kernel starts), only CTA (0, 0)'s writes after it. Measured in
+// benchmarks/NOTES.md P95-P104.
 #ifndef PLAN_BUDGET
 #define PLAN_BUDGET 132
 #endif

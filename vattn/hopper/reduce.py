@@ -76,7 +76,8 @@ class ReduceSm90:
         of the main kernel."""
         import torch
 
-        from vattn.hopper.launch import _PROGRAMMATIC_STREAM_SERIALIZATION, _LaunchAttribute, _LaunchConfig
+        from vattn.hopper.launch import (_PROGRAMMATIC_STREAM_SERIALIZATION, _LaunchAttribute, _LaunchConfig,
+                                         current_stream_fn)
 
         if o_part.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or out.shape[2] != self.head_dim:
             raise ValueError(f"ReduceSm90: bf16 partials and output of head_dim {self.head_dim}; got {o_part.dtype}, "
@@ -93,9 +94,7 @@ class ReduceSm90:
         config = _LaunchConfig(grid=(ctypes.c_uint * 3)(-(-slices // self.warps), max_q_len, batch),
                                block=(ctypes.c_uint * 3)(self.warps * 32, 1, 1), smem=0,
                                attrs=ctypes.pointer(attr), num_attrs=1 if pdl else 0)
-        raw_stream, device = getattr(torch._C, "_cuda_getCurrentRawStream", None), out.device.index
-        stream = (functools.partial(raw_stream, device) if raw_stream
-                  else lambda: torch.cuda.current_stream(device).cuda_stream)
+        stream = current_stream_fn(out.device.index)
         driver, fn, config_ref = self._launch, self.fn, ctypes.byref(config)
         held = (o_part, lse_part, seq_part_start, args, params, attr)  # live as long as the launch
 
