@@ -327,16 +327,18 @@ def _dry_run(a) -> int:
 
 
 def _prebuild(a) -> int:
-    """--prebuild DIR: the Hopper main kernels the shapes' VATTN_HOPPER=1 calls take, compiled into DIR on any
-    machine with nvcc (vattn.hopper.prebuild's, by the backend's own rules: each shape's batch is one model's call
-    of its longest q_len), for a GPU machine to read from VATTN_CACHE instead of compiling at first use."""
+    """--prebuild DIR: the Hopper main kernels the shapes' VATTN_HOPPER=1 calls take, and their CUDA reduce,
+    compiled into DIR on any machine with nvcc (vattn.hopper.prebuild's, by the backend's own rules: each shape's
+    batch is one model's call of its longest q_len), for a GPU machine to read from VATTN_CACHE instead of compiling
+    at first use."""
     from pathlib import Path
 
-    from vattn.hopper import backend, build
-    from vattn.hopper.prebuild import compile_build
+    from vattn.hopper import backend, build, reduce
+    from vattn.hopper.prebuild import compile_build, ptxas_summary
 
     build.CACHE = Path(a.prebuild)
     builds: dict[tuple, dict] = {}
+    reduce_head_dims: set[int] = set()
     for s in select(a.shapes or "main,variants"):
         args = backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads, s.num_kv_heads, s.page_size, max(s.q_lens))
         if args is None:
@@ -344,9 +346,14 @@ def _prebuild(a) -> int:
             continue
         defines = build.main_defines(**args)
         builds.setdefault(tuple(sorted(defines.items())), defines)
+        if s.head_dim % reduce.SLICE == 0:
+            reduce_head_dims.add(s.head_dim)
     for defines in builds.values():
         print(compile_build(defines), flush=True)
-    print(f"{len(builds)} builds in {build.CACHE}")
+    for head_dim in sorted(reduce_head_dims):
+        cubin = reduce.compile_cubin(head_dim)
+        print(f"reduce: {cubin} ({ptxas_summary(cubin, 'vattn_reduce_sm90')})", flush=True)
+    print(f"{len(builds)} main builds and {len(reduce_head_dims)} reduce builds in {build.CACHE}")
     return 0
 
 

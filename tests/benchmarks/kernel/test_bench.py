@@ -76,18 +76,24 @@ def test_host_overhead_needs_a_gpu_or_the_interpreter(monkeypatch):
 
 def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch, capsys):
     """--prebuild: one build per distinct model_build among the shapes (16x35k and its ragged twin share one),
-    page 1 named as Triton's; the compile itself stubbed (the nvcc build is test_hopper's)."""
-    from vattn.hopper import backend, build, prebuild
+    page 1 named as Triton's, and the CUDA reduce once per head_dim; the compiles themselves stubbed (the nvcc
+    builds are test_hopper's)."""
+    from vattn.hopper import backend, build, prebuild, reduce
     from benchmarks.kernel.shapes import select
 
-    compiled = []
+    compiled, reduce_head_dims = [], []
 
     def compile_cubin(defines):
         compiled.append(defines)
         return tmp_path / f"{len(compiled)}.cubin"
 
+    def compile_reduce(head_dim):
+        reduce_head_dims.append(head_dim)
+        return tmp_path / f"reduce{head_dim}.cubin"
+
     monkeypatch.setattr(build, "CACHE", build.CACHE)  # --prebuild points it at its folder
     monkeypatch.setattr(build, "compile_cubin", compile_cubin)
+    monkeypatch.setattr(reduce, "compile_cubin", compile_reduce)
     monkeypatch.setattr(prebuild, "ptxas_summary", lambda cubin, kernel: kernel)
     names = "16x35k,16x35k-ragged,16x35k-page1,32x8k-hd128-gqa8,16x35k-bf16"
     assert bench.main(["--shapes", names, "--prebuild", str(tmp_path)]) == 0
@@ -97,4 +103,6 @@ def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch
             for s in select(names) if s.page_size != 1}
     assert len(want) == 3 and {tuple(sorted(d.items())) for d in compiled} == want and len(compiled) == 3
     out = capsys.readouterr().out
-    assert "16x35k-page1: not covered by the Hopper kernels" in out and f"3 builds in {tmp_path}" in out
+    assert reduce_head_dims == [128, 256]
+    assert "16x35k-page1: not covered by the Hopper kernels" in out
+    assert f"3 main builds and 2 reduce builds in {tmp_path}" in out
