@@ -376,9 +376,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pack-heads", type=int, default=1, help="KV heads a CTA reads (2: head_dim 128's two heads as "
                     "one of 256, as the backend runs them where the rows fit); 1 or 2")
     ap.add_argument("--cuda-reduce", default="", help="vattn.hopper.reduce's CUDA reduce as reduce variants (the backend's, where it serves a call: 8:8:128): "
-                    "comma-separated WARPS:UNROLL:SLICE[:TRIGGER[:AFTER_WAIT]] (warps a CTA, loads in flight a lane, "
+                    "comma-separated WARPS:UNROLL:SLICE[:TRIGGER[:AFTER_WAIT[:LONG_PATH]]] (warps a CTA, loads in flight a lane, "
                     "values of a row a warp; 1: lets the next kernel launch at its start; 1: reads seq_part_start after "
-                    "its wait, as an IN_KERNEL_PLAN build needs), named cudaWARPS_UNROLL_SLICE[_TRIGGER[_AFTER_WAIT]]")
+                    "its wait, as an IN_KERNEL_PLAN build needs; 0: no long-sequence CTAs, every sequence merged by its rows' own "
+                    "warps), named cudaWARPS_UNROLL_SLICE[_TRIGGER[_AFTER_WAIT[_LONG_PATH]]]")
     ap.add_argument("--out", default="hopper-proto.json")
     a = ap.parse_args(argv)
     if a.rounds < 1:

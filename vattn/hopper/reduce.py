@@ -53,10 +53,14 @@ class ReduceSm90:
     """The loaded reduce of one head_dim and launch shape. Call it as kernel.launch_reduce (bf16 partials,
     skip_whole), or bind it once for calls of one signature. trigger: it lets the next kernel launch at its start;
     after_wait: it reads seq_part_start only after its wait for the main kernel (which writes it when built with
-    IN_KERNEL_PLAN). Both are measurement switches (benchmarks/NOTES.md P100-P104)."""
+    IN_KERNEL_PLAN). Both are measurement switches (benchmarks/NOTES.md P100-P104). long_path: a sequence of more
+    than two rounds of a warp's loads in pieces (32 at the default shape) is merged by about one CTA an SM past the
+    batch, all its warps on one row slice at a time, instead of by its rows' own warps: the long request among short
+    ones, whose pieces fill most of the SMs (P107); 0 leaves every sequence to its own warps (a measurement
+    switch)."""
 
     def __init__(self, head_dim: int, warps: int = WARPS, unroll: int = UNROLL, slice_: int = SLICE,
-                 trigger: int = 0, after_wait: int = 0):
+                 trigger: int = 0, after_wait: int = 0, long_path: int = 1):
         import torch
 
         from vattn.hopper.build import _driver, load_function
@@ -65,6 +69,8 @@ class ReduceSm90:
         torch.zeros(1, device="cuda")  # the primary context current on this thread
         self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
         self.after_wait = bool(after_wait)
+        pieces_a_round = 32 // (self.slice // 8) * unroll  # a warp's loads in flight, a piece's slice each
+        self.long_from = 2 * pieces_a_round if long_path else 2**31 - 1
         self._image, self.module, self.fn = load_function(
             compile_cubin(head_dim, warps, unroll, self.slice, trigger, after_wait), "vattn_reduce_sm90")
         self._launch = _DRIVER_LAUNCH(ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value)
@@ -84,14 +90,18 @@ class ReduceSm90:
                              f"{out.dtype}, head_dim {out.shape[2]}")
         batch, heads = cu_seqlens_q.shape[0] - 1, out.shape[1]
         slices = heads * (self.head_dim // self.slice)  # a warp a slice of a row
+        row_ctas = -(-slices // self.warps) * max_q_len  # the CTAs of one sequence; past the batch, the long ones'
+        sms = torch.cuda.get_device_properties(out.device).multi_processor_count
+        long_z = -(-sms // row_ctas) if self.long_from < 2**31 - 1 else 0
         i64, i32 = ctypes.c_int64, ctypes.c_int32
         cu_arg, out_arg = i64(), i64()  # the two addresses a call sets
         args = [i64(o_part.data_ptr()), *map(i64, o_part.stride()[:3]), i64(lse_part.data_ptr()),
                 *map(i64, lse_part.stride()[:2]), i64(seq_part_start.data_ptr()), cu_arg, out_arg,
-                i64(out.stride(0)), i64(out.stride(1)), i32(heads), i32(gqa), i32(int(pdl))]
+                i64(out.stride(0)), i64(out.stride(1)), i32(heads), i32(gqa), i32(int(pdl)), i32(batch),
+                i32(self.long_from)]
         params = (ctypes.c_void_p * len(args))(*map(ctypes.addressof, args))
         attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        config = _LaunchConfig(grid=(ctypes.c_uint * 3)(-(-slices // self.warps), max_q_len, batch),
+        config = _LaunchConfig(grid=(ctypes.c_uint * 3)(-(-slices // self.warps), max_q_len, batch + long_z),
                                block=(ctypes.c_uint * 3)(self.warps * 32, 1, 1), smem=0,
                                attrs=ctypes.pointer(attr), num_attrs=1 if pdl else 0)
         stream = current_stream_fn(out.device.index)
