@@ -634,7 +634,7 @@ def test_packed_kv_heads_with_bf16_partials_match_reference(case, schedule):
 
 # vattn/hopper/reduce.py's reduce on the bf16 partials of every layout the backend gives it: one KV head, two packed,
 # two CTAs a KV head (every case, whatever its sequence count: serves() picks it from 16 sequences x programs)
-# two-long: two sequences of more pieces than a row's warp takes (reduce.py's long path, the CTAs past the batch),
+# two-long: two sequences of more pieces than a row's warp takes (reduce.py's long path, the CTAs before the batch's),
 # ragged q among them
 REDUCE_CASES = {"with-empty": ([0, 300, 5000, 17, 0] + [1000] * 11, [2, 4, 1, 4, 3] + [4] * 11),  # no KV: zeros
                 "two-long": ([60000, 0, 300, 45000] + [200] * 12, [4, 2, 3, 1] + [2] * 12)}

@@ -54,10 +54,10 @@ class ReduceSm90:
     skip_whole), or bind it once for calls of one signature. trigger: it lets the next kernel launch at its start;
     after_wait: it reads seq_part_start only after its wait for the main kernel (which writes it when built with
     IN_KERNEL_PLAN). Both are measurement switches (benchmarks/NOTES.md P100-P104). long_path: a sequence of more
-    than two rounds of a warp's loads in pieces (32 at the default shape) is merged by about one CTA an SM past the
-    batch, all its warps on one row slice at a time, instead of by its rows' own warps: the long request among short
-    ones, whose pieces fill most of the SMs (P107); 0 leaves every sequence to its own warps (a measurement
-    switch)."""
+    than two rounds of a warp's loads in pieces (32 at the default shape) is merged by about one CTA an SM, launched
+    before the batch's, all its warps on one row slice at a time, instead of by its rows' own warps: the long request
+    among short ones, whose pieces fill most of the SMs (P107); 0 leaves every sequence to its own warps (a
+    measurement switch)."""
 
     def __init__(self, head_dim: int, warps: int = WARPS, unroll: int = UNROLL, slice_: int = SLICE,
                  trigger: int = 0, after_wait: int = 0, long_path: int = 1):
@@ -90,7 +90,7 @@ class ReduceSm90:
                              f"{out.dtype}, head_dim {out.shape[2]}")
         batch, heads = cu_seqlens_q.shape[0] - 1, out.shape[1]
         slices = heads * (self.head_dim // self.slice)  # a warp a slice of a row
-        row_ctas = -(-slices // self.warps) * max_q_len  # the CTAs of one sequence; past the batch, the long ones'
+        row_ctas = -(-slices // self.warps) * max_q_len  # the CTAs of one sequence; before the batch's, the long ones'
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count
         long_z = -(-sms // row_ctas) if self.long_from < 2**31 - 1 else 0
         i64, i32 = ctypes.c_int64, ctypes.c_int32

@@ -5,8 +5,9 @@
 // a 16x35k call's 1024 rows of 256 are 2048 warps (SLICE 128) in 256 CTAs, where vattn's Triton reduce runs 4096
 // one-warp programs that load 16 pieces of a quarter row.
 // A sequence of more than long_from pieces (the one long request among short ones, whose pieces fill most of the
-// SMs) is merged instead by the CTAs past the batch (grid z >= batch): each takes one row slice at a time with all
-// its warps, a warp every WARPS-th piece, merged through shared memory. A warp alone walks its lanes' share of the
+// SMs) is merged instead by the CTAs before the batch's (grid z < gridDim.z - batch: dispatched first, so that their
+// scan of the batch overlaps the rest): each takes one row slice at a time with all its warps, a warp every
+// WARPS-th piece, merged through shared memory. A warp alone walks its lanes' share of the
 // pieces one after the other (4 x pieces values a lane at SLICE 128: 130 pieces cost ~5 us, benchmarks/NOTES.md
 // P107), and the normal grid gives a sequence only its own rows' warps.
 // Its indices (the plan's seq_part_start, cu_seqlens_q) are read before griddepcontrol.wait: the plan ended before
@@ -124,7 +125,7 @@ __device__ __forceinline__ void store_row(__nv_bfloat16* dst, const float (&acc)
   *reinterpret_cast<uint4*>(dst) = res;
 }
 
-// The CTAs past the batch: the row slices of the sequences of more than long_from pieces, numbered sequence by
+// The long sequences' CTAs (the first gridDim.z - batch z-slabs): the row slices of the sequences of more than long_from pieces, numbered sequence by
 // sequence (n_q x num_q_heads x SLICES each), CTA c taking slices c, c + C, ...; in each, warp w merges pieces w,
 // w + WARPS, ... (its lane groups every GROUPS-th of those), and warp 0 folds the warps' merges from shared memory.
 // Every warp scans the batch itself, 32 sequences a step (a lane one), so that no barrier waits on the scan.
@@ -135,7 +136,7 @@ __device__ __noinline__ void merge_long_sequences(const __nv_bfloat16* o_part, i
   __shared__ float folded[WARPS][GROUP][10];  // a warp's merge: acc[8], m, l of each chunk
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = lane / GROUP;
   const int ctas = (gridDim.z - batch) * gridDim.y * gridDim.x;
-  int next = ((blockIdx.z - batch) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;  // this CTA's next slice
+  int next = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;  // this CTA's next slice
   const int per_seq_token = num_q_heads * SLICES;
   bool waited = false;
   for (int first = 0, seen = 0; first < batch; first += 32) {
@@ -193,7 +194,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2048 / (WARPS * 32) / 2
                       int64_t slw, int64_t slh, const int* seq_part_start, const int* cu_q, __nv_bfloat16* out,
                       int64_t sot, int64_t soh_out, int num_q_heads, int gqa, int pdl, int batch, int long_from) {
   if (TRIGGER) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if ((int)blockIdx.z >= batch) {
+  const int long_z = gridDim.z - batch;
+  if ((int)blockIdx.z < long_z) {
     merge_long_sequences(o_part, sow, soh, sor, lse_part, slw, slh, seq_part_start, cu_q, out, sot, soh_out,
                          num_q_heads, gqa, pdl, batch, long_from);
     return;
@@ -201,21 +203,22 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2048 / (WARPS * 32) / 2
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int task = blockIdx.x * WARPS + warp, hq = task / SLICES;
   const int group = lane / GROUP, chunk = (task % SLICES) * GROUP + lane % GROUP;
-  const int j = blockIdx.y, b = blockIdx.z;
+  const int j = blockIdx.y, b = blockIdx.z - long_z;
   const int q0 = cu_q[b], n_q = cu_q[b + 1] - q0;
+  const bool first = (blockIdx.x | blockIdx.y | b | threadIdx.x) == 0;
 #if AFTER_WAIT
-  if (pdl && ((hq < num_q_heads && j < n_q) || (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0))
+  if (pdl && ((hq < num_q_heads && j < n_q) || first))
     wait_for_main();
   const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
 #else
   const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
 #endif
   // one-piece sequences: the main kernel wrote their rows (skip_whole); a sequence of none (no KV) gets zeros;
-  // a long one is the CTAs' past the batch
+  // a long one is the long sequences' CTAs'
   const int n = p_last - p_first;
   const bool merge = hq < num_q_heads && j < n_q && n != 1 && n <= long_from;
 #if !AFTER_WAIT
-  if (pdl && (merge || (blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0))
+  if (pdl && (merge || first))
     wait_for_main();  // the first thread always waits, so that the grid cannot end before the main kernel
 #endif
   if (!merge) return;  // a whole warp: merge does not depend on the lane
