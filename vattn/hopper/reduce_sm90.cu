@@ -5,11 +5,10 @@
 // a 16x35k call's 1024 rows of 256 are 2048 warps (SLICE 128) in 256 CTAs, where vattn's Triton reduce runs 4096
 // one-warp programs that load 16 pieces of a quarter row.
 // A sequence of more than long_from pieces (the one long request among short ones, whose pieces fill most of the
-// SMs) is merged instead by the CTAs before the batch's (grid z < gridDim.z - batch: dispatched first, so that their
-// scan of the batch overlaps the rest): each takes one row slice at a time with all its warps, a warp every
-// WARPS-th piece, merged through shared memory. A warp alone walks its lanes' share of the
-// pieces one after the other (4 x pieces values a lane at SLICE 128: 130 pieces cost ~5 us, benchmarks/NOTES.md
-// P107), and the normal grid gives a sequence only its own rows' warps.
+// SMs) is merged instead by the CTAs launched before the batch's (grid z < gridDim.z - batch: dispatched first, so
+// that their scan of the batch overlaps the rest), each taking one row slice at a time with all its warps: a row's
+// own warp walks its lanes' share of ~120 pieces one after the other (long among short lost 5 us to it against
+// its uniform twin, benchmarks/NOTES.md P107).
 // Its indices (the plan's seq_part_start, cu_seqlens_q) are read before griddepcontrol.wait: the plan ended before
 // the main kernel started; with AFTER_WAIT seq_part_start is read after it (a main kernel that plans itself writes it).
 #include <cuda_bf16.h>
@@ -129,6 +128,8 @@ __device__ __forceinline__ void store_row(__nv_bfloat16* dst, const float (&acc)
 // sequence (n_q x num_q_heads x SLICES each), CTA c taking slices c, c + C, ...; in each, warp w merges pieces w,
 // w + WARPS, ... (its lane groups every GROUPS-th of those), and warp 0 folds the warps' merges from shared memory.
 // Every warp scans the batch itself, 32 sequences a step (a lane one), so that no barrier waits on the scan.
+// Not inlined: inlined, its registers took the kernel past 64 a thread (3 CTAs an SM instead of 4) or, held to 64,
+// made it spill.
 __device__ __noinline__ void merge_long_sequences(const __nv_bfloat16* o_part, int64_t sow, int64_t soh, int64_t sor,
                                      const float* lse_part, int64_t slw, int64_t slh, const int* seq_part_start,
                                      const int* cu_q, __nv_bfloat16* out, int64_t sot, int64_t soh_out,
@@ -139,6 +140,9 @@ __device__ __noinline__ void merge_long_sequences(const __nv_bfloat16* o_part, i
   int next = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;  // this CTA's next slice
   const int per_seq_token = num_q_heads * SLICES;
   bool waited = false;
+#if AFTER_WAIT  // seq_part_start is the main kernel's
+  if (pdl) wait_for_main(), waited = true;
+#endif
   for (int first = 0, seen = 0; first < batch; first += 32) {
     const int b = first + lane;
     int p0 = 0, n = 0, q0 = 0, n_q = 0;
@@ -189,6 +193,7 @@ __device__ __noinline__ void merge_long_sequences(const __nv_bfloat16* o_part, i
   }
 }
 
+// at most 64 registers a thread: 4 CTAs of 8 warps an SM
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 2048 / (WARPS * 32) / 2)
     vattn_reduce_sm90(const __nv_bfloat16* o_part, int64_t sow, int64_t soh, int64_t sor, const float* lse_part,
                       int64_t slw, int64_t slh, const int* seq_part_start, const int* cu_q, __nv_bfloat16* out,
