@@ -2,14 +2,16 @@
 
     python3 benchmarks/e2e/make_sglang_wheels.py            # download, repack, split, pack, write checksums
     python3 benchmarks/e2e/make_sglang_wheels.py --check    # only check .whl-sglang/ against the checksums
+    python3 benchmarks/e2e/make_sglang_wheels.py --repack   # the files already here into folders of today's size
 
 Run it on a machine with PyPI access (any OS: wheels are fetched for the host's CPython 3.12 on x86-64).
 The host's image already has torch 2.11, triton 3.6, numpy and the rest listed in the device tool's package
 list; sglang-0.5.17.txt names what it lacks, pinned where sglang 0.5.17 pins.
 sglang-kernel's wheel (383 MB) is mostly FA3 (flash_ops.abi3.so, 1.1 GB): it is repacked without FA3, the
 Blackwell ops and FlashMLA (a "lite" wheel, all the FlashInfer and Triton bases need), and FA3 travels apart,
-xz-compressed and split. Everything is then packed into folders p1, p2, ... of at most 56 MiB each: one
-folder per `run` call (carry: [".whl-sglang/pN"]), since a call carries 64 MiB with the repository.
+xz-compressed and split. Everything is then packed into folders p1, p2, ... of at most 52 MiB each: one
+folder per `run` call (carry: [".whl-sglang/pN"]), since a call carries 64 MiB with the repository (10.3 MB of
+tracked files on 2026-12-04, when folders of 56 MiB no longer fitted).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ FA3 = "sgl_kernel/flash_ops.abi3.so"
 LEFT_OUT = (FA3, "sgl_kernel/sm100/", "sgl_kernel/flashmla_ops.abi3.so")  # not used on Hopper MHA
 FA3_PART = "flash_ops.abi3.so.xz.part"
 PART_BYTES = 48 * 2**20
-FOLDER_BYTES = 56 * 2**20
+FOLDER_BYTES = 52 * 2**20
 PLATFORMS = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64"]
 
@@ -88,6 +90,32 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def write_sums() -> None:
+    files = sorted(p for p in OUT.rglob("*") if p.is_file())
+    SUMS.write_text("# sha256 of every file in .whl-sglang/ (benchmarks/e2e/make_sglang_wheels.py)\n"
+                    + "".join(f"{sha256(p)}  {p.relative_to(OUT)}\n" for p in files))
+    for d in sorted(OUT.iterdir()):
+        print(f"{d.name}: {sum(p.stat().st_size for p in d.iterdir()) / 2**20:.1f} MiB, {len(list(d.iterdir()))} files")
+
+
+def repack() -> int:
+    """The files of a checked .whl-sglang/ into folders of FOLDER_BYTES, and the checksums rewritten."""
+    if check():
+        return 1
+    files = [p for p in OUT.rglob("*") if p.is_file()]
+    flat = OUT / "flat"
+    flat.mkdir()
+    for f in files:
+        f.rename(flat / f.name)
+    for d in OUT.iterdir():
+        if d != flat:
+            d.rmdir()
+    pack(list(flat.iterdir()))
+    flat.rmdir()
+    write_sums()
+    return 0
+
+
 def check() -> int:
     bad = []
     for line in SUMS.read_text().splitlines():
@@ -104,8 +132,13 @@ def check() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only check .whl-sglang/ against the checksums")
-    if ap.parse_args().check:
+    ap.add_argument("--repack", action="store_true", help="check .whl-sglang/, then pack its files into folders "
+                    "of FOLDER_BYTES and rewrite the checksums (no download)")
+    a = ap.parse_args()
+    if a.check:
         return check()
+    if a.repack:
+        return repack()
     if OUT.exists():
         shutil.rmtree(OUT)
     flat, kernel = OUT / "flat", OUT / "kernel"
@@ -117,11 +150,7 @@ def main() -> int:
     shutil.rmtree(kernel)
     pack(list(flat.iterdir()))
     flat.rmdir()
-    files = sorted(p for p in OUT.rglob("*") if p.is_file())
-    SUMS.write_text("# sha256 of every file in .whl-sglang/ (benchmarks/e2e/make_sglang_wheels.py)\n"
-                    + "".join(f"{sha256(p)}  {p.relative_to(OUT)}\n" for p in files))
-    for d in sorted(OUT.iterdir()):
-        print(f"{d.name}: {sum(p.stat().st_size for p in d.iterdir()) / 2**20:.1f} MiB, {len(list(d.iterdir()))} files")
+    write_sums()
     return 0
 
 
