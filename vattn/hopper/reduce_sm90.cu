@@ -124,16 +124,18 @@ __device__ __forceinline__ void store_row(__nv_bfloat16* dst, const float (&acc)
   *reinterpret_cast<uint4*>(dst) = res;
 }
 
-// The long sequences' CTAs (the first gridDim.z - batch z-slabs): the row slices of the sequences of more than long_from pieces, numbered sequence by
-// sequence (n_q x num_q_heads x SLICES each), CTA c taking slices c, c + C, ...; in each, warp w merges pieces w,
-// w + WARPS, ... (its lane groups every GROUPS-th of those), and warp 0 folds the warps' merges from shared memory.
+// The long sequences' CTAs (the first gridDim.z - batch z-slabs): the row slices of the sequences of more than
+// long_from pieces, numbered sequence by sequence (n_q x num_q_heads x SLICES each), CTA c taking slices c, c + C,
+// ...; in each, warp w merges pieces w, w + WARPS, ... (its lane groups every GROUPS-th of those), and warp 0 folds
+// the warps' merges from shared memory.
 // Every warp scans the batch itself, 32 sequences a step (a lane one), so that no barrier waits on the scan.
 // Not inlined: inlined, its registers took the kernel past 64 a thread (3 CTAs an SM instead of 4) or, held to 64,
 // made it spill.
-__device__ __noinline__ void merge_long_sequences(const __nv_bfloat16* o_part, int64_t sow, int64_t soh, int64_t sor,
-                                     const float* lse_part, int64_t slw, int64_t slh, const int* seq_part_start,
-                                     const int* cu_q, __nv_bfloat16* out, int64_t sot, int64_t soh_out,
-                                     int num_q_heads, int gqa, int pdl, int batch, int long_from) {
+__device__ __noinline__ void merge_long_sequences(const __nv_bfloat16* o_part, int64_t sow, int64_t soh,
+                                                  int64_t sor, const float* lse_part, int64_t slw, int64_t slh,
+                                                  const int* seq_part_start, const int* cu_q, __nv_bfloat16* out,
+                                                  int64_t sot, int64_t soh_out, int num_q_heads, int gqa, int pdl,
+                                                  int batch, int long_from) {
   __shared__ float folded[WARPS][GROUP][10];  // a warp's merge: acc[8], m, l of each chunk
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = lane / GROUP;
   const int ctas = (gridDim.z - batch) * gridDim.y * gridDim.x;
@@ -212,12 +214,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 2048 / (WARPS * 32) / 2
   const int q0 = cu_q[b], n_q = cu_q[b + 1] - q0;
   const bool first = (blockIdx.x | blockIdx.y | b | threadIdx.x) == 0;
 #if AFTER_WAIT
-  if (pdl && ((hq < num_q_heads && j < n_q) || first))
-    wait_for_main();
-  const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
-#else
-  const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
+  if (pdl && ((hq < num_q_heads && j < n_q) || first)) wait_for_main();
 #endif
+  const int p_first = seq_part_start[b], p_last = seq_part_start[b + 1];
   // one-piece sequences: the main kernel wrote their rows (skip_whole); a sequence of none (no KV) gets zeros;
   // a long one is the long sequences' CTAs'
   const int n = p_last - p_first;
