@@ -334,7 +334,7 @@ def _prebuild(a) -> int:
     from pathlib import Path
 
     from vattn.hopper import backend, build, reduce
-    from vattn.hopper.prebuild import compile_build, ptxas_summary
+    from vattn.hopper.prebuild import compile_build, compile_reduce
 
     build.CACHE = Path(a.prebuild)
     builds: dict[tuple, dict] = {}
@@ -351,8 +351,7 @@ def _prebuild(a) -> int:
     for defines in builds.values():
         print(compile_build(defines), flush=True)
     for head_dim in sorted(reduce_head_dims):
-        cubin = reduce.compile_cubin(head_dim)
-        print(f"reduce: {cubin} ({ptxas_summary(cubin, 'vattn_reduce_sm90')})", flush=True)
+        print(compile_reduce(head_dim), flush=True)
     print(f"{len(builds)} main builds and {len(reduce_head_dims)} reduce builds in {build.CACHE}")
     return 0
 

@@ -44,6 +44,12 @@ def ptxas_summary(cubin: Path, kernel: str) -> str:
     return f"{kernel}: {regs.group(1)} registers, {spills.group(1)} bytes of spill stores"
 
 
+def compile_reduce(head_dim: int) -> str:
+    """Compile the CUDA reduce of one head_dim into build.CACHE; its line: the cubin, ptxas's registers and spills."""
+    cubin = reduce.compile_cubin(head_dim)
+    return f"reduce: {cubin} ({ptxas_summary(cubin, 'vattn_reduce_sm90')})"
+
+
 def compile_build(defines: dict) -> str:
     """Compile one build into build.CACHE; its line: the cubin, its defines, ptxas's registers and spills."""
     cubin = build.compile_cubin(defines)
@@ -88,8 +94,7 @@ def main(argv=None) -> int:
         built = True
     if built and a.head_dim % reduce.SLICE == 0:  # its bf16 partials' merge (reduce.serves; below 16 sequences x
         # programs vattn's Triton reduce takes it)
-        cubin = reduce.compile_cubin(a.head_dim)
-        print(f"reduce: {cubin} ({ptxas_summary(cubin, 'vattn_reduce_sm90')})", flush=True)
+        print(compile_reduce(a.head_dim), flush=True)
     return 0
 
 

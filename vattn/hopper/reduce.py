@@ -69,8 +69,9 @@ class ReduceSm90:
         torch.zeros(1, device="cuda")  # the primary context current on this thread
         self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
         self.after_wait = bool(after_wait)
+        self.long_path = bool(long_path)
         pieces_a_round = 32 // (self.slice // 8) * unroll  # a warp's loads in flight, a piece's slice each
-        self.long_from = 2 * pieces_a_round if long_path else 2**31 - 1
+        self.long_from = 2 * pieces_a_round if long_path else 2**31 - 1  # without: no sequence is long
         self._image, self.module, self.fn = load_function(
             compile_cubin(head_dim, warps, unroll, self.slice, trigger, after_wait), "vattn_reduce_sm90")
         self._launch = _DRIVER_LAUNCH(ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value)
@@ -92,7 +93,7 @@ class ReduceSm90:
         slices = heads * (self.head_dim // self.slice)  # a warp a slice of a row
         row_ctas = -(-slices // self.warps) * max_q_len  # the CTAs of one sequence; before the batch's, the long ones'
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count
-        long_z = -(-sms // row_ctas) if self.long_from < 2**31 - 1 else 0
+        long_z = -(-sms // row_ctas) if self.long_path else 0
         i64, i32 = ctypes.c_int64, ctypes.c_int32
         cu_arg, out_arg = i64(), i64()  # the two addresses a call sets
         args = [i64(o_part.data_ptr()), *map(i64, o_part.stride()[:3]), i64(lse_part.data_ptr()),
