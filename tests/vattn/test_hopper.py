@@ -347,13 +347,13 @@ def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, c
 
 @pytest.fixture(scope="module")
 def built_launch(tmp_path_factory):
-    """vattn/hopper/launch.cpp built into a fresh cache (~20 s): its Launch class."""
+    """vattn/hopper/launch.cpp built into a fresh cache (~20 s): the extension module."""
     pytest.importorskip("torch")
     from vattn.hopper import launch
 
     if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
         pytest.skip("needs a C++ compiler")
-    return launch.module(tmp_path_factory.mktemp("launch")).Launch
+    return launch.module(tmp_path_factory.mktemp("launch"))
 
 
 @pytest.fixture(params=["cpp", "python"])
@@ -362,7 +362,32 @@ def launch_type(request):
     torch = pytest.importorskip("torch")
     from vattn.hopper.launch import PyLaunch
 
-    return torch, request.getfixturevalue("built_launch") if request.param == "cpp" else PyLaunch
+    return torch, request.getfixturevalue("built_launch").Launch if request.param == "cpp" else PyLaunch
+
+
+@pytest.fixture(params=["cpp", "python"])
+def pointer_launch_type(request):
+    """The C++ PointerLaunch and PyPointerLaunch: one contract."""
+    torch = pytest.importorskip("torch")
+    from vattn.hopper.launch import PyPointerLaunch
+
+    return torch, request.getfixturevalue("built_launch").PointerLaunch if request.param == "cpp" else PyPointerLaunch
+
+
+def _recording_driver(record, rc):
+    """A C function in cuLaunchKernelEx's place: record(config, fn, params, extra) reads what a launch passes
+    during the call; it returns rc[0]."""
+    import ctypes
+
+    from vattn.hopper.launch import _LaunchConfig
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                      ctypes.c_void_p)
+    def driver(config, fn, params, extra):
+        record(config.contents, fn, params, extra)
+        return rc[0]
+
+    return driver
 
 
 @pytest.mark.parametrize("pdl", [True, False])
@@ -373,24 +398,20 @@ def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launc
     driver error raises."""
     import ctypes
 
-    from vattn.hopper.launch import _LaunchConfig
-
     torch, Launch = launch_type
     seen, rc = [], [0]
     spec = [("ptr", 0), ("u64", 2 ** 40 + 3), ("i32", -5), ("f32", 0.5), ("ptr", 7), ("stride", 8, 0), ("kmap",),
             ("vmap",)]
 
-    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
-                      ctypes.c_void_p)
-    def driver(config, fn, params, extra):
-        c = config.contents
+    def record(c, fn, params, extra):
         u64 = lambda j: ctypes.c_uint64.from_address(params[j]).value
         attrs = [(c.attrs[i].id, c.attrs[i].value) for i in range(c.num_attrs)]
         seen.append(dict(fn=fn, grid=tuple(c.grid), block=tuple(c.block), smem=c.smem, stream=c.stream, attrs=attrs,
                          q=u64(0), fixed=u64(1), i32=ctypes.c_int32.from_address(params[2]).value,
                          f32=ctypes.c_float.from_address(params[3]).value, vd=u64(4), out_stride=u64(5),
                          kmap=ctypes.string_at(params[6], 128), vmap=ctypes.string_at(params[7], 128), extra=extra))
-        return rc[0]
+
+    driver = _recording_driver(record, rc)
 
     q = torch.randn(8, 16, 256).to(torch.bfloat16)
     k, v = torch.zeros(10, 16, 1, 256, dtype=torch.float8_e4m3fn), torch.zeros(10, 16, 1, 256, dtype=torch.float8_e4m3fn)
@@ -430,6 +451,67 @@ def test_launch_refuses_a_parameter_it_cannot_fill(launch_type):
         Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)], True)
 
 
+@pytest.mark.parametrize("pdl", [True, False])
+def test_a_pointer_launch_fills_the_calls_addresses_beside_its_fixed_parameters(pointer_launch_type, pdl):
+    """A PointerLaunch (the reduce's) below cuLaunchKernelEx: each call's tensors' data pointers go into their
+    slots, the fixed values stay; a pointer off its alignment raises and launches nothing, as does a non-tensor;
+    a driver error raises; the objects it keeps live as long as it does."""
+    import ctypes
+    import gc
+    import weakref
+
+    torch, PointerLaunch = pointer_launch_type
+    seen, rc = [], [0]
+
+    def record(c, fn, params, extra):
+        u64 = lambda j: ctypes.c_uint64.from_address(params[j]).value
+        seen.append(dict(fn=fn, grid=tuple(c.grid), block=tuple(c.block), smem=c.smem, stream=c.stream,
+                         attrs=[(c.attrs[i].id, c.attrs[i].value) for i in range(c.num_attrs)],
+                         fixed=u64(0), cu=u64(1), out=u64(2), i32=ctypes.c_int32.from_address(params[3]).value,
+                         f32=ctypes.c_float.from_address(params[4]).value, extra=extra))
+
+    driver = _recording_driver(record, rc)
+
+    class Kept:
+        pass
+
+    kept = Kept()
+    gone = weakref.ref(kept)
+    spec = [("u64", 2 ** 40 + 3), ("ptr", 0), ("ptr", 1, 16), ("i32", -5), ("f32", 0.5)]
+    launch = PointerLaunch("reduce(cu, out)", ctypes.cast(driver, ctypes.c_void_p).value, lambda: 77, 1234,
+                           (3, 4, 5), 256, 0, spec, pdl, (kept,))
+    del kept
+    gc.collect()
+    assert gone() is not None  # kept by the launch
+    cu, out = torch.zeros(5, dtype=torch.int32), torch.zeros(4, 64, dtype=torch.bfloat16)
+    assert launch.launch(cu, out) is None
+    assert launch.launch(cu[1:], out[1]) is None  # other addresses: out's row 1 is 128 bytes on
+    assert seen == [dict(fn=1234, grid=(3, 4, 5), block=(256, 1, 1), smem=0, stream=77,
+                         attrs=[(6, 1)] if pdl else [], fixed=2 ** 40 + 3, cu=c.data_ptr(), out=o.data_ptr(), i32=-5,
+                         f32=0.5, extra=None) for c, o in ((cu, out), (cu[1:], out[1]))]
+    with pytest.raises(ValueError, match=r"reduce\(cu, out\): argument 1 at 0x[0-9a-f]+; allowed: a 16-byte aligned"):
+        launch.launch(cu, out[0, 4:])  # 8 bytes on
+    with pytest.raises(TypeError, match=r"reduce\(cu, out\): argument 0 must be a tensor"):
+        launch.launch([0, 1], out)
+    with pytest.raises(TypeError, match="argument 1 must be a tensor"):
+        launch.launch(cu)
+    assert len(seen) == 2
+    rc[0] = 700
+    with pytest.raises(RuntimeError, match="cuLaunchKernelEx failed: CUresult 700"):
+        launch.launch(cu, out)
+    del launch
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_pointer_launch_refuses_a_parameter_it_cannot_fill(pointer_launch_type):
+    _, PointerLaunch = pointer_launch_type
+    with pytest.raises(ValueError, match=r"params\[1\]: kind stride .*allowed: u64, i32, f32, ptr"):
+        PointerLaunch("k", 0, lambda: 0, 0, (1, 1, 1), 128, 0, [("ptr", 0), ("stride", 0, 1)], True, None)
+    with pytest.raises(ValueError, match=r"params\[0\]: argument 0 aligned to 12 bytes; allowed: .*power of two"):
+        PointerLaunch("k", 0, lambda: 0, 0, (1, 1, 1), 128, 0, [("ptr", 0, 12)], True, None)
+
+
 def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(monkeypatch, tmp_path):
     import warnings
 
@@ -441,9 +523,10 @@ def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(mon
     monkeypatch.setattr(launch, "module", no_headers)
     with pytest.warns(UserWarning, match="C\\+\\+ launch could not be built .*Python.h.*through ctypes"):
         assert launch.launch_type(tmp_path) is launch.PyLaunch
-    with warnings.catch_warnings():  # asked again: the same answer, no second warning
+    with warnings.catch_warnings():  # asked again, or for the reduce's: the same answer, no second warning
         warnings.simplefilter("error")
         assert launch.launch_type(tmp_path) is launch.PyLaunch
+        assert launch.pointer_launch_type(tmp_path) is launch.PyPointerLaunch
 
 
 def _hopper_gpu():
@@ -494,13 +577,17 @@ def test_two_consumer_warpgroups_match_reference(case, config):
 
 @pytest.mark.gpu
 @pytest.mark.timeout(180, method="thread")
+@pytest.mark.parametrize("cuda_reduce", [False, True])
 @pytest.mark.parametrize("case", ["ragged", "decode-q1"])
-def test_the_ctypes_launch_matches_reference(monkeypatch, case):
-    """PyLaunch, where the C++ launch cannot be built, launches the same kernel with the same parameters."""
+def test_the_ctypes_launch_matches_reference(monkeypatch, case, cuda_reduce):
+    """PyLaunch and PyPointerLaunch, where the C++ launch cannot be built, launch the same kernels with the same
+    parameters."""
     from vattn.hopper import launch
 
     monkeypatch.setattr(launch, "launch_type", lambda cache: launch.PyLaunch)
-    _check_against_reference(case, "hd256-gqa16", SCHEDULES["k8"])
+    monkeypatch.setattr(launch, "pointer_launch_type", lambda cache: launch.PyPointerLaunch)
+    _check_against_reference(case, "hd256-gqa16", SCHEDULES["k8"] | ({"PARTIAL_BF16": 1} if cuda_reduce else {}),
+                             cuda_reduce=cuda_reduce)
 
 
 # out with rows 8 bytes off 16-byte alignment (a head stride of D + 4): the staged result's 16-byte stores cannot

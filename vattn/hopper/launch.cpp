@@ -1,4 +1,5 @@
-// The Hopper main kernel's launch for calls of one signature, as a CPython type (vattn/hopper/launch.py builds it).
+// The Hopper kernels' launches for calls of one signature, as CPython types (vattn/hopper/launch.py builds them):
+// Launch, the main kernel's, and PointerLaunch, the reduce's.
 //
 // Why C++: an eager vattn.attention call spent ~9 us of an H200 host's time building and comparing its signature
 // in Python (36 tensor attributes) and ~5 more filling ctypes parameters, around a ~6 us cuLaunchKernel. Here the
@@ -16,14 +17,23 @@
 //   -> 1 launched; 0 not this signature (nothing launched); -1 no TMA maps for these caches yet (add_maps them).
 //   softmax_scale None stands for 1/sqrt(head_dim), as in vattn.attention. A failed launch raises RuntimeError.
 // add_maps(k_ptr, v_ptr, k_map, v_map): the 128-byte CUtensorMaps of one pair of caches.
+//
+// PointerLaunch(name, launch_fn, stream_fn, function, grid, threads, smem, params, pdl, keep): a kernel whose
+// parameters are fixed but for some tensors' data pointers, which each call passes (the reduce: cu_seqlens_q and
+// out, the rest bound once per signature, which the caller has checked). params: ("u64" | "i32" | "f32", value) or
+// ("ptr", i[, align]): the call's argument i's data pointer, a multiple of align bytes; keep: what the fixed
+// values address, kept alive with the launch. launch(*tensors) -> None; a misaligned pointer raises ValueError
+// (nothing launched), a failed launch RuntimeError.
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -71,12 +81,67 @@ struct alignas(64) MapPair {
   unsigned char k[128], v[128];
 };
 
-struct State {
+// What a launch of either type enqueues with: the driver's entry, the stream getter, the kernel and its config.
+struct Enqueue {
   LaunchFn launch = nullptr;
-  PyObject* stream_fn = nullptr;  // owned
+  PyObject* stream_fn = nullptr;  // owned once set
   void* function = nullptr;
   LaunchConfig config{};
-  LaunchAttribute pdl{};
+  LaunchAttribute pdl{};  // config.attrs points here: an Enqueue stays where it was made
+  ~Enqueue() { Py_XDECREF(stream_fn); }
+};
+
+bool set_up(Enqueue& e, PyObject* launch_fn, PyObject* stream_fn, PyObject* function, PyObject* grid,
+            unsigned threads, unsigned smem, int pdl) {
+  e.launch = reinterpret_cast<LaunchFn>(PyLong_AsVoidPtr(launch_fn));
+  e.function = PyLong_AsVoidPtr(function);
+  if (PyErr_Occurred()) return false;
+  LaunchConfig& c = e.config;
+  if (!PyArg_ParseTuple(grid, "III", &c.grid[0], &c.grid[1], &c.grid[2])) return false;
+  c.block[0] = threads;
+  c.block[1] = c.block[2] = 1;
+  c.smem = smem;
+  e.pdl.id = kProgrammaticStreamSerialization;
+  e.pdl.v.value = 1;
+  c.attrs = &e.pdl;
+  c.num_attrs = pdl ? 1 : 0;
+  Py_INCREF(stream_fn);
+  e.stream_fn = stream_fn;
+  return true;
+}
+
+// The kernel on the current stream with these parameter slots; false with an exception set if it fails.
+bool enqueue(Enqueue& e, void** slots) {
+  PyObject* stream = PyObject_CallNoArgs(e.stream_fn);
+  if (!stream) return false;
+  e.config.stream = PyLong_AsVoidPtr(stream);
+  Py_DECREF(stream);
+  if (PyErr_Occurred()) return false;
+  int rc = e.launch(&e.config, e.function, slots, nullptr);
+  if (rc != 0) PyErr_Format(PyExc_RuntimeError, "cuLaunchKernelEx failed: CUresult %d", rc);
+  return rc == 0;
+}
+
+// A fixed parameter, ("u64" | "i32" | "f32", a), into its 8-byte slot (i32 and f32 in the low bytes); false: kind
+// is not a fixed one.
+bool fixed_value(const char* kind, PyObject* a, uint64_t& v) {
+  if (!a) return false;
+  if (!std::strcmp(kind, "u64")) {
+    v = PyLong_AsUnsignedLongLongMask(a);
+  } else if (!std::strcmp(kind, "i32")) {
+    int32_t x = static_cast<int32_t>(PyLong_AsLong(a));
+    std::memcpy(&v, &x, sizeof x);
+  } else if (!std::strcmp(kind, "f32")) {
+    float x = static_cast<float>(PyFloat_AsDouble(a));
+    std::memcpy(&v, &x, sizeof x);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+struct State {
+  Enqueue enqueue;
   Meta meta[kArgs];
   double scale = 0, default_scale = 0;
   std::vector<Param> params;
@@ -132,18 +197,7 @@ int init(LaunchObject* self, PyObject* args, PyObject*) {
                         &scale, &params, &pdl))
     return -1;
   auto st = std::make_unique<State>();
-  st->launch = reinterpret_cast<LaunchFn>(PyLong_AsVoidPtr(launch_fn));
-  st->function = PyLong_AsVoidPtr(function);
-  if (PyErr_Occurred()) return -1;
-  LaunchConfig& c = st->config;
-  if (!PyArg_ParseTuple(grid, "III", &c.grid[0], &c.grid[1], &c.grid[2])) return -1;
-  c.block[0] = threads;
-  c.block[1] = c.block[2] = 1;
-  c.smem = smem;
-  st->pdl.id = kProgrammaticStreamSerialization;
-  st->pdl.v.value = 1;
-  c.attrs = &st->pdl;
-  c.num_attrs = pdl ? 1 : 0;
+  if (!set_up(st->enqueue, launch_fn, stream_fn, function, grid, threads, smem, pdl)) return -1;
   st->scale = scale;
   if (!PyTuple_Check(examples) || PyTuple_GET_SIZE(examples) != kArgs - 1) {
     PyErr_SetString(PyExc_TypeError, "Launch: examples must be a tuple of the nine tensor arguments");
@@ -174,17 +228,8 @@ int init(LaunchObject* self, PyObject* args, PyObject*) {
     Param& q = st->params[j];
     uint64_t& v = st->values[j];
     st->slots[j] = &v;
-    if (!std::strcmp(kind, "u64") && a) {
+    if (fixed_value(kind, a, v)) {
       q.kind = kFixed;
-      v = PyLong_AsUnsignedLongLongMask(a);
-    } else if (!std::strcmp(kind, "i32") && a) {
-      q.kind = kFixed;
-      int32_t x = static_cast<int32_t>(PyLong_AsLong(a));
-      std::memcpy(&v, &x, sizeof x);
-    } else if (!std::strcmp(kind, "f32") && a) {
-      q.kind = kFixed;
-      float x = static_cast<float>(PyFloat_AsDouble(a));
-      std::memcpy(&v, &x, sizeof x);
     } else if (!std::strcmp(kind, "ptr") && a) {
       q.kind = kPtr;
       q.arg = static_cast<int>(PyLong_AsLong(a));
@@ -210,18 +255,13 @@ int init(LaunchObject* self, PyObject* args, PyObject*) {
     }
   }
   Py_DECREF(seq);
-  Py_INCREF(stream_fn);
-  st->stream_fn = stream_fn;
   delete self->state;
   self->state = st.release();
   return 0;
 }
 
 void dealloc(LaunchObject* self) {
-  if (self->state) {
-    Py_XDECREF(self->state->stream_fn);
-    delete self->state;
-  }
+  delete self->state;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
 
@@ -263,13 +303,7 @@ PyObject* launch(LaunchObject* self, PyObject* const* args, Py_ssize_t nargs) {
         break;
     }
   }
-  PyObject* stream = PyObject_CallNoArgs(st->stream_fn);
-  if (!stream) return nullptr;
-  st->config.stream = PyLong_AsVoidPtr(stream);
-  Py_DECREF(stream);
-  if (PyErr_Occurred()) return nullptr;
-  int rc = st->launch(&st->config, st->function, st->slots.data(), nullptr);
-  if (rc != 0) return PyErr_Format(PyExc_RuntimeError, "cuLaunchKernelEx failed: CUresult %d", rc);
+  if (!enqueue(st->enqueue, st->slots.data())) return nullptr;
   return PyLong_FromLong(1);
 }
 
@@ -294,6 +328,103 @@ PyObject* add_maps(LaunchObject* self, PyObject* args) {
   return result;
 }
 
+struct Pointer {  // a parameter a call fills: its slot, the call's argument, the address's alignment
+  size_t slot;
+  Py_ssize_t arg;
+  unsigned long long align;
+};
+
+struct PointerState {
+  Enqueue enqueue;
+  std::string name;             // the kernel's, for errors
+  PyObject* keep = nullptr;     // owned once set
+  std::vector<uint64_t> values;  // one 8-byte slot a parameter, as State's
+  std::vector<void*> slots;
+  std::vector<Pointer> pointers;
+  ~PointerState() { Py_XDECREF(keep); }
+};
+
+struct PointerLaunchObject {
+  PyObject_HEAD PointerState* state;
+};
+
+int pointer_init(PointerLaunchObject* self, PyObject* args, PyObject*) {
+  PyObject *launch_fn, *stream_fn, *function, *grid, *params, *keep;
+  const char* name;
+  unsigned threads, smem;
+  int pdl;
+  if (!PyArg_ParseTuple(args, "sOOOOIIOpO", &name, &launch_fn, &stream_fn, &function, &grid, &threads, &smem,
+                        &params, &pdl, &keep))
+    return -1;
+  auto st = std::make_unique<PointerState>();
+  st->name = name;
+  if (!set_up(st->enqueue, launch_fn, stream_fn, function, grid, threads, smem, pdl)) return -1;
+  PyObject* seq = PySequence_Fast(params, "PointerLaunch: params must be a sequence");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  st->values.assign(n, 0);
+  for (Py_ssize_t j = 0; j < n; ++j) {
+    const char* kind = nullptr;
+    PyObject *a = nullptr, *b = nullptr;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "s|OO", &kind, &a, &b)) break;
+    if (fixed_value(kind, a, st->values[j])) continue;
+    if (!std::strcmp(kind, "ptr") && a) {
+      Pointer p{static_cast<size_t>(j), PyLong_AsSsize_t(a), b ? PyLong_AsUnsignedLongLong(b) : 1};
+      if (!PyErr_Occurred() && (p.arg < 0 || p.align == 0 || (p.align & (p.align - 1))))
+        PyErr_Format(PyExc_ValueError, "PointerLaunch: params[%zd]: argument %zd aligned to %llu bytes; allowed: "
+                     "an argument index >= 0 and a power of two", j, p.arg, p.align);
+      st->pointers.push_back(p);
+    } else if (!PyErr_Occurred()) {
+      PyErr_Format(PyExc_ValueError, "PointerLaunch: params[%zd]: kind %s with its operands; allowed: u64, i32, "
+                   "f32, ptr", j, kind);
+    }
+    if (PyErr_Occurred()) break;
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred()) return -1;
+  for (uint64_t& v : st->values) st->slots.push_back(&v);
+  Py_INCREF(keep);
+  st->keep = keep;
+  delete self->state;
+  self->state = st.release();
+  return 0;
+}
+
+void pointer_dealloc(PointerLaunchObject* self) {
+  delete self->state;
+  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
+}
+
+PyObject* pointer_launch(PointerLaunchObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  PointerState* st = self->state;
+  if (!st) {
+    PyErr_SetString(PyExc_TypeError, "PointerLaunch: not initialised");
+    return nullptr;
+  }
+  for (const Pointer& p : st->pointers) {
+    if (p.arg >= nargs || !THPVariable_Check(args[p.arg]))
+      return PyErr_Format(PyExc_TypeError, "%s: argument %zd must be a tensor", st->name.c_str(), p.arg);
+    uint64_t address = data_ptr(args[p.arg]);
+    if (address % p.align) {  // (PyErr_Format takes no %llx)
+      char message[256];
+      std::snprintf(message, sizeof message, "%s: argument %zd at 0x%llx; allowed: a %llu-byte aligned address",
+                    st->name.c_str(), p.arg, static_cast<unsigned long long>(address), p.align);
+      PyErr_SetString(PyExc_ValueError, message);
+      return nullptr;
+    }
+    st->values[p.slot] = address;
+  }
+  if (!enqueue(st->enqueue, st->slots.data())) return nullptr;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef pointer_methods[] = {
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(pointer_launch)), METH_FASTCALL,
+     "launch(*tensors): the kernel with these tensors' data pointers in their parameters"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject pointer_launch_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyMethodDef methods[] = {
     {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(launch)), METH_FASTCALL,
      "launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, out) "
@@ -316,12 +447,18 @@ PyMODINIT_FUNC PyInit_vattn_hopper_launch() {
   launch_type.tp_init = reinterpret_cast<initproc>(init);
   launch_type.tp_dealloc = reinterpret_cast<destructor>(dealloc);
   launch_type.tp_methods = methods;
-  if (PyType_Ready(&launch_type) < 0) return nullptr;
+  pointer_launch_type.tp_name = "vattn_hopper_launch.PointerLaunch";
+  pointer_launch_type.tp_basicsize = sizeof(PointerLaunchObject);
+  pointer_launch_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  pointer_launch_type.tp_new = PyType_GenericNew;
+  pointer_launch_type.tp_init = reinterpret_cast<initproc>(pointer_init);
+  pointer_launch_type.tp_dealloc = reinterpret_cast<destructor>(pointer_dealloc);
+  pointer_launch_type.tp_methods = pointer_methods;
+  if (PyType_Ready(&launch_type) < 0 || PyType_Ready(&pointer_launch_type) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (!m) return nullptr;
-  Py_INCREF(&launch_type);
-  if (PyModule_AddObject(m, "Launch", reinterpret_cast<PyObject*>(&launch_type)) < 0) {
-    Py_DECREF(&launch_type);
+  if (PyModule_AddObjectRef(m, "Launch", reinterpret_cast<PyObject*>(&launch_type)) < 0 ||
+      PyModule_AddObjectRef(m, "PointerLaunch", reinterpret_cast<PyObject*>(&pointer_launch_type)) < 0) {
     Py_DECREF(m);
     return nullptr;
   }

@@ -1,12 +1,13 @@
-"""The Hopper main kernel's launch (launch.cpp): a CPython extension built at first use with the system C++
+"""The Hopper kernels' launches (launch.cpp): a CPython extension built at first use with the system C++
 compiler against torch's headers, cached beside the cubins (the cache folder vattn.hopper.build passes) by a hash
 of its source, the torch and Python versions.
 
-It checks a call's nine tensors against the signature it was made with and launches the kernel through
-cuLaunchKernelEx, so that an eager vattn.attention call whose signature repeats skips the Python signature (see
-vattn.api.attention). The build takes ~20 s once. Where it cannot be built (no C++ compiler, no Python headers),
-`launch_type` warns once and gives PyLaunch, the same contract in Python and ctypes: correct, with the host time
-of the Python signature (~16-27 us an eager call on an H200 host instead of 5-7)."""
+Its Launch checks a call's nine tensors against the signature it was made with and launches the main kernel
+through cuLaunchKernelEx, so that an eager vattn.attention call whose signature repeats skips the Python signature
+(see vattn.api.attention); its PointerLaunch launches the reduce with the two addresses a call changes. The build
+takes ~20 s once. Where it cannot be built (no C++ compiler, no Python headers), `launch_type` and
+`pointer_launch_type` warn once and give PyLaunch and PyPointerLaunch, the same contracts in Python and ctypes:
+correct, with more host time (the Python signature: ~16-27 us an eager call on an H200 host instead of 5-7)."""
 
 from __future__ import annotations
 
@@ -74,14 +75,26 @@ def module(cache: Path):
 
 
 @functools.lru_cache(maxsize=None)
-def launch_type(cache: Path):
-    """The Launch class: the extension's, or PyLaunch (with one warning) where it cannot be built."""
+def _built(cache: Path):
+    """The extension module, or None (with one warning) where it cannot be built."""
     try:
-        return module(cache).Launch
+        return module(cache)
     except Exception as exc:
         warnings.warn(f"vattn: the Hopper kernel's C++ launch could not be built ({exc!r}); launching through "
                       "ctypes, with more host time a call")
-        return PyLaunch
+        return None
+
+
+def launch_type(cache: Path):
+    """The Launch class: the extension's, or PyLaunch where it cannot be built."""
+    built = _built(cache)
+    return PyLaunch if built is None else built.Launch
+
+
+def pointer_launch_type(cache: Path):
+    """The PointerLaunch class: the extension's, or PyPointerLaunch where it cannot be built."""
+    built = _built(cache)
+    return PyPointerLaunch if built is None else built.PointerLaunch
 
 
 class _LaunchAttribute(ctypes.Structure):  # cuda.h's CUlaunchAttribute: an id, its value in a 64-byte union at 8
@@ -177,3 +190,42 @@ class PyLaunch:
         base = (ctypes.addressof(buf) + 63) & ~63  # a CUtensorMap's alignment
         ctypes.memmove(base, k_map + v_map, 256)
         self._maps[(k_ptr, v_ptr)] = (buf, base)
+
+
+class PyPointerLaunch:
+    """launch.cpp's PointerLaunch (see there for the arguments) in Python and ctypes."""
+
+    def __init__(self, name, launch_fn, stream_fn, function, grid, threads, smem, params, pdl, keep):
+        self._name, self._driver, self._stream, self._function = name, _DRIVER_LAUNCH(launch_fn), stream_fn, function
+        self._pdl = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        self._config = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(threads, 1, 1),
+                                     smem=smem, attrs=ctypes.pointer(self._pdl), num_attrs=1 if pdl else 0)
+        self._slots, self._pointers, self._keep = [], [], keep
+        for j, (kind, *operands) in enumerate(params):
+            if kind in _FIXED and operands:
+                self._slots.append(_FIXED[kind](operands[0]))
+            elif kind == "ptr" and operands:
+                i, align = operands[0], operands[1] if len(operands) > 1 else 1
+                if i < 0 or align <= 0 or align & (align - 1):
+                    raise ValueError(f"PointerLaunch: params[{j}]: argument {i} aligned to {align} bytes; allowed: "
+                                     "an argument index >= 0 and a power of two")
+                self._slots.append(ctypes.c_uint64())
+                self._pointers.append((self._slots[-1], i, align))
+            else:
+                raise ValueError(f"PointerLaunch: params[{j}]: kind {kind} with its operands; allowed: u64, i32, "
+                                 "f32, ptr")
+        self._params = (ctypes.c_void_p * len(params))(*map(ctypes.addressof, self._slots))
+
+    def launch(self, *tensors) -> None:
+        for slot, i, align in self._pointers:
+            try:
+                slot.value = tensors[i].data_ptr()
+            except (IndexError, AttributeError):
+                raise TypeError(f"{self._name}: argument {i} must be a tensor") from None
+            if slot.value % align:
+                raise ValueError(f"{self._name}: argument {i} at {slot.value:#x}; allowed: a {align}-byte aligned "
+                                 "address")
+        self._config.stream = self._stream()
+        rc = self._driver(ctypes.byref(self._config), self._function, self._params, None)
+        if rc != 0:
+            raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")

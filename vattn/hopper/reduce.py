@@ -9,9 +9,10 @@ a layer, benchmarks/NOTES.md P91), where vattn's Triton reduce is not a programm
 behind 16x70k's main kernel (P105).
 
 Built with nvcc at first use (vattn.hopper.build.compile_source, cached beside the main kernel's cubins; or ahead
-of time by vattn.hopper.prebuild) and launched through ctypes with its parameters bound once per call signature:
-a call sets two addresses (its launch 3.9-7.4 us of host time against the Triton reduce's 4.9-7.0 on one H200 host,
-run BF host in benchmarks/h200-host-overhead.json).
+of time by vattn.hopper.prebuild) and launched with its parameters bound once per call signature, by
+vattn/hopper/launch.cpp's PointerLaunch: a call sets two addresses, without the Python and ctypes work of the
+launch as first written (3.9-7.4 us of host time against the Triton reduce's 4.9-7.0 on one H200 host, run BF host
+in benchmarks/h200-host-overhead.json; benchmarks/NOTES.md, "Issue 18: long among short, host overhead").
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ class ReduceSm90:
         import torch
 
         from vattn.hopper.build import _driver, load_function
-        from vattn.hopper.launch import _DRIVER_LAUNCH
 
         torch.zeros(1, device="cuda")  # the primary context current on this thread
         self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
@@ -74,17 +74,18 @@ class ReduceSm90:
         self.long_from = 2 * pieces_a_round if long_path else 2**31 - 1  # without: no sequence is long
         self._image, self.module, self.fn = load_function(
             compile_cubin(head_dim, warps, unroll, self.slice, trigger, after_wait), "vattn_reduce_sm90")
-        self._launch = _DRIVER_LAUNCH(ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value)
+        self._launch_fn = ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value
 
     def bind(self, o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
              pdl: bool = True):
         """launch(cu_seqlens_q, out) for calls whose other arguments are these and whose cu_seqlens_q and out
         have these shapes and strides (vattn.api binds one per call signature); pdl: as a programmatic dependent
-        of the main kernel."""
+        of the main kernel. out must be 16-byte aligned (its rows are stored 16 bytes at a time): launch raises
+        ValueError otherwise."""
         import torch
 
-        from vattn.hopper.launch import (_PROGRAMMATIC_STREAM_SERIALIZATION, _LaunchAttribute, _LaunchConfig,
-                                         current_stream_fn)
+        from vattn.hopper import build
+        from vattn.hopper.launch import current_stream_fn, pointer_launch_type
 
         if o_part.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or out.shape[2] != self.head_dim:
             raise ValueError(f"ReduceSm90: bf16 partials and output of head_dim {self.head_dim}; got {o_part.dtype}, "
@@ -94,33 +95,15 @@ class ReduceSm90:
         row_ctas = -(-slices // self.warps) * max_q_len  # the CTAs of one sequence; before the batch's, the long ones'
         sms = torch.cuda.get_device_properties(out.device).multi_processor_count
         long_z = -(-sms // row_ctas) if self.long_path else 0
-        i64, i32 = ctypes.c_int64, ctypes.c_int32
-        cu_arg, out_arg = i64(), i64()  # the two addresses a call sets
-        args = [i64(o_part.data_ptr()), *map(i64, o_part.stride()[:3]), i64(lse_part.data_ptr()),
-                *map(i64, lse_part.stride()[:2]), i64(seq_part_start.data_ptr()), cu_arg, out_arg,
-                i64(out.stride(0)), i64(out.stride(1)), i32(heads), i32(gqa), i32(int(pdl)), i32(batch),
-                i32(self.long_from)]
-        params = (ctypes.c_void_p * len(args))(*map(ctypes.addressof, args))
-        attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        config = _LaunchConfig(grid=(ctypes.c_uint * 3)(-(-slices // self.warps), max_q_len, batch + long_z),
-                               block=(ctypes.c_uint * 3)(self.warps * 32, 1, 1), smem=0,
-                               attrs=ctypes.pointer(attr), num_attrs=1 if pdl else 0)
-        stream = current_stream_fn(out.device.index)
-        driver, fn, config_ref = self._launch, self.fn, ctypes.byref(config)
-        held = (o_part, lse_part, seq_part_start, args, params, attr)  # live as long as the launch
-
-        def launch(cu_seqlens_q, out) -> None:
-            cu_arg.value, out_arg.value = cu_seqlens_q.data_ptr(), out.data_ptr()
-            if out_arg.value % 16:  # its rows are stored 16 bytes at a time
-                raise ValueError(f"vattn's Hopper reduce: out at {out_arg.value:#x}; allowed: a 16-byte aligned "
-                                 "address")
-            config.stream = stream()
-            rc = driver(config_ref, fn, params, None)
-            if rc != 0:
-                raise RuntimeError(f"cuLaunchKernelEx (vattn_reduce_sm90) failed: CUresult {rc}")
-
-        launch.keep = held
-        return launch
+        u64 = lambda *values: [("u64", v) for v in values]
+        params = [*u64(o_part.data_ptr(), *o_part.stride()[:3], lse_part.data_ptr(), *lse_part.stride()[:2],
+                       seq_part_start.data_ptr()), ("ptr", 0), ("ptr", 1, 16), *u64(out.stride(0), out.stride(1)),
+                  *[("i32", v) for v in (heads, gqa, int(pdl), batch, self.long_from)]]
+        launch = pointer_launch_type(build.CACHE)(
+            "vattn_reduce_sm90(cu_seqlens_q, out)", self._launch_fn, current_stream_fn(out.device.index), self.fn.value,
+            (-(-slices // self.warps), max_q_len, batch + long_z), self.warps * 32, 0, params, pdl,
+            (o_part, lse_part, seq_part_start))
+        return launch.launch
 
     def __call__(self, o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
                  pdl: bool = True) -> None:
