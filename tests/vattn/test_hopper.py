@@ -512,6 +512,51 @@ def test_a_pointer_launch_refuses_a_parameter_it_cannot_fill(pointer_launch_type
         PointerLaunch("k", 0, lambda: 0, 0, (1, 1, 1), 128, 0, [("ptr", 0, 12)], True, None)
 
 
+def test_the_reduces_bound_launch_passes_its_kernels_parameters_in_order(pointer_launch_type, monkeypatch):
+    """ReduceSm90.bind below cuLaunchKernelEx (no GPU: the loaded kernel and the SM count stand in): the launch
+    passes reduce_sm90.cu's parameters in its signature's order, by name, with the grid of the batch's CTAs
+    after the long sequences' slabs; out off 16 bytes raises and launches nothing."""
+    import ctypes
+
+    from vattn.hopper import launch as launch_mod
+    from vattn.hopper import reduce
+
+    torch, PointerLaunch = pointer_launch_type
+    signature = re.search(r"vattn_reduce_sm90\(([^)]*)\)", reduce.SOURCE.read_text()).group(1)
+    params = [(m.group(1), m.group(2)) for m in re.finditer(r"([\w:]+\*?)\s+(\w+)\s*(?:,|$)", signature)]
+    seen = []
+
+    def record(c, fn, slots, extra):
+        read = {"int64_t": ctypes.c_int64, "int": ctypes.c_int32}
+        seen.append(dict(fn=fn, grid=tuple(c.grid), block=tuple(c.block), stream=c.stream, values={
+            name: (ctypes.c_uint64 if kind.endswith("*") else read[kind]).from_address(slots[j]).value
+            for j, (kind, name) in enumerate(params)}))
+
+    driver = _recording_driver(record, [0])
+    monkeypatch.setattr(launch_mod, "pointer_launch_type", lambda cache: PointerLaunch)
+    monkeypatch.setattr(launch_mod, "current_stream_fn", lambda device: lambda: 77)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"multi_processor_count": 132}))
+    kernel = object.__new__(reduce.ReduceSm90.__wrapped__)  # its fields as __init__ sets them at head_dim 256
+    kernel.head_dim, kernel.warps, kernel.slice, kernel.long_path, kernel.long_from = 256, 8, 128, True, 32
+    kernel.fn, kernel._launch_fn = ctypes.c_void_p(4321), ctypes.cast(driver, ctypes.c_void_p).value
+    batch, heads, gqa, max_q = 5, 16, 8, 4  # two programs a piece, of 8 heads each: every value differs
+    o_part = torch.zeros(12, 2, max_q * gqa, 256, dtype=torch.bfloat16)
+    lse_part, starts = torch.zeros(12, 2, max_q * gqa), torch.zeros(batch + 1, dtype=torch.int32)
+    cu, out = torch.zeros(batch + 1, dtype=torch.int32), torch.zeros(20, heads, 256, dtype=torch.bfloat16)
+    bound = kernel.bind(o_part, lse_part, starts, cu, out, gqa=gqa, max_q_len=max_q, pdl=True)
+    bound(cu, out)
+    # 16 heads x 2 slices of 128 on 8 warps: 4 CTAs a query row, 16 a sequence; 132 SMs: 9 slabs of long CTAs
+    assert seen == [dict(fn=4321, grid=(4, max_q, batch + 9), block=(256, 1, 1), stream=77, values=dict(
+        o_part=o_part.data_ptr(), sow=o_part.stride(0), soh=o_part.stride(1), sor=o_part.stride(2),
+        lse_part=lse_part.data_ptr(), slw=lse_part.stride(0), slh=lse_part.stride(1), seq_part_start=starts.data_ptr(),
+        cu_q=cu.data_ptr(), out=out.data_ptr(), sot=out.stride(0), soh_out=out.stride(1), num_q_heads=heads,
+        gqa=gqa, pdl=1, batch=batch, long_from=32))]
+    shifted = torch.zeros(20 * heads * 256 + 4, dtype=torch.bfloat16)[4:].view(20, heads, 256)  # 8 bytes on
+    with pytest.raises(ValueError, match=r"vattn_reduce_sm90\(cu_seqlens_q, out\): argument 1 at .*16-byte aligned"):
+        bound(cu, shifted)
+    assert len(seen) == 1
+
+
 def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(monkeypatch, tmp_path):
     import warnings
 
