@@ -260,7 +260,8 @@ int init(LaunchObject* self, PyObject* args, PyObject*) {
   return 0;
 }
 
-void dealloc(LaunchObject* self) {
+template <class Object>
+void dealloc(Object* self) {
   delete self->state;
   Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
 }
@@ -390,11 +391,6 @@ int pointer_init(PointerLaunchObject* self, PyObject* args, PyObject*) {
   return 0;
 }
 
-void pointer_dealloc(PointerLaunchObject* self) {
-  delete self->state;
-  Py_TYPE(self)->tp_free(reinterpret_cast<PyObject*>(self));
-}
-
 PyObject* pointer_launch(PointerLaunchObject* self, PyObject* const* args, Py_ssize_t nargs) {
   PointerState* st = self->state;
   if (!st) {
@@ -437,24 +433,25 @@ PyTypeObject launch_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "vattn_hopper_launch", nullptr, -1, nullptr};
 
+template <class Object, class Init>
+int ready(PyTypeObject& type, const char* name, Init init, PyMethodDef* methods) {
+  type.tp_name = name;
+  type.tp_basicsize = sizeof(Object);
+  type.tp_flags = Py_TPFLAGS_DEFAULT;
+  type.tp_new = PyType_GenericNew;
+  type.tp_init = reinterpret_cast<initproc>(init);
+  type.tp_dealloc = reinterpret_cast<destructor>(dealloc<Object>);
+  type.tp_methods = methods;
+  return PyType_Ready(&type);
+}
+
 }  // namespace
 
 PyMODINIT_FUNC PyInit_vattn_hopper_launch() {
-  launch_type.tp_name = "vattn_hopper_launch.Launch";
-  launch_type.tp_basicsize = sizeof(LaunchObject);
-  launch_type.tp_flags = Py_TPFLAGS_DEFAULT;
-  launch_type.tp_new = PyType_GenericNew;
-  launch_type.tp_init = reinterpret_cast<initproc>(init);
-  launch_type.tp_dealloc = reinterpret_cast<destructor>(dealloc);
-  launch_type.tp_methods = methods;
-  pointer_launch_type.tp_name = "vattn_hopper_launch.PointerLaunch";
-  pointer_launch_type.tp_basicsize = sizeof(PointerLaunchObject);
-  pointer_launch_type.tp_flags = Py_TPFLAGS_DEFAULT;
-  pointer_launch_type.tp_new = PyType_GenericNew;
-  pointer_launch_type.tp_init = reinterpret_cast<initproc>(pointer_init);
-  pointer_launch_type.tp_dealloc = reinterpret_cast<destructor>(pointer_dealloc);
-  pointer_launch_type.tp_methods = pointer_methods;
-  if (PyType_Ready(&launch_type) < 0 || PyType_Ready(&pointer_launch_type) < 0) return nullptr;
+  if (ready<LaunchObject>(launch_type, "vattn_hopper_launch.Launch", init, methods) < 0 ||
+      ready<PointerLaunchObject>(pointer_launch_type, "vattn_hopper_launch.PointerLaunch", pointer_init,
+                                 pointer_methods) < 0)
+    return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (!m) return nullptr;
   if (PyModule_AddObjectRef(m, "Launch", reinterpret_cast<PyObject*>(&launch_type)) < 0 ||
