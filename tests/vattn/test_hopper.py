@@ -535,7 +535,8 @@ def test_the_reduces_bound_launch_passes_its_kernels_parameters_in_order(pointer
     driver = _recording_driver(record, [0])
     monkeypatch.setattr(launch_mod, "pointer_launch_type", lambda cache: PointerLaunch)
     monkeypatch.setattr(launch_mod, "current_stream_fn", lambda device: lambda: 77)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"multi_processor_count": 132}))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("Properties", (), {"multi_processor_count": 132}))
     kernel = object.__new__(reduce.ReduceSm90.__wrapped__)  # its fields as __init__ sets them at head_dim 256
     kernel.head_dim, kernel.warps, kernel.slice, kernel.long_path, kernel.long_from = 256, 8, 128, True, 32
     kernel.fn, kernel._launch_fn = ctypes.c_void_p(4321), ctypes.cast(driver, ctypes.c_void_p).value
