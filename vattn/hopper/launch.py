@@ -119,6 +119,24 @@ def current_stream_fn(device: int):
     raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return (functools.partial(raw_stream, device) if raw_stream
             else lambda: torch.cuda.current_stream(device).cuda_stream)
+
+
+class _Enqueue:
+    """launch.cpp's Enqueue in ctypes: one kernel's launch config, enqueued with a call's parameter slots."""
+
+    def __init__(self, launch_fn, stream_fn, function, grid, threads, smem, pdl):
+        self._driver, self._stream, self._function = _DRIVER_LAUNCH(launch_fn), stream_fn, function
+        self._pdl = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        self._config = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(threads, 1, 1),
+                                     smem=smem, attrs=ctypes.pointer(self._pdl), num_attrs=1 if pdl else 0)
+
+    def __call__(self, params) -> None:
+        self._config.stream = self._stream()
+        rc = self._driver(ctypes.byref(self._config), self._function, params, None)
+        if rc != 0:
+            raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")
+
+
 _FIXED = {"u64": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
 _DESCALES = (6, 7)  # [1] tensors: their strides are not part of the signature
 
@@ -131,11 +149,7 @@ class PyLaunch:
     """launch.cpp's Launch (see there for the arguments and results) in Python and ctypes."""
 
     def __init__(self, launch_fn, stream_fn, function, grid, threads, smem, examples, scale, params, pdl):
-        self._driver = _DRIVER_LAUNCH(launch_fn)
-        self._stream, self._function = stream_fn, function
-        self._pdl = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        self._config = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(threads, 1, 1),
-                                     smem=smem, attrs=ctypes.pointer(self._pdl), num_attrs=1 if pdl else 0)
+        self._enqueue = _Enqueue(launch_fn, stream_fn, function, grid, threads, smem, pdl)
         self._key = [_meta(t, i not in _DESCALES) for i, t in enumerate(examples)]
         self._scale, self._default_scale = scale, 1.0 / math.sqrt(examples[0].shape[2])
         self._slots, self._live, self._maps, self._map_params = [], [], {}, []
@@ -175,10 +189,7 @@ class PyLaunch:
                 return -1
             for j, kind in self._map_params:
                 self._params[j] = maps[1] + (0 if kind == "kmap" else 128)
-        self._config.stream = self._stream()
-        rc = self._driver(ctypes.byref(self._config), self._function, self._params, None)
-        if rc != 0:
-            raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")
+        self._enqueue(self._params)
         return 1
 
     def add_maps(self, k_ptr: int, v_ptr: int, k_map: bytes, v_map: bytes) -> None:
@@ -196,10 +207,7 @@ class PyPointerLaunch:
     """launch.cpp's PointerLaunch (see there for the arguments) in Python and ctypes."""
 
     def __init__(self, name, launch_fn, stream_fn, function, grid, threads, smem, params, pdl, keep):
-        self._name, self._driver, self._stream, self._function = name, _DRIVER_LAUNCH(launch_fn), stream_fn, function
-        self._pdl = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
-        self._config = _LaunchConfig(grid=(ctypes.c_uint * 3)(*grid), block=(ctypes.c_uint * 3)(threads, 1, 1),
-                                     smem=smem, attrs=ctypes.pointer(self._pdl), num_attrs=1 if pdl else 0)
+        self._name, self._enqueue = name, _Enqueue(launch_fn, stream_fn, function, grid, threads, smem, pdl)
         self._slots, self._pointers, self._keep = [], [], keep
         for j, (kind, *operands) in enumerate(params):
             if kind in _FIXED and operands:
@@ -225,7 +233,4 @@ class PyPointerLaunch:
             if slot.value % align:
                 raise ValueError(f"{self._name}: argument {i} at {slot.value:#x}; allowed: a {align}-byte aligned "
                                  "address")
-        self._config.stream = self._stream()
-        rc = self._driver(ctypes.byref(self._config), self._function, self._params, None)
-        if rc != 0:
-            raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")
+        self._enqueue(self._params)
