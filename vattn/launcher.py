@@ -27,16 +27,29 @@ Two entry points: `Kernel.launch(grid, args, kwargs)` derives the key on every c
 standalone launch wrappers in vattn.kernel / vattn.planner); `Kernel.bind(args, kwargs, live)`
 freezes every argument except the `live` tensors once, so a launch only reads their data pointers
 (vattn.api keeps one binding per validated call signature).
+
+A binding goes one step further once its 16-byte aligned specialisation has launched: it hands the
+compiled kernel to vattn/hopper/launch.cpp's PointerLaunch, its parameters packed once (native_params:
+the compiled signature's runtime arguments, then Triton's scratch pointers, checked against the PTX's
+parameter list), so a call is one C function that reads the live pointers and calls cuLaunchKernelEx.
+Why: on an H200 host the bound Triton launches of the plan and of the reduce took 6.8-10.3 us each,
+against 4.2-5.9 for the Hopper main kernel's C++ launch with its nine-tensor check (run BG host,
+benchmarks/h200-host-overhead.json). It is used only where the extension builds (Triton's own C
+launcher otherwise), for a grid of the first launch's, on its device, without hooks or debug mode;
+a misaligned pointer or any error sends that binding back to the path above for good.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import threading
 
 _LOCK = threading.Lock()
 _KERNELS: dict = {}
 _ENTRY_CAP = 4096  # specialisations kept per kernel; past it the cache restarts (a safe, slow path)
 _MISSING = object()
+NATIVE_LAUNCH = True  # bindings take launch.cpp's PointerLaunch where they can (see the module docstring)
 
 
 def kernel(fn) -> "Kernel":
@@ -128,8 +141,8 @@ def spec_key(device, args, kwargs) -> tuple | None:
 
 
 def _entry(compiled):
-    """(launcher, function, packed metadata, direct, cooperative, pdl) of a CompiledKernel, or None if it
-    lacks them; direct is the C launch of Triton 3.6 (see _direct) or None."""
+    """(launcher, function, packed metadata, direct, cooperative, pdl, compiled) of a CompiledKernel, or None
+    if it lacks them; direct is the C launch of Triton 3.6 (see _direct) or None."""
     try:
         compiled._init_handles()
         run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
@@ -137,7 +150,7 @@ def _entry(compiled):
         return None
     if function is None or not callable(run):
         return None
-    return (run, function, meta) + _direct(run)
+    return (run, function, meta) + _direct(run) + (compiled,)
 
 
 def _direct(run) -> tuple:
@@ -156,6 +169,80 @@ def _direct(run) -> tuple:
         return launch, run.launch_cooperative_grid, run.launch_pdl
     except AttributeError:
         return None, 0, 0
+
+
+# a runtime argument's Triton type -> PointerLaunch's kind for it, and its bytes in the kernel's parameters
+_PACKED = {"i32": ("i32", 4), "u32": ("i32", 4), "i64": ("u64", 8), "u64": ("u64", 8), "fp32": ("f32", 4)}
+_SCRATCH = ("global_scratch_size", "profile_scratch_size")  # Triton's pointers after the arguments, where it has them
+
+
+def native_params(compiled, full: tuple, live_full: list, align: int = 16) -> list | None:
+    """The parameters of launch.cpp's PointerLaunch for `compiled` called with `full` (every parameter in order,
+    as Kernel.full_args; those at positions live_full are passed per call, as ("ptr", k, align)), or None where
+    this launch is not one a PointerLaunch makes as Triton's launcher would: scratch memory, a cluster, a
+    cooperative grid, a tensor descriptor, a runtime argument of another type than a pointer, i32, u32, i64, u64
+    or fp32, or a parameter list that differs from the PTX's. Triton passes the runtime arguments that its
+    signature does not make constexprs (ints equal to 1 and None among them), in order, then a null pointer for
+    each scratch buffer its version declares (Triton 3.6 and 3.9: global, then profile)."""
+    try:
+        meta, src = compiled.metadata, compiled.src
+        if (meta.num_ctas != 1 or meta.launch_cooperative_grid or getattr(meta, "tensordesc_meta", None)
+                or meta.shared > 228 * 1024):
+            return None
+        names = list(src.fn.arg_names)
+        index = lambda key: names.index(key) if isinstance(key, str) else key[0] if isinstance(key, tuple) else key
+        signature = {index(k): ty for k, ty in src.signature.items()}
+        constants = {index(k) for k in getattr(src, "constants", {})}
+        params, widths = [], []
+        for i in sorted(signature):
+            ty = signature[i]
+            if ty == "constexpr" or i in constants:
+                continue
+            if i in live_full:
+                if not ty.startswith("*"):
+                    return None
+                params.append(("ptr", live_full.index(i), align))
+            elif ty.startswith("*"):
+                v = full[i]
+                params.append(("u64", v if v.__class__ is int else v.data_ptr()))
+            elif ty in _PACKED:
+                params.append((_PACKED[ty][0], full[i]))
+            else:
+                return None
+            widths.append(8 if ty.startswith("*") else _PACKED[ty][1])
+        for size in _SCRATCH:
+            if hasattr(meta, size):
+                if getattr(meta, size):
+                    return None
+                params.append(("u64", 0))
+                widths.append(8)
+        return params if ptx_param_bytes(compiled.asm["ptx"], meta.name) == widths else None
+    except Exception:
+        return None
+
+
+def ptx_param_bytes(ptx: str, name: str) -> list[int] | None:
+    """The byte width of each parameter of kernel `name` in PTX text, in order (None: no such entry)."""
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    return None if m is None else [int(bits) // 8 for bits in re.findall(r"\.param\s+\.[bsuf](\d+)", m.group(1))]
+
+
+@functools.lru_cache(maxsize=None)
+def native_launch_type():
+    """(launch.cpp's PointerLaunch type, cuLaunchKernelEx's address), or None where the extension cannot be built:
+    Triton's own C launcher then stays (PointerLaunch's ctypes twin would swap one C launcher for Python work)."""
+    try:
+        import ctypes
+
+        from vattn.hopper import build
+        from vattn.hopper.launch import built_module
+
+        mod = built_module(build.CACHE)
+        if mod is None:
+            return None
+        return mod.PointerLaunch, ctypes.cast(build._driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value
+    except Exception:
+        return None
 
 
 def _call(e, g0, g1, g2, stream, args) -> None:
@@ -285,6 +372,9 @@ class Bound:
             return
         self.key = static
         self.entries = kernel._bound.setdefault(static, {})
+        self.full = tuple(None if j in live_full else v for j, v in enumerate(full))  # keeps no live tensor
+        self.live_full = live_full
+        self.native = [None]  # its PointerLaunch's launch once adopted (_adopt); False: not to be tried (again)
         self.launch = self._generate(full, live_full)
 
     def _slow_launch(self, g0, g1, g2, *tensors):
@@ -296,16 +386,38 @@ class Bound:
     def _miss(self, key, g0, g1, g2, tensors):
         self.kernel._remember(self.entries, key, self._slow_launch(g0, g1, g2, *tensors))
 
+    def _adopt(self, e, dev, g0, g1, g2) -> None:
+        """Launch this binding's calls on `dev` with grid (g0, g1, g2) through a PointerLaunch of entry e's kernel
+        (its 16-byte aligned specialisation) from now on, where native_params can pack it; tried once."""
+        self.native[0] = False
+        native = native_launch_type() if NATIVE_LAUNCH and g0 * g1 * g2 > 0 else None
+        compiled = e[6]
+        params = native and native_params(compiled, self.full, self.live_full)
+        if not params:
+            return
+        pointer_launch, launch_fn = native
+        meta = compiled.metadata
+        try:
+            launch = pointer_launch(meta.name, launch_fn, functools.partial(_ENV.stream, dev), e[1], (g0, g1, g2),
+                                    32 * meta.num_warps, meta.shared, params, bool(meta.launch_pdl), self.args)
+        except Exception:
+            return
+        self._ns.update(_ndev=dev, _ng0=g0, _ng1=g1, _ng2=g2, _native_launch=launch.launch)
+        self.native[0] = launch.launch
+
     def _generate(self, full: tuple, live_full: list):
-        """A launch function for this binding: the live pointers read, the launch key is the device when
-        all of them are 16-byte aligned, else (device, per-pointer alignment); a miss or any error takes
-        the normal path. Generated so that a call does no per-argument Python work (_call, inlined)."""
+        """A launch function for this binding: once adopted (_adopt), the PointerLaunch for its grid and device;
+        otherwise the live pointers read, the launch key is the device when all of them are 16-byte aligned,
+        else (device, per-pointer alignment), and a miss or any error takes the normal path. Generated so that
+        a call does no per-argument Python work (_call, inlined)."""
         n = len(live_full)
         ts = [f"t{i}" for i in range(n)]
         ps = [f"p{i}" for i in range(n)]
         env = _ENV
         ns = {"_device": env.device, "_stream": env.stream, "_rt": env.rt, "_chain": env.chain,
-              "_entries": self.entries, "_miss": self._miss, "_fn": self.kernel.fn}
+              "_entries": self.entries, "_miss": self._miss, "_fn": self.kernel.fn, "_native": self.native,
+              "_adopt": self._adopt}
+        self._ns = ns
         slots = []
         for j, v in enumerate(full):
             if j in live_full:
@@ -317,21 +429,31 @@ class Bound:
         per = ", ".join(f"{p} & 15 == 0" for p in ps) + ("," if n == 1 else "")
         src = f"""
 def launch(g0, g1, g2, {', '.join(ts)}):
+    plain = (not _rt.debug and not _fn.pre_run_hooks
+             and ((h := _rt.launch_enter_hook) is None or (h.__class__ is _chain and not h.calls))
+             and ((h := _rt.launch_exit_hook) is None or (h.__class__ is _chain and not h.calls)))
+    if plain and _native[0] and g0 == _ng0 and g1 == _ng1 and g2 == _ng2 and _device() == _ndev:
+        try:
+            _native_launch({', '.join(ts)})
+            return
+        except Exception:
+            _native[0] = False
     {'; '.join(f'{p} = {t}.data_ptr()' for p, t in zip(ps, ts))}
     dev = _device()
     key = dev if not ({' | '.join(ps)}) & 15 else (dev, ({per}))
     e = _entries.get(key)
-    if (e is not None and not _rt.debug and not _fn.pre_run_hooks
-            and ((h := _rt.launch_enter_hook) is None or (h.__class__ is _chain and not h.calls))
-            and ((h := _rt.launch_exit_hook) is None or (h.__class__ is _chain and not h.calls))):
+    if e is not None and plain:
         try:
             if e[3] is None:
                 e[0](g0, g1, g2, _stream(dev), e[1], e[2], None, None, None, {slots})
             else:
                 e[3](g0, g1, g2, _stream(dev), e[1], e[4], e[5], None, None, e[2], None, None, None, {slots})
-            return
         except Exception:
-            pass
+            e = None
+        if e is not None:
+            if _native[0] is None and key == dev:
+                _adopt(e, dev, g0, g1, g2)
+            return
     _miss(key, g0, g1, g2, ({', '.join(ts)},))
 """
         exec(compile(src, f"<vattn.launcher {getattr(self.kernel.fn, '__name__', '?')}>", "exec"), ns)

@@ -290,17 +290,21 @@ def _host_overhead(a) -> int:
         if not torch.cuda.is_available():
             raise SystemExit("--host-overhead needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
     shapes = select(a.shapes) if a.shapes else (tiny_shapes() if a.dry_run else host_shapes())
-    records = [harness.host_overhead(s, device, a.host_calls, mode) for s in shapes
-               for mode in _parse_planners(a.planners)]
+    launchers = [x.strip() for x in a.launchers.split(",") if x.strip()]
+    for x in launchers:
+        if x not in ("native", "triton"):
+            raise SystemExit(f"--launchers: got {x!r}; allowed: native, triton (comma-separated)")
+    records = [harness.host_overhead(s, device, a.host_calls, mode, x) for s in shapes
+               for mode in _parse_planners(a.planners) for x in launchers]
     cols = [f"{p}_host_us" for p in harness.HOST_PARTS] + ["attention_unbounded_host_us", "device_us"]
     print("host us per eager call, planned with max_seq_len (attention_unbounded: without it); launch_*: "
           "the launches as the call makes them; python = call - its launches (the reduce's only where it is made)")
-    print(f"{'shape':>16s} {'planner':>12s} " + " ".join(f"{c[:-3].removesuffix('_host'):>13s}" for c in cols)
-          + f" {'python':>8s}")
+    print(f"{'shape':>16s} {'planner':>12s} {'launcher':>8s} "
+          + " ".join(f"{c[:-3].removesuffix('_host'):>13s}" for c in cols) + f" {'python':>8s}")
     for r in records:
         launches = [r.get(f"launch_{k}_host_us") for k in ("plan", "main") + (() if r["reduce_skipped"] else ("reduce",))]
         python = f"{r['call_host_us'] - sum(launches):8.1f}" if None not in launches else f"{'-':>8s}"
-        print(f"{r['shape']:>16s} {r['planner']:>12s} " + " ".join(
+        print(f"{r['shape']:>16s} {r['planner']:>12s} {r['launcher']:>8s} " + " ".join(
             f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python}  {r['backend']}"
               + ("  (no reduce)" if r["reduce_skipped"] else ""), flush=True)
     with open(a.out, "w") as f:
@@ -420,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "its parts (vattn's Python; the plan, main and reduce launches through vattn.launcher; a graph "
                     "replay) on tiny batches; no bandwidth")
     ap.add_argument("--host-calls", type=int, default=400, help="with --host-overhead: calls timed per part")
+    ap.add_argument("--launchers", default="native,triton", help="with --host-overhead: how vattn's Triton kernels "
+                    "launch once bound, each in turn on every shape: native (launch.cpp's PointerLaunch), triton "
+                    "(Triton's own launcher); default both")
     ap.add_argument("--prebuild", default=None, metavar="DIR", help="compile the Hopper kernels the shapes' "
                     "VATTN_HOPPER=1 calls take into DIR (any machine with nvcc; point VATTN_CACHE at it) and exit")
     ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "

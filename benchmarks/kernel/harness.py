@@ -262,7 +262,8 @@ def enqueue_us(fn, calls: int, device: str, chunk: int = 20) -> float:
     return statistics.median(times)
 
 
-def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: str = "balanced") -> dict:
+def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: str = "balanced",
+                  launcher: str = "native") -> dict:
     """Host time (us) per eager call of vattn.plan + vattn.attention on `shape`, and its parts: plan and
     attention alone, the plan, main and reduce launches as the call makes them (vattn.launcher's bound
     launches of Triton's kernels: the live tensors' data pointers, the cache key, the compiled kernel's launcher;
@@ -271,7 +272,22 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     the host time of one CUDA graph replay of the whole call. device_us: the call's GPU time in a graph,
     for scale. The plan gets the batch's longest length as max_seq_len, as an engine knows it: where every
     sequence is then one piece on a backend that writes whole sequences, the call launches no reduce
-    (reduce_skipped); attention_unbounded_host_us is the same call planned without the bound."""
+    (reduce_skipped); attention_unbounded_host_us is the same call planned without the bound. launcher: "native",
+    vattn's Triton kernels through launch.cpp's PointerLaunch once bound (vattn.launcher.NATIVE_LAUNCH), or
+    "triton", through Triton's own launcher (a fresh workspace, so bindings of its own)."""
+    from vattn import launcher as vattn_launcher
+
+    if launcher not in ("native", "triton"):
+        raise ValueError(f"launcher: got {launcher!r}; allowed: native, triton")
+    before = vattn_launcher.NATIVE_LAUNCH
+    vattn_launcher.NATIVE_LAUNCH = launcher == "native"
+    try:
+        return dict(_host_overhead(shape, device, calls, mode), launcher=launcher)
+    finally:
+        vattn_launcher.NATIVE_LAUNCH = before
+
+
+def _host_overhead(shape: Shape, device: str, calls: int, mode: str) -> dict:
     import vattn
     from vattn.api import launch_parts, select_backend
 

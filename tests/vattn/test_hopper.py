@@ -567,12 +567,13 @@ def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(mon
         raise RuntimeError("Python.h: No such file or directory")
 
     monkeypatch.setattr(launch, "module", no_headers)
-    with pytest.warns(UserWarning, match="C\\+\\+ launch could not be built .*Python.h.*through ctypes"):
+    with pytest.warns(UserWarning, match="C\\+\\+ kernel launches could not be built .*Python.h.*through ctypes"):
         assert launch.launch_type(tmp_path) is launch.PyLaunch
-    with warnings.catch_warnings():  # asked again, or for the reduce's: the same answer, no second warning
+    with warnings.catch_warnings():  # asked again, for the reduce's or the Triton kernels': no second warning
         warnings.simplefilter("error")
         assert launch.launch_type(tmp_path) is launch.PyLaunch
         assert launch.pointer_launch_type(tmp_path) is launch.PyPointerLaunch
+        assert launch.built_module(tmp_path) is None
 
 
 def _hopper_gpu():

@@ -765,6 +765,58 @@ def test_gpu_graph_replay_with_new_seq_lens_equals_eager(mode):
         _check(static_out, reference(b), kv)
 
 
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["hd256-g16-p16-fp8-q4", "hd128-g8-p16-fp8-ragged0to8-odd", "hd64-g1-p1-bf16-decode",
+                                  "hd256-g16-p16-fp8-long"])
+def test_gpu_native_launches_equal_tritons(name, monkeypatch):
+    """From a binding's third call, vattn's Triton kernels (the plan, the Triton reduce, the Triton path's main
+    kernel) launch through launch.cpp's PointerLaunch (vattn.launcher): every binding that tried took it, the plan's
+    among them, and the third call equals the first (Triton's launches) bit for bit and the reference; a graph
+    captured on the native launches replays the same."""
+    import vattn
+    from benchmarks.kernel.harness import capture
+    from vattn import launcher
+    from vattn.planner import _plan_kernel
+
+    adopted = []
+    adopt = launcher.Bound._adopt
+
+    def spy(self, *args):
+        adopt(self, *args)
+        adopted.append((getattr(self.kernel.fn, "__name__", "?"), self.kernel.fn is _plan_kernel(),
+                        bool(self.native[0])))
+
+    monkeypatch.setattr(launcher.Bound, "_adopt", spy)
+    b, kv = _gpu_batch(name, seed=7)
+    q, k = b["q"], b["k_cache"]
+    ws = vattn.Workspace(head_dim=q.shape[2], num_q_heads=q.shape[1], num_kv_heads=k.shape[2], kv_dtype=k.dtype,
+                         q_dtype=q.dtype, page_size=k.shape[1], max_q_len=max(GPU_CASES[name][1]),
+                         max_batch=b["seq_lens"].shape[0])
+    out = torch.empty_like(q)
+
+    def step():
+        pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=k.shape[2], page_size=k.shape[1],
+                        workspace=ws)
+        vattn.attention(**b, plan=pl, out=out)
+
+    outs = []
+    for _ in range(3):
+        step()
+        outs.append(out.clone())
+    torch.cuda.synchronize()
+    assert adopted and all(native for *_, native in adopted), adopted
+    assert any(plan for _, plan, _ in adopted), adopted
+    assert torch.equal(outs[2], outs[0]) and torch.equal(outs[1], outs[0])
+    _check(outs[2], reference(b), kv)
+    out.zero_()
+    graph = capture(step)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, outs[0])
+
+
 def _reduce_launch(batch, kv_heads, o_dtype=torch.float32, **kw):
     """reduce_launch_args' (grid, args, kwargs) for a batch of one-token sequences at 16 query heads."""
     from vattn import kernel as K

@@ -15,6 +15,7 @@ import vattn
 from vattn import launcher
 
 from test_api import dev, planned  # noqa: F401  (dev: the fixture, CPU under the interpreter or the GPU)
+from test_hopper import built_launch, pointer_launch_type  # noqa: F401  (fixtures: the C++ launch and its twin)
 
 
 def _t(dtype=torch.float16, offset=0):
@@ -88,6 +89,7 @@ def fake(monkeypatch):
             self.version = "3.9.0"
 
     monkeypatch.setattr(launcher, "_ENV", Env())
+    monkeypatch.setattr(launcher, "native_launch_type", lambda: None)  # Triton's launcher (the native fixture's)
     kern = launcher.Kernel(k)
     assert kern.fast
 
@@ -266,3 +268,174 @@ def test_a_binding_keeps_no_live_tensor(fake):
     st["slow"].clear()  # the stand-in normal path's record of the first launch
     gc.collect()
     assert ref() is None and b.args[3] is y  # the frozen one is held: its pointer is baked in
+
+
+# -- the native launch: a bound kernel through launch.cpp's PointerLaunch -------------------------------------
+
+def _jit_kernel():
+    """A kernel with a runtime argument of each kind native_params packs, and two Triton makes constexprs."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(x_ptr, n, big, one, scale, y_ptr, nothing, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs) * scale + n + big + one)
+
+    return k
+
+
+def test_native_params_follow_the_ptx_triton_compiles(monkeypatch):
+    """native_params against a real sm_90 compile (no GPU needed): the runtime arguments in order (an int equal
+    to 1 and None are constexprs to Triton, so not parameters), i64 in 8 bytes, then the two scratch pointers;
+    the PTX must agree, so a signature that does not is refused, as is what a PointerLaunch cannot pack."""
+    from types import SimpleNamespace
+
+    from sm90_compile import compile_as_jit
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    k = _jit_kernel()
+    x, y = _t(torch.float32), _t(torch.float32)
+    args = (x, 5, 2**40, 1, 0.5, y, None)
+    compiled = compile_as_jit(k, args, dict(BLOCK=64))
+    full = args + (64,)
+    assert launcher.ptx_param_bytes(compiled.asm["ptx"], compiled.metadata.name) == [8, 4, 8, 4, 8, 8, 8]
+    assert launcher.native_params(compiled, full, [0]) == [
+        ("ptr", 0, 16), ("i32", 5), ("u64", 2**40), ("f32", 0.5), ("u64", y.data_ptr()), ("u64", 0), ("u64", 0)]
+    assert launcher.native_params(compiled, full, [5, 0]) == [
+        ("ptr", 1, 16), ("i32", 5), ("u64", 2**40), ("f32", 0.5), ("ptr", 0, 16), ("u64", 0), ("u64", 0)]
+    assert launcher.native_params(compiled, full, [1]) is None  # a live argument that is not a pointer
+
+    def variant(signature=None, **meta):
+        signature = signature or compiled.src.signature
+        src = SimpleNamespace(fn=compiled.src.fn, signature=signature, constants={
+            path: v for path, v in compiled.src.constants.items() if signature[k.arg_names[path[0]]] == "constexpr"})
+        return SimpleNamespace(src=src, metadata=compiled.metadata._replace(**meta), asm=compiled.asm)
+
+    assert launcher.native_params(variant(), full, [0]) is not None  # the stand-in itself packs
+    # the PTX disagrees: `one` said to be a runtime i32, or `big` an i32
+    assert launcher.native_params(variant(compiled.src.signature | dict(one="i32")), full, [0]) is None
+    assert launcher.native_params(variant(compiled.src.signature | dict(big="i32")), full, [0]) is None
+    for refused in [dict(signature=compiled.src.signature | dict(scale="bf16")), dict(global_scratch_size=64),
+                    dict(profile_scratch_size=8), dict(num_ctas=2), dict(launch_cooperative_grid=True)]:
+        sig = refused.pop("signature", None)
+        assert launcher.native_params(variant(sig, **refused), full, [0]) is None, (sig, refused)
+
+
+def test_vattns_triton_kernels_pack_for_a_native_launch():
+    """The plan, reduce and main kernels, compiled as vattn binds them (a subprocess: they must be JITFunctions),
+    pack as a PointerLaunch: every parameter the PTX has, the live tensors' pointers at their places."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
+    res = subprocess.run([sys.executable, str(Path(__file__).with_name("sm90_compile.py"))], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    kernels = json.loads(res.stdout)
+    assert set(kernels) == {"plan", "reduce", "main"}
+    for name, k in kernels.items():
+        assert k["params"] is not None, name
+        widths = [8 if kind in ("u64", "ptr") else 4 for kind, *_ in k["params"]]
+        assert widths == k["ptx"], name
+        live = [rest[0] for kind, *rest in k["params"] if kind == "ptr"]
+        assert live == list(range(len(k["live"]))), name  # each live tensor once, in the binding's order
+        assert k["params"][-2:] == [["u64", 0], ["u64", 0]], name  # Triton's scratch pointers, null
+    assert kernels["reduce"]["params"][0] == ["u64", "frozen"]  # the partials, bound once
+
+
+@pytest.fixture
+def native(fake, monkeypatch, pointer_launch_type):
+    """The fake environment with launch.cpp's PointerLaunch (and its ctypes twin) as the native launch, a recording
+    C function in cuLaunchKernelEx's place, and the stand-in compiled kernel carrying a real sm_90 compile of the
+    fixture's kernel (its signature, metadata and PTX)."""
+    import ctypes
+
+    from sm90_compile import compile_as_jit
+    from test_hopper import _recording_driver
+
+    kern, st = fake
+    _, PointerLaunch = pointer_launch_type
+    x, y = _t(torch.float32), _t(torch.float32)
+    real = compile_as_jit(kern.fn, (x, 32, 0.5, y), dict(BLOCK=64))
+    st["driver"], st["rc"] = [], [0]
+
+    def record(c, fn, params, extra):
+        u64 = lambda j: ctypes.c_uint64.from_address(params[j]).value
+        st["driver"].append(dict(fn=fn, grid=tuple(c.grid), block=c.block[0], stream=c.stream, x=u64(0),
+                                 n=ctypes.c_int32.from_address(params[1]).value,
+                                 scale=ctypes.c_float.from_address(params[2]).value, y=u64(3)))
+
+    driver = _recording_driver(record, st["rc"])
+    st["keep"] = driver
+    monkeypatch.setattr(launcher, "native_launch_type",
+                        lambda: (PointerLaunch, ctypes.cast(driver, ctypes.c_void_p).value))
+    monkeypatch.setattr(_Compiled, "src", real.src, raising=False)
+    monkeypatch.setattr(_Compiled, "metadata", real.metadata, raising=False)
+    monkeypatch.setattr(_Compiled, "asm", real.asm, raising=False)
+    return kern, st
+
+
+def test_a_binding_launches_natively_once_its_aligned_binary_has_launched(native):
+    kern, st = native
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0,))
+    b.launch(3, 1, 1, x)  # compiles (the normal path)
+    b.launch(3, 1, 1, x)  # Triton's launcher, then the binding takes a PointerLaunch
+    assert (len(st["slow"]), len(st["fast"]), st["driver"]) == (1, 1, [])
+    x2 = _t(torch.float32)
+    b.launch(3, 1, 1, x2)
+    assert len(st["fast"]) == 1
+    assert st["driver"] == [dict(fn=7, grid=(3, 1, 1), block=128, stream=100, x=x2.data_ptr(), n=32, scale=0.5,
+                                 y=y.data_ptr())]
+    b.launch(4, 1, 1, x2)  # another grid: Triton's launcher
+    assert (len(st["fast"]), len(st["driver"])) == (2, 1)
+
+
+def test_a_native_launch_steps_aside_for_hooks_and_gives_way_for_good_on_an_error(native, monkeypatch):
+    from triton import knobs
+
+    kern, st = native
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0,))
+    for _ in range(3):
+        b.launch(3, 1, 1, x)
+    assert (len(st["slow"]), len(st["fast"]), len(st["driver"])) == (1, 1, 1)
+    hook = lambda meta: None  # noqa: E731  a profiler's: the normal path, with its launch metadata
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        b.launch(3, 1, 1, x)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    b.launch(3, 1, 1, x)
+    monkeypatch.setattr(knobs.runtime, "debug", False)
+    assert (len(st["slow"]), len(st["fast"]), len(st["driver"])) == (3, 1, 1)
+    b.launch(3, 1, 1, x)
+    assert len(st["driver"]) == 2
+    b.launch(3, 1, 1, x[1:])  # misaligned: the PointerLaunch refuses it; this call and the rest go to Triton
+    assert (len(st["slow"]), len(st["driver"])) == (4, 2) and st["slow"][-1][1][0].data_ptr() == x[1:].data_ptr()
+    b.launch(3, 1, 1, x)
+    assert (len(st["fast"]), len(st["driver"])) == (2, 2)
+    b2 = kern.bind((x, 48, 0.5, y), dict(BLOCK=64), live=(0,))
+    for _ in range(3):
+        b2.launch(3, 1, 1, x)
+    assert len(st["driver"]) == 3
+    st["rc"][0] = 1  # the driver fails: that call and the rest through Triton's launcher
+    b2.launch(3, 1, 1, x)
+    b2.launch(3, 1, 1, x)
+    assert (len(st["driver"]), len(st["fast"]), b2.native[0]) == (4, 5, False)
+
+
+def test_without_the_extension_a_binding_keeps_tritons_launcher(fake, monkeypatch):
+    kern, st = fake
+    monkeypatch.setattr(launcher, "native_launch_type", lambda: None)
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0,))
+    for _ in range(3):
+        b.launch(3, 1, 1, x)
+    assert (len(st["slow"]), len(st["fast"]), b.native[0]) == (1, 2, False)

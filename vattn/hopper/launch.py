@@ -4,7 +4,8 @@ of its source, the torch and Python versions.
 
 Its Launch checks a call's nine tensors against the signature it was made with and launches the main kernel
 through cuLaunchKernelEx, so that an eager vattn.attention call whose signature repeats skips the Python signature
-(see vattn.api.attention); its PointerLaunch launches the reduce with the two addresses a call changes. The build
+(see vattn.api.attention); its PointerLaunch launches the reduce with the two addresses a call changes, and
+vattn.launcher's bound Triton kernels (the plan, Triton's reduce and main kernel) once compiled. The build
 takes ~20 s once. Where it cannot be built (no C++ compiler, no Python headers), `launch_type` and
 `pointer_launch_type` warn once and give PyLaunch and PyPointerLaunch, the same contracts in Python and ctypes:
 correct, with more host time (the Python signature: ~16-27 us an eager call on an H200 host instead of 5-7)."""
@@ -75,25 +76,25 @@ def module(cache: Path):
 
 
 @functools.lru_cache(maxsize=None)
-def _built(cache: Path):
+def built_module(cache: Path):
     """The extension module, or None (with one warning) where it cannot be built."""
     try:
         return module(cache)
     except Exception as exc:
-        warnings.warn(f"vattn: the Hopper kernel's C++ launch could not be built ({exc!r}); launching through "
-                      "ctypes, with more host time a call")
+        warnings.warn(f"vattn: the C++ kernel launches could not be built ({exc!r}); launching through ctypes "
+                      "and Triton's launcher, with more host time a call")
         return None
 
 
 def launch_type(cache: Path):
     """The Launch class: the extension's, or PyLaunch where it cannot be built."""
-    built = _built(cache)
+    built = built_module(cache)
     return PyLaunch if built is None else built.Launch
 
 
 def pointer_launch_type(cache: Path):
     """The PointerLaunch class: the extension's, or PyPointerLaunch where it cannot be built."""
-    built = _built(cache)
+    built = built_module(cache)
     return PyPointerLaunch if built is None else built.PointerLaunch
 
 

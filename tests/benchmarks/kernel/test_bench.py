@@ -60,7 +60,9 @@ def test_host_overhead_dry_run_times_every_part(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = json.loads(out.read_text())
-    assert [r["shape"] for r in records] == ["tiny-fp8", "tiny-fp16-page1"]
+    # each shape with vattn's Triton kernels launched natively once bound, then by Triton's launcher
+    assert [(r["shape"], r["launcher"]) for r in records] == [
+        ("tiny-fp8", "native"), ("tiny-fp8", "triton"), ("tiny-fp16-page1", "native"), ("tiny-fp16-page1", "triton")]
     for part in ("call", "plan", "attention", "launch_plan", "launch_main", "launch_reduce", "attention_unbounded"):
         assert all(r[f"{part}_host_us"] > 0 for r in records), part
     # Triton's main kernel writes partials only: its reduce always runs
@@ -72,6 +74,12 @@ def test_host_overhead_needs_a_gpu_or_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(SystemExit, match=r"--host-overhead --dry-run: set TRITON_INTERPRET=1"):
         bench.main(["--host-overhead", "--dry-run"])
+
+
+def test_host_overhead_names_a_launcher_it_does_not_know(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(SystemExit, match=r"--launchers: got 'ctypes'; allowed: native, triton"):
+        bench.main(["--host-overhead", "--dry-run", "--launchers", "native,ctypes"])
 
 
 def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch, capsys):
