@@ -1,5 +1,6 @@
 // The Hopper kernels' launches for calls of one signature, as CPython types (vattn/hopper/launch.py builds them):
-// Launch, the main kernel's, and PointerLaunch, the reduce's.
+// Launch, the main kernel's, and PointerLaunch, the reduce's and, once bound, vattn's Triton kernels'
+// (vattn/launcher.py).
 //
 // Why C++: an eager vattn.attention call spent ~9 us of an H200 host's time building and comparing its signature
 // in Python (36 tensor attributes) and ~5 more filling ctypes parameters, around a ~6 us cuLaunchKernel. Here the
