@@ -273,7 +273,7 @@ def test_a_binding_keeps_no_live_tensor(fake):
 # -- the native launch: a bound kernel through launch.cpp's PointerLaunch -------------------------------------
 
 def _jit_kernel():
-    """A kernel with a runtime argument of each kind native_params packs, and two Triton makes constexprs."""
+    """A kernel with a runtime argument of each kind native_params packs, and two that Triton makes constexprs."""
     import triton
     import triton.language as tl
 
