@@ -198,18 +198,17 @@ def native_params(compiled, full: tuple, live_full: list, align: int = 16) -> li
             ty = signature[i]
             if ty == "constexpr" or i in constants:
                 continue
-            if i in live_full:
-                if not ty.startswith("*"):
-                    return None
-                params.append(("ptr", live_full.index(i), align))
-            elif ty.startswith("*"):
+            if ty.startswith("*"):
                 v = full[i]
-                params.append(("u64", v if v.__class__ is int else v.data_ptr()))
-            elif ty in _PACKED:
-                params.append((_PACKED[ty][0], full[i]))
-            else:
+                params.append(("ptr", live_full.index(i), align) if i in live_full else
+                              ("u64", v if v.__class__ is int else v.data_ptr()))
+                widths.append(8)
+            elif ty in _PACKED and i not in live_full:
+                kind, width = _PACKED[ty]
+                params.append((kind, full[i]))
+                widths.append(width)
+            else:  # a type it does not pack, or a live argument that is not a pointer
                 return None
-            widths.append(8 if ty.startswith("*") else _PACKED[ty][1])
         for size in _SCRATCH:
             if hasattr(meta, size):
                 if getattr(meta, size):
@@ -402,7 +401,7 @@ class Bound:
                                     32 * meta.num_warps, meta.shared, params, bool(meta.launch_pdl), self.args)
         except Exception:
             return
-        self._ns.update(_ndev=dev, _ng0=g0, _ng1=g1, _ng2=g2, _native_launch=launch.launch)
+        self._ns.update(_ndev=dev, _ng0=g0, _ng1=g1, _ng2=g2)
         self.native[0] = launch.launch
 
     def _generate(self, full: tuple, live_full: list):
@@ -432,9 +431,9 @@ def launch(g0, g1, g2, {', '.join(ts)}):
     plain = (not _rt.debug and not _fn.pre_run_hooks
              and ((h := _rt.launch_enter_hook) is None or (h.__class__ is _chain and not h.calls))
              and ((h := _rt.launch_exit_hook) is None or (h.__class__ is _chain and not h.calls)))
-    if plain and _native[0] and g0 == _ng0 and g1 == _ng1 and g2 == _ng2 and _device() == _ndev:
+    if plain and (native := _native[0]) and g0 == _ng0 and g1 == _ng1 and g2 == _ng2 and _device() == _ndev:
         try:
-            _native_launch({', '.join(ts)})
+            native({', '.join(ts)})
             return
         except Exception:
             _native[0] = False
