@@ -291,11 +291,10 @@ def _host_overhead(a) -> int:
             raise SystemExit("--host-overhead needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
     shapes = select(a.shapes) if a.shapes else (tiny_shapes() if a.dry_run else host_shapes())
     launchers = [x.strip() for x in a.launchers.split(",") if x.strip()]
-    for x in launchers:
-        if x not in ("native", "triton"):
-            raise SystemExit(f"--launchers: got {x!r}; allowed: native, triton (comma-separated)")
-    records = [harness.host_overhead(s, device, a.host_calls, mode, x) for s in shapes
-               for mode in _parse_planners(a.planners) for x in launchers]
+    if not launchers or len(set(launchers)) < len(launchers) or not set(launchers) <= {"native", "triton"}:
+        raise SystemExit(f"--launchers: got {a.launchers!r}; allowed: native, triton (comma-separated, each at most once)")
+    records = [r for s in shapes for mode in _parse_planners(a.planners)
+               for r in harness.host_overhead(s, device, a.host_calls, mode, tuple(launchers))]
     cols = [f"{p}_host_us" for p in harness.HOST_PARTS] + ["attention_unbounded_host_us", "device_us"]
     print("host us per eager call, planned with max_seq_len (attention_unbounded: without it); launch_*: "
           "the launches as the call makes them; python = call - its launches (the reduce's only where it is made)")
@@ -425,8 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "replay) on tiny batches; no bandwidth")
     ap.add_argument("--host-calls", type=int, default=400, help="with --host-overhead: calls timed per part")
     ap.add_argument("--launchers", default="native,triton", help="with --host-overhead: how vattn's Triton kernels "
-                    "launch once bound, each in turn on every shape: native (launch.cpp's PointerLaunch), triton "
-                    "(Triton's own launcher); default both")
+                    "launch once bound: native (launch.cpp's PointerLaunch), triton (Triton's own launcher); default "
+                    "both, each part timed with the two taking turns")
     ap.add_argument("--prebuild", default=None, metavar="DIR", help="compile the Hopper kernels the shapes' "
                     "VATTN_HOPPER=1 calls take into DIR (any machine with nvcc; point VATTN_CACHE at it) and exit")
     ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "

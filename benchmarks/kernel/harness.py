@@ -240,30 +240,35 @@ def read_ceiling_tbps(gib: float = 4.0) -> float:
 HOST_PARTS = ("call", "plan", "attention", "launch_plan", "launch_main", "launch_reduce", "graph_replay")
 
 
-def enqueue_us(fn, calls: int, device: str, chunk: int = 20) -> float:
-    """Median host time (us) of one fn() call, device work not awaited: fn runs `chunk` times between
-    synchronisations (a queue of a few dozen launches never fills), each chunk timed on the host."""
+def enqueue_us(fns: dict, calls: int, device: str, chunk: int = 20) -> dict:
+    """Median host time (us) of one call of each fns[name](), device work not awaited: each runs `chunk` times
+    between synchronisations (a queue of a few dozen launches never fills), each chunk timed on the host, and
+    the fns take turns chunk by chunk (ABBA), so a drift in the host's speed falls on each alike."""
     import torch
 
     def sync():
         if device == "cuda":
             torch.cuda.synchronize()
 
-    fn()
+    for fn in fns.values():
+        fn()
     sync()
-    times = []
-    for _ in range(max(1, calls // chunk)):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(chunk):
-            fn()
-        times.append((time.perf_counter() - t0) / chunk * 1e6)
+    names = list(fns)
+    times = {name: [] for name in names}
+    for i in range(max(1, calls // chunk)):
+        for name in names if i % 2 == 0 else names[::-1]:
+            fn = fns[name]
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(chunk):
+                fn()
+            times[name].append((time.perf_counter() - t0) / chunk * 1e6)
     sync()
-    return statistics.median(times)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: str = "balanced",
-                  launcher: str = "native") -> dict:
+                  launchers: tuple = ("native", "triton")) -> list[dict]:
     """Host time (us) per eager call of vattn.plan + vattn.attention on `shape`, and its parts: plan and
     attention alone, the plan, main and reduce launches as the call makes them (vattn.launcher's bound
     launches of Triton's kernels: the live tensors' data pointers, the cache key, the compiled kernel's launcher;
@@ -272,55 +277,81 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     the host time of one CUDA graph replay of the whole call. device_us: the call's GPU time in a graph,
     for scale. The plan gets the batch's longest length as max_seq_len, as an engine knows it: where every
     sequence is then one piece on a backend that writes whole sequences, the call launches no reduce
-    (reduce_skipped); attention_unbounded_host_us is the same call planned without the bound. launcher: "native",
-    vattn's Triton kernels through launch.cpp's PointerLaunch once bound (vattn.launcher.NATIVE_LAUNCH), or
-    "triton", through Triton's own launcher (a fresh workspace, so bindings of its own)."""
+    (reduce_skipped); attention_unbounded_host_us is the same call planned without the bound.
+    One record a launcher: "native", vattn's Triton kernels through launch.cpp's PointerLaunch once bound
+    (vattn.launcher.NATIVE_LAUNCH), or "triton", through Triton's own launcher. Each launcher's call has a
+    workspace (so bindings) of its own, and each part is timed with the launchers taking turns (enqueue_us)."""
     from vattn import launcher as vattn_launcher
 
-    if launcher not in ("native", "triton"):
-        raise ValueError(f"launcher: got {launcher!r}; allowed: native, triton")
+    if not launchers or len(set(launchers)) < len(launchers) or not set(launchers) <= {"native", "triton"}:
+        raise ValueError(f"launchers: got {list(launchers)}; allowed: native, triton, each at most once")
     before = vattn_launcher.NATIVE_LAUNCH
-    vattn_launcher.NATIVE_LAUNCH = launcher == "native"
+    subjects = {}
     try:
-        return dict(_host_overhead(shape, device, calls, mode), launcher=launcher)
+        for x in launchers:  # a binding reads the switch when it first launches, in _HostCall's setup
+            vattn_launcher.NATIVE_LAUNCH = x == "native"
+            subjects[x] = _HostCall(shape, device, mode)
     finally:
         vattn_launcher.NATIVE_LAUNCH = before
+    records = {x: dict(s.record, launcher=x, calls=calls) for x, s in subjects.items()}
 
+    def timed(field, fns):
+        for x, us in enqueue_us(fns, calls, device).items():
+            records[x][field] = us
 
-def _host_overhead(shape: Shape, device: str, calls: int, mode: str) -> dict:
-    import vattn
-    from vattn.api import launch_parts, select_backend
-
-    b = Batch(shape, device)
-    ws = vattn.Workspace(head_dim=shape.head_dim, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
-                         kv_dtype=b.kv_dtype, q_dtype=b.q.dtype, page_size=shape.page_size,
-                         max_q_len=max(shape.q_lens), max_batch=shape.batch)
-    args = b.attention_args(0)
-
-    def plan(max_seq_len=max(shape.seq_lens)):
-        return vattn.plan(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, page_size=shape.page_size,
-                          mode=mode, workspace=ws, max_seq_len=max_seq_len)
-
-    pl = plan()
-
-    def call():
-        vattn.attention(*args, plan=plan(), out=b.out)
-
-    call()  # checks and binds this call's signature, which launch_parts reads
-    backend = select_backend(ws, b.q, b.k)
-    parts = dict(call=call, plan=plan, attention=lambda: vattn.attention(*args, plan=pl, out=b.out),
-                 **launch_parts(pl, *args, out=b.out))  # the serving backend's launches alone
-    rec = dict(shape_fields(shape, "vattn", mode), calls=calls, backend=backend.name,
-               reduce_skipped=pl.single_pieces and backend.writes_whole)
-    rec.update({f"{name}_host_us": enqueue_us(fn, calls, device) for name, fn in parts.items()})
-    plan(None)  # the same plan object, now without the bound: the call launches the reduce
-    rec["attention_unbounded_host_us"] = enqueue_us(parts["attention"], calls, device)
-    plan()
+    for name in subjects[launchers[0]].parts:
+        timed(f"{name}_host_us", {x: s.parts[name] for x, s in subjects.items()})
+    for s in subjects.values():
+        s.plan(None)  # the same plan object, now without the bound: the call launches the reduce
+    timed("attention_unbounded_host_us", {x: s.parts["attention"] for x, s in subjects.items()})
+    for s in subjects.values():
+        s.plan()
     if device == "cuda":
-        g = capture(call)
-        rec["graph_replay_host_us"] = enqueue_us(g.replay, calls, device)
-        rec["device_us"] = _median_event_us(g.replay, 50)
-    return rec
+        graphs = {x: capture(s.call) for x, s in subjects.items()}
+        timed("graph_replay_host_us", {x: g.replay for x, g in graphs.items()})
+        for x, g in graphs.items():
+            records[x]["device_us"] = _median_event_us(g.replay, 50)
+    return [records[x] for x in launchers]
+
+
+class _HostCall:
+    """One eager vattn call on a batch of `shape` with a workspace of its own, and its parts as zero-argument
+    callables, every binding they launch through made here."""
+
+    def __init__(self, shape: Shape, device: str, mode: str):
+        import vattn
+        from vattn.api import launch_parts, select_backend
+
+        b = Batch(shape, device)
+        ws = vattn.Workspace(head_dim=shape.head_dim, num_q_heads=shape.num_q_heads, num_kv_heads=shape.num_kv_heads,
+                             kv_dtype=b.kv_dtype, q_dtype=b.q.dtype, page_size=shape.page_size,
+                             max_q_len=max(shape.q_lens), max_batch=shape.batch)
+        args = b.attention_args(0)
+        longest = max(shape.seq_lens)
+
+        def plan(max_seq_len=longest):
+            return vattn.plan(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, page_size=shape.page_size,
+                              mode=mode, workspace=ws, max_seq_len=max_seq_len)
+
+        pl = plan()
+
+        def call():
+            vattn.attention(*args, plan=plan(), out=b.out)
+
+        def attention():
+            vattn.attention(*args, plan=pl, out=b.out)
+
+        call()  # checks and binds this call's signature, which launch_parts reads
+        self.plan, self.call = plan, call
+        self.parts = dict(call=call, plan=plan, attention=attention,
+                          **launch_parts(pl, *args, out=b.out))  # the serving backend's launches alone
+        # every launch this call will time makes its binding now, while the caller's launcher switch holds
+        # (a binding adopts a native launch, or not, at its second launch)
+        for fn in [*self.parts.values(), lambda: plan(None), attention, plan] * 3:
+            fn()
+        backend = select_backend(ws, b.q, b.k)
+        self.record = dict(shape_fields(shape, "vattn", mode), backend=backend.name,
+                           reduce_skipped=pl.single_pieces and backend.writes_whole)
 
 
 # -- accuracy and records ------------------------------------------------------------------------------

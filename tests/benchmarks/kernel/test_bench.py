@@ -78,8 +78,32 @@ def test_host_overhead_needs_a_gpu_or_the_interpreter(monkeypatch):
 
 def test_host_overhead_names_a_launcher_it_does_not_know(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with pytest.raises(SystemExit, match=r"--launchers: got 'ctypes'; allowed: native, triton"):
+    with pytest.raises(SystemExit, match=r"--launchers: got 'native,ctypes'; allowed: native, triton"):
         bench.main(["--host-overhead", "--dry-run", "--launchers", "native,ctypes"])
+    with pytest.raises(SystemExit, match=r"--launchers: got 'triton,triton'; .* each at most once"):
+        bench.main(["--host-overhead", "--dry-run", "--launchers", "triton,triton"])
+
+
+def test_enqueue_us_times_its_calls_in_turns(monkeypatch):
+    """The host-time parts are timed chunk by chunk in ABBA turns, so a host that slows down mid-measurement
+    slows each alike: here a clock that runs 3x slower from the middle on moves both medians the same way."""
+    from benchmarks.kernel import harness
+
+    order, now = [], [0.0]
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: now[0])
+
+    def fn(name, cost_us):
+        def call():
+            order.append(name)
+            now[0] += cost_us * 1e-6 * (3 if len(order) > 2 + 40 else 1)  # halfway through the timed calls
+        return call
+
+    us = harness.enqueue_us({"a": fn("a", 2.0), "b": fn("b", 1.0)}, calls=40, device="cpu", chunk=10)
+    assert order[:2] == ["a", "b"]  # one warm-up call each
+    chunks = ["".join(order[i:i + 10]) for i in range(2, len(order), 10)]
+    assert chunks == ["a" * 10, "b" * 10, "b" * 10, "a" * 10, "a" * 10, "b" * 10, "b" * 10, "a" * 10]
+    # each median is the mean of one slow and one fast chunk: the 2:1 cost ratio survives the slowdown
+    assert us["a"] == pytest.approx(2.0 * 2, rel=1e-6) and us["b"] == pytest.approx(1.0 * 2, rel=1e-6)
 
 
 def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch, capsys):
