@@ -18,6 +18,7 @@ import json
 import random
 import re
 import threading
+import zlib
 from array import array
 from collections import OrderedDict
 from pathlib import Path
@@ -59,15 +60,16 @@ class Tokens:
         self.rng = random.Random(seed)
 
     def encode(self, text: str) -> list[int]:
-        # hash() of a str fits a C long; & keeps it in array("i")'s 32 bits for the memo
-        return [hash(w) & 0x7FFFFFFF for w in text.split()]
+        # a word's id is the same in every process (str's hash() is salted per process, and the arms are two
+        # processes that must see one prompt as the same ids); & keeps it in array("i")'s 32 bits for the memo
+        return [zlib.crc32(w) & 0x7FFFFFFF for w in map(str.encode, text.split())]
 
     def _set_texts(self) -> None:
         self.word_texts = [" " + w for w in self.words]
         self.word_json = [json.dumps(t) for t in self.word_texts]  # escaped once, streamed many times
 
     def _word_id(self, word: str) -> int:
-        return hash(word)
+        return zlib.crc32(word.encode()) & 0x7FFFFFFF
 
     def info(self) -> dict[str, Any]:
         return {"mode": self.name, "output_words": len(self.words)}

@@ -112,6 +112,23 @@ def test_whitespace_mode_counts_words(emulator):
     assert info["tokenizer"]["mode"] == "whitespace"
 
 
+def test_two_processes_answer_a_prompt_alike_in_whitespace_mode(emulator):
+    """The off and on arms are two emulator processes: with the same seed they must see a prompt as the same
+    ids, so answer it word for word alike and draw the same speculative acceptances (Python salts str hashes
+    per process; PYTHONHASHSEED differs here to make that salt differ for certain)."""
+    answers, accepted = [], []
+    for salt in ("1", "2"):
+        emu = emulator("--seed", "3", "--time-scale", "0.01", "--accept-probs", "0.7", "0.5", "0.4",
+                       env={"PYTHONHASHSEED": salt}, name=f"salt{salt}")
+        r = emu.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "name three rivers of the north"}], max_tokens=40)
+        answers.append(r.choices[0].message.content)
+        assert emu.stop() == 0
+        accepted.append([a for line in emu.cycles() for a in line["accepted"]])
+    assert len(answers[0].split()) == 40 and answers[0] == answers[1]
+    assert len(accepted[0]) >= 10 and accepted[0] == accepted[1]
+
+
 def test_chunked_prefill_splits_a_long_prompt(emulator):
     emu = emulator("--chunked-prefill-size", "1000", "--time-scale", "0.02")
     r = emu.client().completions.create(model=MODEL, prompt="w " * 4500, max_tokens=2, extra_body={"ignore_eos": True})
