@@ -221,7 +221,8 @@ def _bind_triton_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
     args, kwargs = K.main_launch_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
                                       v_descale, softmax_scale, plan.tensors, ws.o_part, ws.lse_part, gqa=ws.gqa,
                                       max_q_len=ws.max_q_len, config=ws.config)
-    main = launcher.kernel(K._attn_main_kernel).bind(args, kwargs, K.MAIN_LIVE).launch
+    bound = launcher.kernel(K._attn_main_kernel).bind(args, kwargs, K.MAIN_LIVE)
+    main = bound.launch
     heads, width = k_cache.shape[2], plan.tensors["work_seq"].shape[0]
 
     def launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out=None):
@@ -229,6 +230,8 @@ def _bind_triton_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
             k_descale = v_descale = seq_lens
         main(heads, width, 1, q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
 
+    # for Bound.checked_launch: the live tensors (MAIN_LIVE) are the call's first eight, the placeholders above
+    launch.bound, launch.arg_of_live = bound, (0, 1, 2, 3, 4, 5) + ((4, 4) if k_descale is None else (6, 7))
     return launch
 
 
@@ -266,7 +269,8 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     import torch
 
     if not debug:
-        # the last call's main launch, where it checks the signature itself (the Hopper backend's C++ launch)
+        # the last call's main launch, where it checks the signature itself (launch.cpp's Launch: the Hopper
+        # kernel's, or the Triton kernel's once its binding launches natively)
         cut = plan.last[2] if isinstance(plan, Plan) else None
         if cut is not None and cut.registrations == REGISTRATIONS[0] and cut.backend not in FAILED:
             try:
@@ -424,15 +428,24 @@ def _triton_run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_des
                              softmax_scale, plan)
     reduce = _bound_reduce(plan, cu_seqlens_q, out)
     empty_like = torch.empty_like
+    checked = []  # the main kernel as a launch.cpp Launch, once its binding launches natively (Shortcut)
 
     def run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out):
         if out is None:
-            out = empty_like(q)
+            out = empty_like(q)  # (a call without out never takes the Shortcut, whose signature has one)
+        elif not checked:
+            launch = main.bound.checked_launch((q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale,
+                                                v_descale, out), softmax_scale, main.arg_of_live)
+            if launch is not None:
+                checked.append(launch)
         main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale)
         reduce(cu_seqlens_q, out)
         return out
 
     run.launch_main, run.launch_reduce = main, reduce  # as _backend_run's
+    registrations = REGISTRATIONS[0]
+    run.shortcut = lambda: (Shortcut(checked[0], reduce, registrations, TRITON.name, False)
+                            if checked and main.bound.native[0] else None)
     return run
 
 

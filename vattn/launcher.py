@@ -226,10 +226,22 @@ def ptx_param_bytes(ptx: str, name: str) -> list[int] | None:
     return None if m is None else [int(bits) // 8 for bits in re.findall(r"\.param\s+\.[bsuf](\d+)", m.group(1))]
 
 
-@functools.lru_cache(maxsize=None)
 def native_launch_type():
     """(launch.cpp's PointerLaunch type, cuLaunchKernelEx's address), or None where the extension cannot be built:
     Triton's own C launcher then stays (PointerLaunch's ctypes twin would swap one C launcher for Python work)."""
+    types = _native_types()
+    return types and (types[0].PointerLaunch, types[1])
+
+
+def checked_launch_type():
+    """(launch.cpp's Launch type, which checks a vattn.attention call's signature itself, cuLaunchKernelEx's
+    address), or None where the extension cannot be built (its ctypes twin would be slower than the Python check)."""
+    types = _native_types()
+    return types and (types[0].Launch, types[1])
+
+
+@functools.lru_cache(maxsize=None)
+def _native_types():
     try:
         import ctypes
 
@@ -239,7 +251,7 @@ def native_launch_type():
         mod = built_module(build.CACHE)
         if mod is None:
             return None
-        return mod.PointerLaunch, ctypes.cast(build._driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value
+        return mod, ctypes.cast(build._driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value
     except Exception:
         return None
 
@@ -345,6 +357,8 @@ class Bound:
         self.kernel, self.kwargs, self.live = kernel, kwargs, live
         self.args = tuple(None if i in live else a for i, a in enumerate(args))
         self.launch = self._slow_launch
+        self.native = [False]
+        self.adopted = None  # what _adopt built its PointerLaunch from (native_spec)
         full = kernel.full_args(args, kwargs) if kernel.fast else None
         if full is None or not live:
             return
@@ -402,7 +416,29 @@ class Bound:
         except Exception:
             return
         self._ns.update(_ndev=dev, _ng0=g0, _ng1=g1, _ng2=g2)
+        self.adopted = (e[1], (g0, g1, g2), 32 * meta.num_warps, meta.shared, params, bool(meta.launch_pdl), dev)
         self.native[0] = launch.launch
+
+    def checked_launch(self, examples: tuple, scale: float, arg_of_live: tuple):
+        """This binding's natively launched kernel as a launch.cpp Launch, which checks a vattn.attention call
+        (examples, scale: the signature it accepts; see launch.cpp) and reads the k-th live tensor's pointer from
+        the call's tensor argument arg_of_live[k]: launch(*call) -> 1 launched, 0 not this signature or not a
+        plain launch (hooks or debug mode want Triton's launcher, as this binding's launch checks). None until
+        the binding has adopted its native launch, once that has failed, or without the extension."""
+        types = checked_launch_type()
+        if not self.native[0] or self.adopted is None or types is None:
+            return None
+        function, grid, threads, smem, params, pdl, dev = self.adopted
+        params = [("ptr", arg_of_live[p[1]], *p[2:]) if p[0] == "ptr" else p for p in params]
+        fast = types[0](types[1], functools.partial(_ENV.stream, dev), function, grid, threads, smem, examples,
+                        scale, params, pdl).launch
+        plain, fn, keep = _ENV.plain, self.kernel.fn, self.args  # keep: the frozen pointers' tensors
+
+        def launch(*call) -> int:
+            return 0 if fn.pre_run_hooks or not plain() else fast(*call)
+
+        launch.keep = keep
+        return launch
 
     def _generate(self, full: tuple, live_full: list):
         """A launch function for this binding: once adopted (_adopt), the PointerLaunch for its grid and device;

@@ -817,6 +817,45 @@ def test_gpu_native_launches_equal_tritons(name, monkeypatch):
     assert torch.equal(out, outs[0])
 
 
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["hd256-g16-p16-fp8-q4", "hd64-g1-p1-bf16-decode"])
+def test_gpu_tritons_checked_launch_serves_the_later_calls(name, monkeypatch):
+    """On the Triton path, once the main kernel's binding launches natively, vattn.attention takes the Shortcut:
+    launch.cpp's Launch checks the call's signature and launches (no Python signature), then the reduce. Its
+    outputs equal the checked path's bit for bit; a call of another signature (another out) takes the checked
+    path again."""
+    import vattn
+    from vattn import api
+
+    monkeypatch.setattr(api, "BACKENDS", [api.TRITON])
+    b, kv = _gpu_batch(name, seed=11)
+    q, k = b["q"], b["k_cache"]
+    ws = vattn.Workspace(head_dim=q.shape[2], num_q_heads=q.shape[1], num_kv_heads=k.shape[2], kv_dtype=k.dtype,
+                         q_dtype=q.dtype, page_size=k.shape[1], max_q_len=max(GPU_CASES[name][1]),
+                         max_batch=b["seq_lens"].shape[0])
+    pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=k.shape[2], page_size=k.shape[1], workspace=ws)
+    out = torch.empty_like(q)
+    checked = api._attention_signature
+    calls = []
+    monkeypatch.setattr(api, "_attention_signature", lambda *a: calls.append(1) or checked(*a))
+    outs = []
+    for _ in range(5):
+        out.zero_()
+        vattn.attention(**b, plan=pl, out=out)
+        outs.append(out.clone())
+    torch.cuda.synchronize()
+    cut = pl.last[2]
+    assert cut is not None and cut.backend == "triton"
+    # the Python signature: twice in the first call (looked up, then checked and kept), once in the second (its
+    # main binding adopts the native launch) and the third (which builds the Launch); none in the last two
+    assert len(calls) == 4
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    _check(outs[-1], reference(b), kv)
+    fresh = vattn.attention(**b, plan=pl)  # out=None: another signature, which the Launch refuses
+    assert len(calls) > 4 and torch.equal(fresh, outs[0])
+
+
 def _reduce_launch(batch, kv_heads, o_dtype=torch.float32, **kw):
     """reduce_launch_args' (grid, args, kwargs) for a batch of one-token sequences at 16 query heads."""
     from vattn import kernel as K

@@ -431,6 +431,52 @@ def test_a_native_launch_steps_aside_for_hooks_and_gives_way_for_good_on_an_erro
     assert (len(st["driver"]), len(st["fast"]), b2.native[0]) == (4, 5, False)
 
 
+def test_a_checked_launch_checks_the_call_and_launches_the_adopted_kernel(native, built_launch, monkeypatch):
+    """Bound.checked_launch (vattn.attention's shortcut on the Triton path): the adopted kernel as launch.cpp's
+    Launch, which takes a call of its examples' signature and reads the live tensor's pointer from the named
+    argument; another shape, a misaligned pointer, a hook or debug mode: 0, nothing launched. None before the
+    binding has adopted its native launch and after that has failed."""
+    from triton import knobs
+
+    kern, st = native
+    monkeypatch.setattr(launcher, "checked_launch_type", lambda: (built_launch.Launch, launcher.native_launch_type()[1]))
+    x, y = _t(torch.float32), _t(torch.float32)
+    b = kern.bind((x, 32, 0.5, y), dict(BLOCK=64), live=(0,))
+    q, pages = torch.zeros(4, 2, 8), torch.zeros(3, 16, 1, 8)
+    i32 = lambda *shape: torch.zeros(*shape, dtype=torch.int32)  # noqa: E731
+    examples = (q, pages, pages, i32(1, 4), x, i32(2), None, None, torch.zeros_like(q))
+
+    def call(live, q=q, scale=0.125):  # vattn.attention's order: the scale before out
+        return (q, pages, pages, examples[3], live, examples[5], None, None, scale, examples[8])
+
+    assert b.checked_launch(examples, 0.125, (4,)) is None  # not adopted yet
+    for _ in range(2):
+        b.launch(3, 1, 1, x)
+    launch = b.checked_launch(examples, 0.125, (4,))
+    x2 = _t(torch.float32)
+    assert launch(*call(x2)) == 1
+    assert st["driver"] == [dict(fn=7, grid=(3, 1, 1), block=128, stream=100, x=x2.data_ptr(), n=32, scale=0.5,
+                                 y=y.data_ptr())]
+    assert launch(*call(x2, q=torch.zeros(5, 2, 8))) == 0  # another shape
+    assert launch(*call(x2, scale=0.25)) == 0  # another scale
+    assert launch(*call(torch.zeros(65)[1:])) == 0  # the same signature, 4 bytes off the binary's 16
+    hook = lambda meta: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert launch(*call(x2)) == 0  # a profiler's hook wants Triton's launcher and its metadata
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    assert launch(*call(x2)) == 0
+    monkeypatch.setattr(knobs.runtime, "debug", False)
+    assert len(st["driver"]) == 1
+    st["rc"][0] = 1
+    with pytest.raises(RuntimeError):
+        launch(*call(x2))
+    b.launch(3, 1, 1, x2)  # the binding's own native launch fails too: Triton's launcher for good
+    assert b.native[0] is False and b.checked_launch(examples, 0.125, (4,)) is None
+
+
 def test_without_the_extension_a_binding_keeps_tritons_launcher(fake, monkeypatch):
     kern, st = fake
     monkeypatch.setattr(launcher, "native_launch_type", lambda: None)

@@ -11,8 +11,9 @@
 //   examples: the signature's nine arguments (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
 //   k_descale, v_descale, out; a descale may be None): their dims, sizes, strides (not the descales'), dtypes
 //   and devices are what a call must match; scale: the softmax scale the kernel takes;
-//   params: the kernel's parameters in order, each ("u64" | "i32" | "f32", value), ("ptr", i) (argument i's
-//   data pointer, 0 for None), ("stride", i, d) or ("kmap",) / ("vmap",) (the caches' TMA maps, by value);
+//   params: the kernel's parameters in order, each ("u64" | "i32" | "f32", value), ("ptr", i[, align]) (argument
+//   i's data pointer, 0 for None; a call whose pointer is not a multiple of align bytes is not this signature),
+//   ("stride", i, d) or ("kmap",) / ("vmap",) (the caches' TMA maps, by value);
 //   pdl: launch as a programmatic dependent of the stream's previous kernel (the kernel waits for it itself).
 // launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale, out)
 //   -> 1 launched; 0 not this signature (nothing launched); -1 no TMA maps for these caches yet (add_maps them).
@@ -76,6 +77,7 @@ enum Kind { kFixed, kPtr, kStride, kKMap, kVMap };
 struct Param {
   Kind kind;
   int arg = 0, dim = 0;
+  uint64_t align = 1;  // kPtr: the address's
 };
 
 struct alignas(64) MapPair {
@@ -234,6 +236,10 @@ int init(LaunchObject* self, PyObject* args, PyObject*) {
     } else if (!std::strcmp(kind, "ptr") && a) {
       q.kind = kPtr;
       q.arg = static_cast<int>(PyLong_AsLong(a));
+      if (b) q.align = PyLong_AsUnsignedLongLong(b);
+      if (!PyErr_Occurred() && (q.align == 0 || (q.align & (q.align - 1))))
+        PyErr_Format(PyExc_ValueError, "Launch: params[%zd]: aligned to %llu bytes; allowed: a power of two", j,
+                     static_cast<unsigned long long>(q.align));
     } else if (!std::strcmp(kind, "stride") && a && b) {
       q.kind = kStride;
       q.arg = static_cast<int>(PyLong_AsLong(a));
@@ -290,6 +296,7 @@ PyObject* launch(LaunchObject* self, PyObject* const* args, Py_ssize_t nargs) {
         break;
       case kPtr:
         st->values[j] = data_ptr(args[arg_index(p.arg)]);
+        if (st->values[j] % p.align) return PyLong_FromLong(0);
         break;
       case kStride:
         st->values[j] = static_cast<uint64_t>(THPVariable_Unpack(args[arg_index(p.arg)]).stride(p.dim));

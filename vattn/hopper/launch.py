@@ -164,6 +164,8 @@ class PyLaunch:
                 i, d = operands[0], operands[1] if kind == "stride" else 0
                 if not 0 <= i < len(examples) or kind == "stride" and (examples[i] is None or not 0 <= d < examples[i].dim()):
                     raise ValueError(f"Launch: params[{j}] names tensor {i} dim {d}, which the examples lack")
+                if kind == "ptr" and len(operands) > 1 and (operands[1] <= 0 or operands[1] & (operands[1] - 1)):
+                    raise ValueError(f"Launch: params[{j}]: aligned to {operands[1]} bytes; allowed: a power of two")
                 self._slots.append(ctypes.c_uint64())
                 self._live.append((j, kind, *operands))
             else:
@@ -181,9 +183,14 @@ class PyLaunch:
             return 0
         if scale != self._scale:
             return 0
-        for j, kind, i, *dim in self._live:
+        for j, kind, i, *operand in self._live:  # operand: a pointer's alignment, a stride's dim
             t = tensors[i]
-            self._slots[j].value = (0 if t is None else t.data_ptr()) if kind == "ptr" else t.stride(dim[0])
+            if kind == "stride":
+                self._slots[j].value = t.stride(operand[0])
+                continue
+            self._slots[j].value = 0 if t is None else t.data_ptr()
+            if operand and self._slots[j].value % operand[0]:
+                return 0
         if self._map_params:
             maps = self._maps.get((tensors[1].data_ptr(), tensors[2].data_ptr()))
             if maps is None:
