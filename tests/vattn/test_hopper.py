@@ -449,6 +449,26 @@ def test_launch_refuses_a_parameter_it_cannot_fill(launch_type):
         Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0), ("u32", 1)], True)
     with pytest.raises(ValueError, match=r"params\[0\] names tensor 6 dim 0, which the examples lack"):
         Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)], True)
+    with pytest.raises(ValueError, match=r"params\[1\]: aligned to 12 bytes; allowed: a power of two"):
+        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0, 16), ("ptr", 1, 12)], True)
+
+
+def test_a_launch_takes_a_pointer_off_its_alignment_for_another_signature(launch_type):
+    """("ptr", i, align) (the Triton path's Launch: its binary assumes 16-byte aligned pointers): a call whose
+    tensor i sits off that alignment is not this signature (0, nothing launched), whatever its shape."""
+    import ctypes
+
+    torch, Launch = launch_type
+    seen, rc = [], [0]
+    driver = _recording_driver(lambda c, fn, params, extra: seen.append(ctypes.c_uint64.from_address(params[0]).value),
+                               rc)
+    q, lens = torch.zeros(8, 16, 64), torch.zeros(5, dtype=torch.int32)
+    call = [q, q, q, q, lens, q, None, None, None, q]
+    launch = Launch(ctypes.cast(driver, ctypes.c_void_p).value, lambda: 0, 1, (1, 1, 1), 128, 0,
+                    tuple(call[:8]) + (q,), 64 ** -0.5, [("ptr", 4, 16), ("u64", 3)], False)
+    assert launch.launch(*call) == 1 and seen == [lens.data_ptr()]
+    call[4] = torch.zeros(6, dtype=torch.int32)[1:]  # the same shape and strides, 4 bytes off
+    assert launch.launch(*call) == 0 and len(seen) == 1
 
 
 @pytest.mark.parametrize("pdl", [True, False])
