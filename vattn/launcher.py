@@ -358,7 +358,7 @@ class Bound:
         self.args = tuple(None if i in live else a for i, a in enumerate(args))
         self.launch = self._slow_launch
         self.native = [False]
-        self.adopted = None  # what _adopt built its PointerLaunch from (native_spec)
+        self.adopted = None  # what _adopt built its PointerLaunch from (checked_launch builds from it too)
         full = kernel.full_args(args, kwargs) if kernel.fast else None
         if full is None or not live:
             return
@@ -422,8 +422,9 @@ class Bound:
     def checked_launch(self, examples: tuple, scale: float, arg_of_live: tuple):
         """This binding's natively launched kernel as a launch.cpp Launch, which checks a vattn.attention call
         (examples, scale: the signature it accepts; see launch.cpp) and reads the k-th live tensor's pointer from
-        the call's tensor argument arg_of_live[k]: launch(*call) -> 1 launched, 0 not this signature or not a
-        plain launch (hooks or debug mode want Triton's launcher, as this binding's launch checks). None until
+        the call's tensor argument arg_of_live[k]: launch(*call) -> 1 launched, 0 not this signature, not a plain
+        launch (hooks or debug mode want Triton's launcher, as this binding's launch checks) or after a launch
+        through it failed (that call raised). None until
         the binding has adopted its native launch, once that has failed, or without the extension."""
         types = checked_launch_type()
         if not self.native[0] or self.adopted is None or types is None:
@@ -433,9 +434,16 @@ class Bound:
         fast = types[0](types[1], functools.partial(_ENV.stream, dev), function, grid, threads, smem, examples,
                         scale, params, pdl).launch
         plain, fn, keep = _ENV.plain, self.kernel.fn, self.args  # keep: the frozen pointers' tensors
+        failed = []
 
         def launch(*call) -> int:
-            return 0 if fn.pre_run_hooks or not plain() else fast(*call)
+            if failed or fn.pre_run_hooks or not plain():
+                return 0
+            try:
+                return fast(*call)
+            except Exception:  # raised to this call's caller; later calls take the checked path
+                failed.append(True)
+                raise
 
         launch.keep = keep
         return launch

@@ -473,6 +473,9 @@ def test_a_checked_launch_checks_the_call_and_launches_the_adopted_kernel(native
     st["rc"][0] = 1
     with pytest.raises(RuntimeError):
         launch(*call(x2))
+    st["rc"][0] = 0
+    assert launch(*call(x2)) == 0 and len(st["driver"]) == 2  # failed once: not tried again
+    st["rc"][0] = 1
     b.launch(3, 1, 1, x2)  # the binding's own native launch fails too: Triton's launcher for good
     assert b.native[0] is False and b.checked_launch(examples, 0.125, (4,)) is None
 
