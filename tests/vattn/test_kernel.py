@@ -839,21 +839,23 @@ def test_gpu_tritons_checked_launch_serves_the_later_calls(name, monkeypatch):
     checked = api._attention_signature
     calls = []
     monkeypatch.setattr(api, "_attention_signature", lambda *a: calls.append(1) or checked(*a))
-    outs = []
+    outs, counts = [], []
     for _ in range(5):
         out.zero_()
         vattn.attention(**b, plan=pl, out=out)
         outs.append(out.clone())
+        counts.append(len(calls))
     torch.cuda.synchronize()
     cut = pl.last[2]
     assert cut is not None and cut.backend == "triton"
-    # the Python signature: twice in the first call (looked up, then checked and kept), once in the second (its
-    # main binding adopts the native launch) and the third (which builds the Launch); none in the last two
-    assert len(calls) == 4
+    # the Python signature: twice in the first call (looked up, then checked and kept), once in each call until
+    # the main binding has adopted its native launch (at its second launch, or its first where an earlier binding
+    # compiled the same kernel) and the next has built the Launch; none from the fourth call on
+    assert counts[0] == 2 and counts[2] == counts[3] == counts[4] <= 4, counts
     assert all(torch.equal(o, outs[0]) for o in outs)
     _check(outs[-1], reference(b), kv)
     fresh = vattn.attention(**b, plan=pl)  # out=None: another signature, which the Launch refuses
-    assert len(calls) > 4 and torch.equal(fresh, outs[0])
+    assert len(calls) > counts[4] and torch.equal(fresh, outs[0])
 
 
 def _reduce_launch(batch, kv_heads, o_dtype=torch.float32, **kw):
