@@ -1,6 +1,6 @@
-// The Hopper kernels' launches for calls of one signature, as CPython types (vattn/hopper/launch.py builds them):
-// Launch, the main kernel's, and PointerLaunch, the reduce's and, once bound, vattn's Triton kernels'
-// (vattn/launcher.py).
+// vattn's kernel launches for calls of one signature, as CPython types (vattn/hopper/launch.py builds them):
+// Launch, the Hopper main kernel's and, once its binding launches natively, the Triton main kernel's (vattn.api's
+// Shortcut); PointerLaunch, the CUDA reduce's and, once bound, vattn's Triton kernels' (vattn/launcher.py).
 //
 // Why C++: an eager vattn.attention call spent ~9 us of an H200 host's time building and comparing its signature
 // in Python (36 tensor attributes) and ~5 more filling ctypes parameters, around a ~6 us cuLaunchKernel. Here the
