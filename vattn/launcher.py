@@ -424,8 +424,8 @@ class Bound:
         (examples, scale: the signature it accepts; see launch.cpp) and reads the k-th live tensor's pointer from
         the call's tensor argument arg_of_live[k]: launch(*call) -> 1 launched, 0 not this signature, not a plain
         launch (hooks or debug mode want Triton's launcher, as this binding's launch checks) or after a launch
-        through it failed (that call raised). None until
-        the binding has adopted its native launch, once that has failed, or without the extension."""
+        through it failed (that call raised). None until the binding has adopted its native launch, once that
+        has failed, or without the extension."""
         types = checked_launch_type()
         if not self.native[0] or self.adopted is None or types is None:
             return None

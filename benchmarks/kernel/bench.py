@@ -291,7 +291,7 @@ def _host_overhead(a) -> int:
             raise SystemExit("--host-overhead needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
     shapes = select(a.shapes) if a.shapes else (tiny_shapes() if a.dry_run else host_shapes())
     launchers = [x.strip() for x in a.launchers.split(",") if x.strip()]
-    if not launchers or len(set(launchers)) < len(launchers) or not set(launchers) <= {"native", "triton"}:
+    if not harness.launchers_ok(launchers):
         raise SystemExit(f"--launchers: got {a.launchers!r}; allowed: native, triton (comma-separated, each at most once)")
     records = [r for s in shapes for mode in _parse_planners(a.planners)
                for r in harness.host_overhead(s, device, a.host_calls, mode, tuple(launchers))]

@@ -267,8 +267,16 @@ def enqueue_us(fns: dict, calls: int, device: str, chunk: int = 20) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+LAUNCHERS = ("native", "triton")  # host_overhead's: vattn's Triton kernels through PointerLaunch, or Triton's own
+
+
+def launchers_ok(launchers) -> bool:
+    """Some of LAUNCHERS, each at most once."""
+    return bool(launchers) and len(set(launchers)) == len(launchers) and set(launchers) <= set(LAUNCHERS)
+
+
 def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: str = "balanced",
-                  launchers: tuple = ("native", "triton")) -> list[dict]:
+                  launchers: tuple = LAUNCHERS) -> list[dict]:
     """Host time (us) per eager call of vattn.plan + vattn.attention on `shape`, and its parts: plan and
     attention alone, the plan, main and reduce launches as the call makes them (vattn.launcher's bound
     launches of Triton's kernels: the live tensors' data pointers, the cache key, the compiled kernel's launcher;
@@ -283,7 +291,7 @@ def host_overhead(shape: Shape, device: str = "cuda", calls: int = 400, mode: st
     workspace (so bindings) of its own, and each part is timed with the launchers taking turns (enqueue_us)."""
     from vattn import launcher as vattn_launcher
 
-    if not launchers or len(set(launchers)) < len(launchers) or not set(launchers) <= {"native", "triton"}:
+    if not launchers_ok(launchers):
         raise ValueError(f"launchers: got {list(launchers)}; allowed: native, triton, each at most once")
     before = vattn_launcher.NATIVE_LAUNCH
     subjects = {}
