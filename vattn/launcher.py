@@ -29,7 +29,7 @@ freezes every argument except the `live` tensors once, so a launch only reads th
 (vattn.api keeps one binding per validated call signature).
 
 A binding goes one step further once its 16-byte aligned specialisation has launched: it hands the
-compiled kernel to vattn/hopper/launch.cpp's PointerLaunch, its parameters packed once (native_params:
+compiled kernel to vattn/native/launch.cpp's PointerLaunch, its parameters packed once (native_params:
 the compiled signature's runtime arguments, then Triton's scratch pointers, checked against the PTX's
 parameter list), so a call is one C function that reads the live pointers and calls cuLaunchKernelEx.
 Why: on an H200 host the bound Triton launches of the plan and of the reduce took 6.8-10.3 us each,
@@ -243,15 +243,13 @@ def checked_launch_type():
 @functools.lru_cache(maxsize=None)
 def _native_types():
     try:
-        import ctypes
+        from vattn.native import cuda
+        from vattn.native.launch import built_module
 
-        from vattn.hopper import build
-        from vattn.hopper.launch import built_module
-
-        mod = built_module(build.CACHE)
+        mod = built_module(cuda.CACHE)
         if mod is None:
             return None
-        return mod, ctypes.cast(build._driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value
+        return mod, cuda.launch_kernel_ex_address()
     except Exception:
         return None
 

@@ -338,8 +338,9 @@ def _prebuild(a) -> int:
 
     from vattn.hopper import backend, build, reduce
     from vattn.hopper.prebuild import compile_build, compile_reduce
+    from vattn.native import cuda
 
-    build.CACHE = Path(a.prebuild)
+    cuda.CACHE = Path(a.prebuild)
     builds: dict[tuple, dict] = {}
     reduce_head_dims: set[int] = set()
     for s in select(a.shapes or "main,variants"):
@@ -355,7 +356,7 @@ def _prebuild(a) -> int:
         print(compile_build(defines), flush=True)
     for head_dim in sorted(reduce_head_dims):
         print(compile_reduce(head_dim), flush=True)
-    print(f"{len(builds)} main builds and {len(reduce_head_dims)} reduce builds in {build.CACHE}")
+    print(f"{len(builds)} main builds and {len(reduce_head_dims)} reduce builds in {cuda.CACHE}")
     return 0
 
 

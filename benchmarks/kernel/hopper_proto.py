@@ -305,10 +305,10 @@ def read_stamps(kern, in_kernel_plan: bool = False) -> dict:
 
     import torch
 
-    from vattn.hopper.build import _driver
+    from vattn.native.cuda import driver
 
     torch.cuda.synchronize()
-    drv = _driver()
+    drv = driver()
     ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
     drv.check(drv.lib.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), kern.module, b"vattn_stamps"),
               "cuModuleGetGlobal(vattn_stamps)")

@@ -8,7 +8,10 @@ import warnings
 
 import pytest
 
+from test_native import _recording_driver, built_launch, pointer_launch_type  # noqa: F401  (fixtures)
+
 from vattn.hopper import build
+from vattn.native import cuda
 
 
 def test_source_has_both_wgmma_wrappers_with_full_operand_lists():
@@ -36,10 +39,10 @@ PROBES = {"k8cp": {"K8": 1, "K8_CPASYNC": 1}, "k8direct": {"K8": 1, "STAGE_OUT":
 @pytest.mark.parametrize("partials", ["fp32", "bf16"])
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES | PROBES))
 def test_compiles_for_sm90a_without_spills_or_serialised_wgmma(tmp_path, monkeypatch, schedule, partials):
-    monkeypatch.setattr(build, "CACHE", tmp_path)
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
     bf16 = {"PARTIAL_BF16": 1} if partials == "bf16" else {}
     cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | (SCHEDULES | PROBES)[schedule] | bf16)
-    report = build.ptxas_report(cubin).read_text()
+    report = cuda.ptxas_report(cubin).read_text()
     assert cubin.stat().st_size > 0
     # vattn_main_sm90, vattn_main_sm90_k8 (and vattn_main_sm90_kv16)
     kernels = 3 if "KV16" in (SCHEDULES | PROBES)[schedule] else 2
@@ -61,7 +64,7 @@ def test_no_kernel_reads_global_memory_before_it_waits_for_the_kernel_before_it(
 
     from benchmarks.kernel.sass import _tool
 
-    monkeypatch.setattr(build, "CACHE", tmp_path)
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
     sass = subprocess.run([_tool("cuobjdump"), "-sass", str(build.compile_cubin(defines))], capture_output=True,
                           text=True, check=True).stdout
     functions = dict(re.findall(r"Function : (\w+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
@@ -78,17 +81,17 @@ def test_no_kernel_reads_global_memory_before_it_waits_for_the_kernel_before_it(
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_page_of_4_tokens_builds_the_default_kernel_alone(tmp_path, monkeypatch):
     # the k8 kernel's TMA boxes need pages of whole 8-row swizzle atoms; the backend also takes pages of 4
-    monkeypatch.setattr(build, "CACHE", tmp_path)
-    report = build.ptxas_report(build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=4))).read_text()
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
+    report = cuda.ptxas_report(build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=4))).read_text()
     assert "entry function 'vattn_main_sm90' " in report and "vattn_main_sm90_k8" not in report, report
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("block_n, consumers, gqa", [(64, 1, 8), (128, 1, 8), (128, 2, 8), (128, 2, 7)])
 def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monkeypatch, block_n, consumers, gqa):
-    monkeypatch.setattr(build, "CACHE", tmp_path)
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
     defines = dict(HEAD_DIM=128, GQA=gqa, PAGE=16, K8=1, BLOCK_N=block_n, K8_CONSUMERS=consumers)
-    report = build.ptxas_report(build.compile_cubin(defines)).read_text()
+    report = cuda.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     assert "0 bytes spill stores, 0 bytes spill loads" in report, report
     assert "C7513" not in report and "serialized" not in report, report
@@ -99,9 +102,9 @@ def test_head_dim_128_builds_the_tma_kernel_alone_without_spills(tmp_path, monke
 def test_every_kernel_of_a_build_exports_its_launch_shape(tmp_path, monkeypatch, defines):
     # MainSm90 launches with the shared memory and threads the source computes (`<kernel>_launch`), read from the
     # loaded module: a build whose kernel lacks it could not be launched
-    monkeypatch.setattr(build, "CACHE", tmp_path)
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
     cubin = build.compile_cubin(dict(HEAD_DIM=256, GQA=16, PAGE=16) | defines)
-    kernels = re.findall(r"Compiling entry function '(\w+)'", build.ptxas_report(cubin).read_text())
+    kernels = re.findall(r"Compiling entry function '(\w+)'", cuda.ptxas_report(cubin).read_text())
     assert kernels
     image = cubin.read_bytes()
     for name in kernels:
@@ -126,9 +129,9 @@ MEASUREMENT_BUILDS = {"n128": dict(BLOCK_N=128), "c2v4": C2V4, "c2v4-stamps": C2
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("name", sorted(MEASUREMENT_BUILDS))
 def test_head_dim_256_measurement_builds_compile(tmp_path, monkeypatch, name):
-    monkeypatch.setattr(build, "CACHE", tmp_path)
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
     defines = dict(HEAD_DIM=256, GQA=16, PAGE=16, K8=1) | MEASUREMENT_BUILDS[name]
-    report = build.ptxas_report(build.compile_cubin(defines)).read_text()
+    report = cuda.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report, report
     assert "C7513" not in report and "serialized" not in report, report
 
@@ -141,9 +144,9 @@ def test_the_reduce_compiles_without_spills(tmp_path, monkeypatch, head_dim, sli
     # 64-value slices it was measured against, and its measurement switches (trigger, after_wait)
     from vattn.hopper import reduce
 
-    monkeypatch.setattr(build, "CACHE", tmp_path)
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
     cubin = reduce.compile_cubin(head_dim, slice_=slice_, trigger=switches[0], after_wait=switches[1])
-    report = build.ptxas_report(cubin).read_text()
+    report = cuda.ptxas_report(cubin).read_text()
     assert cubin.stat().st_size > 0 and "entry function 'vattn_reduce_sm90'" in report
     spills = [line for line in report.splitlines() if "bytes spill stores" in line]  # the kernel's and its calls'
     assert len(spills) == 2 and all(" 0 bytes spill stores" in line for line in spills), report
@@ -208,9 +211,9 @@ def test_tma_map_layout_reads_two_adjacent_heads_as_one_row():
 @pytest.mark.parametrize("kernel", [dict(K8=1), dict(KV16=1, TMA_EVICT_FIRST=1)], ids=["k8", "kv16"])
 @pytest.mark.parametrize("gqa", [16, 8, 14])  # the CTA's query heads: twice GQA 8, 4 and 7
 def test_packed_heads_build_the_tma_kernels_alone_without_spills(tmp_path, monkeypatch, gqa, kernel):
-    monkeypatch.setattr(build, "CACHE", tmp_path)
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
     defines = dict(HEAD_DIM=256, GQA=gqa, PAGE=16, PACK_HEADS=2) | kernel
-    report = build.ptxas_report(build.compile_cubin(defines)).read_text()
+    report = cuda.ptxas_report(build.compile_cubin(defines)).read_text()
     assert "entry function 'vattn_main_sm90_k8' " in report and "entry function 'vattn_main_sm90' " not in report
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert spills and all(n == "0" for pair in spills for n in pair), report
@@ -225,8 +228,8 @@ def test_packed_heads_build_the_tma_kernels_alone_without_spills(tmp_path, monke
 def test_split_groups_build_every_kernel_without_spills(tmp_path, monkeypatch, defines):
     """GROUP_SPLIT=2 (two CTAs a KV head, each half its query heads: GQA 16 and 12 at 8 draft tokens), as the
     backend builds it: bf16 partials, the cache's KV head from the CTA's index."""
-    monkeypatch.setattr(build, "CACHE", tmp_path)
-    report = build.ptxas_report(build.compile_cubin(
+    monkeypatch.setattr(cuda, "CACHE", tmp_path)
+    report = cuda.ptxas_report(build.compile_cubin(
         dict(PAGE=16) | defines | dict(GROUP_SPLIT=2, PARTIAL_BF16=1))).read_text()
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     assert spills and all(n == "0" for pair in spills for n in pair), report
@@ -330,7 +333,7 @@ def test_prebuild_rejects_bad_shapes_by_name_and_builds_nothing_where_triton_run
 def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, capsys):
     from vattn.hopper import backend, prebuild, reduce
 
-    monkeypatch.setattr(build, "CACHE", build.CACHE)  # prebuild points it at --cache
+    monkeypatch.setattr(cuda, "CACHE", cuda.CACHE)  # prebuild points it at --cache
     assert prebuild.main(["--kv-dtype", "fp8", "--head-dim", "128", "--num-q-heads", "32", "--num-kv-heads", "4",
                           "--tp", "2", "--page-size", "16", "--max-q-len", "4,8", "--cache", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()[1:]
@@ -345,200 +348,13 @@ def test_prebuild_compiles_the_cubins_the_backend_loads(tmp_path, monkeypatch, c
     assert lines[2].startswith(f"reduce: {want_reduce} (vattn_reduce_sm90: ") and " 0 bytes of spill stores" in lines[2]
 
 
-@pytest.fixture(scope="module")
-def built_launch(tmp_path_factory):
-    """vattn/hopper/launch.cpp built into a fresh cache (~20 s): the extension module."""
-    pytest.importorskip("torch")
-    from vattn.hopper import launch
-
-    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
-        pytest.skip("needs a C++ compiler")
-    return launch.module(tmp_path_factory.mktemp("launch"))
-
-
-@pytest.fixture(params=["cpp", "python"])
-def launch_type(request):
-    """The C++ Launch and PyLaunch, its stand-in where the extension cannot be built: one contract."""
-    torch = pytest.importorskip("torch")
-    from vattn.hopper.launch import PyLaunch
-
-    return torch, request.getfixturevalue("built_launch").Launch if request.param == "cpp" else PyLaunch
-
-
-@pytest.fixture(params=["cpp", "python"])
-def pointer_launch_type(request):
-    """The C++ PointerLaunch and PyPointerLaunch: one contract."""
-    torch = pytest.importorskip("torch")
-    from vattn.hopper.launch import PyPointerLaunch
-
-    return torch, request.getfixturevalue("built_launch").PointerLaunch if request.param == "cpp" else PyPointerLaunch
-
-
-def _recording_driver(record, rc):
-    """A C function in cuLaunchKernelEx's place: record(config, fn, params, extra) reads what a launch passes
-    during the call; it returns rc[0]."""
-    import ctypes
-
-    from vattn.hopper.launch import _LaunchConfig
-
-    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
-                      ctypes.c_void_p)
-    def driver(config, fn, params, extra):
-        record(config.contents, fn, params, extra)
-        return rc[0]
-
-    return driver
-
-
-@pytest.mark.parametrize("pdl", [True, False])
-def test_launch_checks_the_calls_signature_and_fills_the_kernel_parameters(launch_type, pdl):
-    """A Launch below cuLaunchKernelEx: a C function in its place records what the launch passes (read during
-    the call). A call like the examples launches with their pointers and strides, the fixed values, the TMA
-    maps and, with pdl, the programmatic-serialisation attribute; any other signature launches nothing; a
-    driver error raises."""
-    import ctypes
-
-    torch, Launch = launch_type
-    seen, rc = [], [0]
-    spec = [("ptr", 0), ("u64", 2 ** 40 + 3), ("i32", -5), ("f32", 0.5), ("ptr", 7), ("stride", 8, 0), ("kmap",),
-            ("vmap",)]
-
-    def record(c, fn, params, extra):
-        u64 = lambda j: ctypes.c_uint64.from_address(params[j]).value
-        attrs = [(c.attrs[i].id, c.attrs[i].value) for i in range(c.num_attrs)]
-        seen.append(dict(fn=fn, grid=tuple(c.grid), block=tuple(c.block), smem=c.smem, stream=c.stream, attrs=attrs,
-                         q=u64(0), fixed=u64(1), i32=ctypes.c_int32.from_address(params[2]).value,
-                         f32=ctypes.c_float.from_address(params[3]).value, vd=u64(4), out_stride=u64(5),
-                         kmap=ctypes.string_at(params[6], 128), vmap=ctypes.string_at(params[7], 128), extra=extra))
-
-    driver = _recording_driver(record, rc)
-
-    q = torch.randn(8, 16, 256).to(torch.bfloat16)
-    k, v = torch.zeros(10, 16, 1, 256, dtype=torch.float8_e4m3fn), torch.zeros(10, 16, 1, 256, dtype=torch.float8_e4m3fn)
-    tables, lens, cu = torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
-    kd, out = torch.ones(1), torch.empty(8, 2, 16, 256, dtype=torch.bfloat16)[:, 0]  # out: token stride 8192
-    call = [q, k, v, tables, lens, cu, kd, None, None, out]
-    launch = Launch(ctypes.cast(driver, ctypes.c_void_p).value, lambda: 77, 1234, (1, 2, 1), 256, 1000,
-                    tuple(call[:8]) + (out,), 256 ** -0.5, spec, pdl)
-    assert launch.launch(*call) == -1 and seen == []  # no TMA maps for these caches yet
-    launch.add_maps(k.data_ptr(), v.data_ptr(), bytes(range(128)), bytes(range(128, 256)))
-    assert launch.launch(*call) == 1
-    assert seen == [dict(fn=1234, grid=(1, 2, 1), block=(256, 1, 1), smem=1000, stream=77,
-                         attrs=[(6, 1)] if pdl else [], q=q.data_ptr(), fixed=2 ** 40 + 3, i32=-5, f32=0.5, vd=0,
-                         out_stride=8192, kmap=bytes(range(128)), vmap=bytes(range(128, 256)), extra=None)]
-    assert launch.launch(*call[:8], 256 ** -0.5, out) == 1  # the scale None stands for, given explicitly
-    others = {"q's shape": dict(q=q[:4]), "q's strides": dict(q=torch.empty(16, 8, 256, dtype=q.dtype).transpose(0, 1)),
-              "q's dtype": dict(q=q.half()), "the caches": dict(k=k[:5]), "a descale": dict(kd=None),
-              "the other descale": dict(vd=kd), "out's strides": dict(out=out.contiguous()), "no out": dict(out=None),
-              "the scale": dict(scale=0.1), "a non-tensor": dict(tables=[[0] * 5] * 2)}
-    names = ["q", "k", "v", "tables", "lens", "cu", "kd", "vd", "scale", "out"]
-    for what, change in others.items():
-        args = [change.get(n, a) for n, a in zip(names, call)]
-        assert launch.launch(*args) == 0, what
-    assert len(seen) == 2
-    rc[0] = 1
-    with pytest.raises(RuntimeError, match="cuLaunchKernelEx failed: CUresult 1"):
-        launch.launch(*call)
-
-
-def test_launch_refuses_a_parameter_it_cannot_fill(launch_type):
-    torch, Launch = launch_type
-    q = torch.zeros(8, 16, 256)
-    examples = (q, q, q, q, q, q, None, None, q)
-    with pytest.raises(ValueError, match=r"params\[1\]: kind u32 .*allowed: u64, i32, f32, ptr, stride, kmap, vmap"):
-        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0), ("u32", 1)], True)
-    with pytest.raises(ValueError, match=r"params\[0\] names tensor 6 dim 0, which the examples lack"):
-        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("stride", 6, 0)], True)
-    with pytest.raises(ValueError, match=r"params\[1\]: aligned to 12 bytes; allowed: a power of two"):
-        Launch(0, lambda: 0, 0, (1, 1, 1), 128, 0, examples, 1.0, [("ptr", 0, 16), ("ptr", 1, 12)], True)
-
-
-def test_a_launch_takes_a_pointer_off_its_alignment_for_another_signature(launch_type):
-    """("ptr", i, align) (the Triton path's Launch: its binary assumes 16-byte aligned pointers): a call whose
-    tensor i sits off that alignment is not this signature (0, nothing launched), whatever its shape."""
-    import ctypes
-
-    torch, Launch = launch_type
-    seen, rc = [], [0]
-    driver = _recording_driver(lambda c, fn, params, extra: seen.append(ctypes.c_uint64.from_address(params[0]).value),
-                               rc)
-    q, lens = torch.zeros(8, 16, 64), torch.zeros(5, dtype=torch.int32)
-    call = [q, q, q, q, lens, q, None, None, None, q]
-    launch = Launch(ctypes.cast(driver, ctypes.c_void_p).value, lambda: 0, 1, (1, 1, 1), 128, 0,
-                    tuple(call[:8]) + (q,), 64 ** -0.5, [("ptr", 4, 16), ("u64", 3)], False)
-    assert launch.launch(*call) == 1 and seen == [lens.data_ptr()]
-    call[4] = torch.zeros(6, dtype=torch.int32)[1:]  # the same shape and strides, 4 bytes off
-    assert launch.launch(*call) == 0 and len(seen) == 1
-
-
-@pytest.mark.parametrize("pdl", [True, False])
-def test_a_pointer_launch_fills_the_calls_addresses_beside_its_fixed_parameters(pointer_launch_type, pdl):
-    """A PointerLaunch (the reduce's) below cuLaunchKernelEx: each call's tensors' data pointers go into their
-    slots, the fixed values stay; a pointer off its alignment raises and launches nothing, as does a non-tensor;
-    a driver error raises; the objects it keeps live as long as it does."""
-    import ctypes
-    import gc
-    import weakref
-
-    torch, PointerLaunch = pointer_launch_type
-    seen, rc = [], [0]
-
-    def record(c, fn, params, extra):
-        u64 = lambda j: ctypes.c_uint64.from_address(params[j]).value
-        seen.append(dict(fn=fn, grid=tuple(c.grid), block=tuple(c.block), smem=c.smem, stream=c.stream,
-                         attrs=[(c.attrs[i].id, c.attrs[i].value) for i in range(c.num_attrs)],
-                         fixed=u64(0), cu=u64(1), out=u64(2), i32=ctypes.c_int32.from_address(params[3]).value,
-                         f32=ctypes.c_float.from_address(params[4]).value, extra=extra))
-
-    driver = _recording_driver(record, rc)
-
-    class Kept:
-        pass
-
-    kept = Kept()
-    gone = weakref.ref(kept)
-    spec = [("u64", 2 ** 40 + 3), ("ptr", 0), ("ptr", 1, 16), ("i32", -5), ("f32", 0.5)]
-    launch = PointerLaunch("reduce(cu, out)", ctypes.cast(driver, ctypes.c_void_p).value, lambda: 77, 1234,
-                           (3, 4, 5), 256, 0, spec, pdl, (kept,))
-    del kept
-    gc.collect()
-    assert gone() is not None  # kept by the launch
-    cu, out = torch.zeros(5, dtype=torch.int32), torch.zeros(4, 64, dtype=torch.bfloat16)
-    assert launch.launch(cu, out) is None
-    assert launch.launch(cu[1:], out[1]) is None  # other addresses: out's row 1 is 128 bytes on
-    assert seen == [dict(fn=1234, grid=(3, 4, 5), block=(256, 1, 1), smem=0, stream=77,
-                         attrs=[(6, 1)] if pdl else [], fixed=2 ** 40 + 3, cu=c.data_ptr(), out=o.data_ptr(), i32=-5,
-                         f32=0.5, extra=None) for c, o in ((cu, out), (cu[1:], out[1]))]
-    with pytest.raises(ValueError, match=r"reduce\(cu, out\): argument 1 at 0x[0-9a-f]+; allowed: a 16-byte aligned"):
-        launch.launch(cu, out[0, 4:])  # 8 bytes on
-    with pytest.raises(TypeError, match=r"reduce\(cu, out\): argument 0 must be a tensor"):
-        launch.launch([0, 1], out)
-    with pytest.raises(TypeError, match="argument 1 must be a tensor"):
-        launch.launch(cu)
-    assert len(seen) == 2
-    rc[0] = 700
-    with pytest.raises(RuntimeError, match="cuLaunchKernelEx failed: CUresult 700"):
-        launch.launch(cu, out)
-    del launch
-    gc.collect()
-    assert gone() is None
-
-
-def test_a_pointer_launch_refuses_a_parameter_it_cannot_fill(pointer_launch_type):
-    _, PointerLaunch = pointer_launch_type
-    with pytest.raises(ValueError, match=r"params\[1\]: kind stride .*allowed: u64, i32, f32, ptr"):
-        PointerLaunch("k", 0, lambda: 0, 0, (1, 1, 1), 128, 0, [("ptr", 0), ("stride", 0, 1)], True, None)
-    with pytest.raises(ValueError, match=r"params\[0\]: argument 0 aligned to 12 bytes; allowed: .*power of two"):
-        PointerLaunch("k", 0, lambda: 0, 0, (1, 1, 1), 128, 0, [("ptr", 0, 12)], True, None)
-
-
 def test_the_reduces_bound_launch_passes_its_kernels_parameters_in_order(pointer_launch_type, monkeypatch):
     """ReduceSm90.bind below cuLaunchKernelEx (no GPU: the loaded kernel and the SM count stand in): the launch
     passes reduce_sm90.cu's parameters in its signature's order, by name, with the grid of the batch's CTAs
     after the long sequences' slabs; out off 16 bytes raises and launches nothing."""
     import ctypes
 
-    from vattn.hopper import launch as launch_mod
+    from vattn.native import launch as launch_mod
     from vattn.hopper import reduce
 
     torch, PointerLaunch = pointer_launch_type
@@ -577,23 +393,6 @@ def test_the_reduces_bound_launch_passes_its_kernels_parameters_in_order(pointer
         bound(cu, shifted)
     assert len(seen) == 1
 
-
-def test_a_launch_that_cannot_be_built_goes_through_ctypes_after_one_warning(monkeypatch, tmp_path):
-    import warnings
-
-    from vattn.hopper import launch
-
-    def no_headers(cache):
-        raise RuntimeError("Python.h: No such file or directory")
-
-    monkeypatch.setattr(launch, "module", no_headers)
-    with pytest.warns(UserWarning, match="C\\+\\+ kernel launches could not be built .*Python.h.*through ctypes"):
-        assert launch.launch_type(tmp_path) is launch.PyLaunch
-    with warnings.catch_warnings():  # asked again, for the reduce's or the Triton kernels': no second warning
-        warnings.simplefilter("error")
-        assert launch.launch_type(tmp_path) is launch.PyLaunch
-        assert launch.pointer_launch_type(tmp_path) is launch.PyPointerLaunch
-        assert launch.built_module(tmp_path) is None
 
 
 def _hopper_gpu():
@@ -649,7 +448,7 @@ def test_two_consumer_warpgroups_match_reference(case, config):
 def test_the_ctypes_launch_matches_reference(monkeypatch, case, cuda_reduce):
     """PyLaunch and PyPointerLaunch, where the C++ launch cannot be built, launch the same kernels with the same
     parameters."""
-    from vattn.hopper import launch
+    from vattn.native import launch
 
     monkeypatch.setattr(launch, "launch_type", lambda cache: launch.PyLaunch)
     monkeypatch.setattr(launch, "pointer_launch_type", lambda cache: launch.PyPointerLaunch)

@@ -15,7 +15,7 @@ import vattn
 from vattn import launcher
 
 from test_api import dev, planned  # noqa: F401  (dev: the fixture, CPU under the interpreter or the GPU)
-from test_hopper import built_launch, pointer_launch_type  # noqa: F401  (fixtures: the C++ launch and its twin)
+from test_native import built_launch, pointer_launch_type  # noqa: F401  (fixtures: the C++ launch and its twin)
 
 
 def _t(dtype=torch.float16, offset=0):
@@ -356,7 +356,7 @@ def native(fake, monkeypatch, pointer_launch_type):
     import ctypes
 
     from sm90_compile import compile_as_jit
-    from test_hopper import _recording_driver
+    from test_native import _recording_driver
 
     kern, st = fake
     _, PointerLaunch = pointer_launch_type

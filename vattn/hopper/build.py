@@ -1,23 +1,18 @@
 """Build vattn's Hopper main kernel (main_sm90.cu) at first use and launch it through the CUDA driver API.
 
-nvcc compiles the source to a cubin for sm_90a (wgmma needs the `a` target); the cubin is cached under
-~/.cache/vattn by a hash of the source and the compile-time shape, and loaded with cuModuleLoadData. The
-launch (vattn/hopper/launch.cpp) calls cuLaunchKernelEx on torch's current stream, so it is captured by CUDA graphs
-like any other kernel."""
+The source with a build's compile-time shape becomes a cached sm_90a cubin (vattn.native.cuda). The launch
+(vattn/native/launch.cpp) calls cuLaunchKernelEx on torch's current stream, so it is captured by CUDA graphs like
+any other kernel."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
+from vattn.native import cuda
+from vattn.native.cuda import compile_source, load_function
+
 SOURCE = Path(__file__).with_name("main_sm90.cu")
-CACHE = Path(os.environ.get("VATTN_CACHE", Path.home() / ".cache" / "vattn"))
 QROWS = 64  # as main_sm90.cu: the packed query rows of a CTA
 MAPS_KEPT = 512  # TMA descriptor pairs kept per kernel (the TMA kernels): one per (K, V) cache pair
 
@@ -72,76 +67,9 @@ def source(**defines: int) -> str:
     return head + SOURCE.read_text().replace("// @WGMMA_WRAPPERS@", _wgmma_wrappers(), 1)
 
 
-def nvcc() -> str:
-    for path in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if path and Path(path).exists():
-            return path
-    raise RuntimeError("vattn's Hopper kernel needs nvcc (CUDA 12.3+): not on PATH or in /usr/local/cuda/bin")
-
-
 def compile_cubin(defines: dict, *, verbose: bool = False) -> Path:
     """The cached cubin for these compile-time constants, compiled now if absent."""
     return compile_source(source(**defines), "vattn_main_sm90", verbose=verbose)
-
-
-def compile_source(src: str, stem: str, *, verbose: bool = False) -> Path:
-    """The cached sm_90a cubin of a CUDA source (named stem and the source's hash), compiled now if absent; ptxas's
-    report beside it (ptxas_report)."""
-    key = hashlib.sha256(src.encode()).hexdigest()[:16]
-    out = CACHE / f"{stem}_{key}.cubin"
-    if out.exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    # built beside the cache and renamed into it: processes that build at once (an engine's TP workers) never
-    # read a half-written file
-    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        cu = Path(tmp) / f"{stem}.cu"
-        cu.write_text(src)
-        cmd = [nvcc(), "-cubin", "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v",
-               "-o", str(Path(tmp) / "k.cubin"), str(cu)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
-        if verbose:
-            print(res.stderr.strip())
-        report = Path(tmp) / "k.ptxas.txt"
-        report.write_text(res.stderr)
-        os.replace(report, ptxas_report(out))
-        os.replace(Path(tmp) / "k.cubin", out)
-    return out
-
-
-def ptxas_report(cubin: Path) -> Path:
-    """Where compile_cubin keeps ptxas's -v report of a cubin: registers, spills, wgmma serialisation warnings."""
-    return cubin.with_suffix(".ptxas.txt")
-
-
-def load_function(cubin: Path, name: str) -> tuple:
-    """(image, module, function): kernel `name` of a cubin, loaded into the current context. The image buffer must
-    live as long as the module."""
-    drv = _driver()
-    data = cubin.read_bytes()
-    image = ctypes.create_string_buffer(data, len(data))
-    module, fn = ctypes.c_void_p(), ctypes.c_void_p()
-    drv.check(drv.lib.cuModuleLoadData(ctypes.byref(module), image), "cuModuleLoadData")
-    drv.check(drv.lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), "cuModuleGetFunction")
-    return image, module, fn
-
-
-class _Driver:
-    def __init__(self):
-        self.lib = ctypes.CDLL("libcuda.so.1")
-
-    def check(self, rc: int, what: str) -> None:
-        if rc != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(rc, ctypes.byref(name))
-            raise RuntimeError(f"{what}: CUDA driver error {rc} ({name.value.decode() if name.value else '?'})")
-
-
-@functools.lru_cache(maxsize=None)
-def _driver() -> _Driver:
-    return _Driver()
 
 
 def _flag(defines: dict, name: str) -> bool:
@@ -234,7 +162,7 @@ class TensorMaps:
         dims, strides, box = cls.layout(t, box_inner, pack)
         dims, strides, box = (u64 * 4)(*dims), (u64 * 3)(*strides), (u32 * 4)(*box)
         ones = (u32 * 4)(1, 1, 1, 1)
-        drv = _driver()
+        drv = cuda.driver()
         # CU_TENSOR_MAP_DATA_TYPE_UINT8 or _UINT16 (a copy needs no more), rank 4, no interleave, no out-of-bounds
         # fill
         drv.check(drv.lib.cuTensorMapEncodeTiled(ctypes.c_void_p(addr), t.element_size() - 1, 4,
@@ -261,7 +189,7 @@ class MainSm90:
         self.tma = name != "vattn_main_sm90"  # the TMA kernels take the caches by tensor map
         self.kv16 = name == "vattn_main_sm90_kv16"
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
-        drv = _driver()
+        drv = cuda.driver()
         self._image, self.module, self.fn = load_function(compile_cubin(self.defines), name)
         # the kernel's shared memory and threads, as its source computes them from the defines
         shape, addr, size = (ctypes.c_int * 2)(), ctypes.c_uint64(), ctypes.c_size_t()
@@ -285,7 +213,7 @@ class MainSm90:
              pdl: bool = True):
         """The launch for calls of one signature (shapes, strides, the plan and its workspace):
         launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out), through
-        vattn.hopper.launch's Launch (C++; ctypes where it cannot be built), made at the first call (whose nine
+        vattn.native.launch's Launch (C++; ctypes where it cannot be built), made at the first call (whose nine
         tensors are its signature) and kept as launch.fast[0]: vattn.api.attention calls it directly on later
         calls. o_part, lse_part: [W, Hkv / pack_heads, max_q_len x gqa x pack_heads, D] and [W, Hkv / pack_heads,
         max_q_len x gqa x pack_heads] (a row of the CTA's query heads keeps its own head's D columns); with
@@ -297,13 +225,12 @@ class MainSm90:
         read anything (griddepcontrol.wait, a no-op after any other launch)."""
         import torch
 
-        from vattn.hopper.launch import current_stream_fn, launch_type
+        from vattn.native.launch import current_stream_fn, launch_type
 
         partial_dtype = torch.bfloat16 if _flag(self.defines, "PARTIAL_BF16") else torch.float32
         if o_part.dtype != partial_dtype:
             raise ValueError(f"o_part: got {o_part.dtype}; this build stores its partials' O as {partial_dtype} "
                              "(PARTIAL_BF16)")
-        drv = _driver()
         fixed = lambda x: ("u64", int(x))
         # the call's tensors by position: q 0, k_cache 1, v_cache 2, block_tables 3, seq_lens 4, cu_seqlens_q 5,
         # k_descale 6, v_descale 7, out 8; the TMA kernels take the caches by tensor map (k8 with K8_CPASYNC by
@@ -330,7 +257,7 @@ class MainSm90:
         promotion = int(self.defines.get("TMA_L2_PROMOTION", 2 if self.kv16 else 3))
         layout, maps_kept = TensorMaps.layout_key(k_cache, v_cache), self._maps
         stream = current_stream_fn(q.device.index)
-        start = (ctypes.cast(drv.lib.cuLaunchKernelEx, ctypes.c_void_p).value, stream, self.fn.value, grid,
+        start = (cuda.launch_kernel_ex_address(), stream, self.fn.value, grid,
                  self.threads, self.smem)
         fast = []
 
@@ -338,7 +265,7 @@ class MainSm90:
             call = (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, softmax_scale,
                     out)
             if not fast:
-                fast.append(launch_type(CACHE)(*start, call[:8] + (out,), softmax_scale, params, pdl))
+                fast.append(launch_type(cuda.CACHE)(*start, call[:8] + (out,), softmax_scale, params, pdl))
             done = fast[0].launch(*call)
             if done == -1:  # the first call on these caches: their TMA maps (one pair per layer in a server)
                 key = (k_cache.data_ptr(), v_cache.data_ptr(), layout)

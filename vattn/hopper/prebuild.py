@@ -9,7 +9,7 @@ compile the same build at its first call).
 Heads are the model's; --tp shares them out as sglang does (each GPU a tp-th of the query heads, and of the KV
 heads, or one KV head where there are fewer than tp). One line a max_q_len: the build, its cubin, and ptxas's
 registers and spills; a shape the kernels do not cover is named as going to Triton; then the reduce's cubin. The
-launch extension (vattn/hopper/launch.cpp) is still built at first use, by the GPU machine's C++ compiler against
+launch extension (vattn/native/launch.cpp) is still built at first use, by the GPU machine's C++ compiler against
 its torch; without one, launches go through ctypes."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from vattn.hopper import backend, build, reduce
+from vattn.native import cuda
 
 MAX_Q_LENS = range(1, 9)  # as vattn.Workspace's max_q_len
 
@@ -36,7 +37,7 @@ def _q_lens(text: str) -> list[int]:
 
 def ptxas_summary(cubin: Path, kernel: str) -> str:
     """ptxas's registers and spill stores of the cubin's entry function `kernel` (the one the build launches)."""
-    report = build.ptxas_report(cubin).read_text()
+    report = cuda.ptxas_report(cubin).read_text()
     part = report.split(f"Compiling entry function '{kernel}'", 1)[-1].split("Compiling entry function", 1)[0]
     regs, spills = re.search(r"Used (\d+) registers", part), re.search(r"(\d+) bytes spill stores", part)
     if not regs or not spills:
@@ -45,13 +46,13 @@ def ptxas_summary(cubin: Path, kernel: str) -> str:
 
 
 def compile_reduce(head_dim: int) -> str:
-    """Compile the CUDA reduce of one head_dim into build.CACHE; its line: the cubin, ptxas's registers and spills."""
+    """Compile the CUDA reduce of one head_dim into vattn.native.cuda.CACHE; its line: the cubin, ptxas's registers and spills."""
     cubin = reduce.compile_cubin(head_dim)
     return f"reduce: {cubin} ({ptxas_summary(cubin, 'vattn_reduce_sm90')})"
 
 
 def compile_build(defines: dict) -> str:
-    """Compile one build into build.CACHE; its line: the cubin, its defines, ptxas's registers and spills."""
+    """Compile one build into vattn.native.cuda.CACHE; its line: the cubin, its defines, ptxas's registers and spills."""
     cubin = build.compile_cubin(defines)
     flags = ", ".join(f"{k}={v}" for k, v in sorted(defines.items()))
     return f"{cubin} ({flags}; {ptxas_summary(cubin, build.kernel_name(defines))})"
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", required=True, type=int, help="tokens a KV page")
     ap.add_argument("--max-q-len", required=True, type=_q_lens,
                     help="the workspaces' max_q_len values, comma-separated (decode 1, verify the draft tokens)")
-    ap.add_argument("--cache", type=Path, default=build.CACHE, help=f"the cubin folder (default {build.CACHE})")
+    ap.add_argument("--cache", type=Path, default=cuda.CACHE, help=f"the cubin folder (default {cuda.CACHE})")
     a = ap.parse_args(argv)
     for field, value in (("--head-dim", a.head_dim), ("--num-q-heads", a.num_q_heads),
                          ("--num-kv-heads", a.num_kv_heads), ("--tp", a.tp), ("--page-size", a.page_size)):
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
                  "the query heads that divides the KV heads or is a multiple of them")
     q_heads, kv_heads = a.num_q_heads // a.tp, max(1, a.num_kv_heads // a.tp)  # one GPU's
 
-    build.CACHE = a.cache
+    cuda.CACHE = a.cache
     print(f"one GPU of {a.tp}: {q_heads} query heads, {kv_heads} KV heads (GQA {q_heads // kv_heads}), head_dim "
           f"{a.head_dim}, {a.kv_dtype} pages of {a.page_size}", flush=True)
     built = False

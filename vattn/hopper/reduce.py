@@ -8,16 +8,15 @@ a layer, benchmarks/NOTES.md P91), where vattn's Triton reduce is not a programm
 (kernel.PDL_MIN_SEQUENCES): the backend takes this one only from there (`serves`). 64-value slices lost 8-18 us
 behind 16x70k's main kernel (P105).
 
-Built with nvcc at first use (vattn.hopper.build.compile_source, cached beside the main kernel's cubins; or ahead
+Built with nvcc at first use (vattn.native.cuda.compile_source, cached beside the main kernel's cubins; or ahead
 of time by vattn.hopper.prebuild) and launched with its parameters bound once per call signature, by
-vattn/hopper/launch.cpp's PointerLaunch: a call sets two addresses, without the Python and ctypes work of the
+vattn/native/launch.cpp's PointerLaunch: a call sets two addresses, without the Python and ctypes work of the
 launch as first written (3.9-7.4 us of host time against the Triton reduce's 4.9-7.0 on one H200 host, run BF host
 in benchmarks/h200-host-overhead.json; benchmarks/NOTES.md, "Issue 18: long among short, host overhead").
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from pathlib import Path
 
@@ -28,7 +27,7 @@ WARPS, UNROLL, SLICE = 8, 8, 128  # warps a CTA, loads in flight a lane, values 
 def compile_cubin(head_dim: int, warps: int = WARPS, unroll: int = UNROLL, slice_: int = SLICE, trigger: int = 0,
                   after_wait: int = 0) -> Path:
     """The cached cubin of one launch shape (trigger, after_wait: reduce_sm90.cu's measurement switches)."""
-    from vattn.hopper.build import compile_source
+    from vattn.native.cuda import compile_source
 
     head = "".join(f"#define {k} {v}\n" for k, v in (("HEAD_DIM", head_dim), ("WARPS", warps), ("UNROLL", unroll),
                                                         ("SLICE", slice_), ("TRIGGER", trigger),
@@ -64,7 +63,7 @@ class ReduceSm90:
                  trigger: int = 0, after_wait: int = 0, long_path: int = 1):
         import torch
 
-        from vattn.hopper.build import _driver, load_function
+        from vattn.native.cuda import launch_kernel_ex_address, load_function
 
         torch.zeros(1, device="cuda")  # the primary context current on this thread
         self.head_dim, self.warps, self.slice = head_dim, warps, min(slice_, head_dim)
@@ -74,7 +73,7 @@ class ReduceSm90:
         self.long_from = 2 * pieces_a_round if long_path else 2**31 - 1  # without: no sequence is long
         self._image, self.module, self.fn = load_function(
             compile_cubin(head_dim, warps, unroll, self.slice, trigger, after_wait), "vattn_reduce_sm90")
-        self._launch_fn = ctypes.cast(_driver().lib.cuLaunchKernelEx, ctypes.c_void_p).value
+        self._launch_fn = launch_kernel_ex_address()
 
     def bind(self, o_part, lse_part, seq_part_start, cu_seqlens_q, out, *, gqa: int, max_q_len: int,
              pdl: bool = True):
@@ -84,8 +83,8 @@ class ReduceSm90:
         ValueError otherwise."""
         import torch
 
-        from vattn.hopper import build
-        from vattn.hopper.launch import current_stream_fn, pointer_launch_type
+        from vattn.native import cuda
+        from vattn.native.launch import current_stream_fn, pointer_launch_type
 
         if o_part.dtype != torch.bfloat16 or out.dtype != torch.bfloat16 or out.shape[2] != self.head_dim:
             raise ValueError(f"ReduceSm90: bf16 partials and output of head_dim {self.head_dim}; got {o_part.dtype}, "
@@ -99,7 +98,7 @@ class ReduceSm90:
         params = [*u64(o_part.data_ptr(), *o_part.stride()[:3], lse_part.data_ptr(), *lse_part.stride()[:2],
                        seq_part_start.data_ptr()), ("ptr", 0), ("ptr", 1, 16), *u64(out.stride(0), out.stride(1)),
                   *[("i32", v) for v in (heads, gqa, int(pdl), batch, self.long_from)]]
-        launch = pointer_launch_type(build.CACHE)(
+        launch = pointer_launch_type(cuda.CACHE)(
             "vattn_reduce_sm90(cu_seqlens_q, out)", self._launch_fn, current_stream_fn(out.device.index), self.fn.value,
             (-(-slices // self.warps), max_q_len, batch + long_z), self.warps * 32, 0, params, pdl,
             (o_part, lse_part, seq_part_start))

@@ -111,6 +111,7 @@ def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch
     page 1 named as Triton's, and the CUDA reduce once per head_dim; the compiles themselves stubbed (the nvcc
     builds are test_hopper's)."""
     from vattn.hopper import backend, build, prebuild, reduce
+    from vattn.native import cuda
     from benchmarks.kernel.shapes import select
 
     compiled, reduce_head_dims = [], []
@@ -123,13 +124,13 @@ def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch
         reduce_head_dims.append(head_dim)
         return tmp_path / f"reduce{head_dim}.cubin"
 
-    monkeypatch.setattr(build, "CACHE", build.CACHE)  # --prebuild points it at its folder
+    monkeypatch.setattr(cuda, "CACHE", cuda.CACHE)  # --prebuild points it at its folder
     monkeypatch.setattr(build, "compile_cubin", compile_cubin)
     monkeypatch.setattr(reduce, "compile_cubin", compile_reduce)
     monkeypatch.setattr(prebuild, "ptxas_summary", lambda cubin, kernel: kernel)
     names = "16x35k,16x35k-ragged,16x35k-page1,32x8k-hd128-gqa8,16x35k-bf16"
     assert bench.main(["--shapes", names, "--prebuild", str(tmp_path)]) == 0
-    assert build.CACHE == tmp_path
+    assert cuda.CACHE == tmp_path
     want = {tuple(sorted(build.main_defines(**backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads,
                                                                   s.num_kv_heads, s.page_size, max(s.q_lens))).items()))
             for s in select(names) if s.page_size != 1}

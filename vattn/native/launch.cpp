@@ -1,4 +1,4 @@
-// vattn's kernel launches for calls of one signature, as CPython types (vattn/hopper/launch.py builds them):
+// vattn's kernel launches for calls of one signature, as CPython types (vattn/native/launch.py builds them):
 // Launch, the Hopper main kernel's and, once its binding launches natively, the Triton main kernel's (vattn.api's
 // Shortcut); PointerLaunch, the CUDA reduce's and, once bound, vattn's Triton kernels' (vattn/launcher.py).
 //
@@ -439,7 +439,7 @@ PyMethodDef methods[] = {
 
 PyTypeObject launch_type = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
-PyModuleDef module = {PyModuleDef_HEAD_INIT, "vattn_hopper_launch", nullptr, -1, nullptr};
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "vattn_native_launch", nullptr, -1, nullptr};
 
 template <class Object, class Init>
 int ready(PyTypeObject& type, const char* name, Init init, PyMethodDef* methods) {
@@ -455,9 +455,9 @@ int ready(PyTypeObject& type, const char* name, Init init, PyMethodDef* methods)
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit_vattn_hopper_launch() {
-  if (ready<LaunchObject>(launch_type, "vattn_hopper_launch.Launch", init, methods) < 0 ||
-      ready<PointerLaunchObject>(pointer_launch_type, "vattn_hopper_launch.PointerLaunch", pointer_init,
+PyMODINIT_FUNC PyInit_vattn_native_launch() {
+  if (ready<LaunchObject>(launch_type, "vattn_native_launch.Launch", init, methods) < 0 ||
+      ready<PointerLaunchObject>(pointer_launch_type, "vattn_native_launch.PointerLaunch", pointer_init,
                                  pointer_methods) < 0)
     return nullptr;
   PyObject* m = PyModule_Create(&module);

@@ -1,6 +1,6 @@
-"""The Hopper kernels' launches (launch.cpp): a CPython extension built at first use with the system C++
-compiler against torch's headers, cached beside the cubins (the cache folder vattn.hopper.build passes) by a hash
-of its source, the torch and Python versions.
+"""vattn's kernel launches (launch.cpp): a CPython extension built at first use with the system C++ compiler
+against torch's headers, cached beside the cubins (the cache folder its callers pass, vattn.native.cuda.CACHE) by a
+hash of its source, the torch and Python versions.
 
 Its Launch checks a call's nine tensors against the signature it was made with and launches the main kernel
 through cuLaunchKernelEx, so that an eager vattn.attention call whose signature repeats skips the Python signature
@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("launch.cpp")
-MODULE = "vattn_hopper_launch"
+MODULE = "vattn_native_launch"
 
 
 def _compiler() -> str:
@@ -36,7 +36,7 @@ def _compiler() -> str:
         path = shutil.which(name.split()[0]) if name else None
         if path:
             return path
-    raise RuntimeError("vattn's Hopper launch needs a C++ compiler (c++, g++ or clang++ on PATH)")
+    raise RuntimeError("vattn's C++ kernel launches need a C++ compiler (c++, g++ or clang++ on PATH)")
 
 
 def build_command(out: Path, src: Path) -> list[str]:
@@ -67,7 +67,7 @@ def module(cache: Path):
             cmd = build_command(built, SOURCE)
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
-                raise RuntimeError(f"building vattn's Hopper launch failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+                raise RuntimeError(f"building vattn's C++ kernel launches failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
             os.replace(built, out)
     spec = importlib.util.spec_from_loader(MODULE, importlib.machinery.ExtensionFileLoader(MODULE, str(out)))
     mod = importlib.util.module_from_spec(spec)
