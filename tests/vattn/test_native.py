@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 
+
 @pytest.fixture(scope="module")
 def built_launch(tmp_path_factory):
     """vattn/native/launch.cpp built into a fresh cache (~20 s): the extension module."""
