@@ -1,0 +1,110 @@
+"""`python -m benchmarks.kernel.layer_gap`: what the per-layer chain loses between its kernels (NOTES P108).
+
+An engine plans once a forward and runs vattn's main kernel and reduce every layer; the bench's `layer_us` times R
+replicas of that chain in one graph. On the long rows it came out 5-18% over main + reduce, while the call, whose
+plan kernel sits between one replica's reduce and the next replica's main kernel, did not; launching the main
+kernel without programmatic dependence changed nothing. This times, round by round in turns, R replicas of the
+layer with nothing between them, with a one-element add between them, and with the plan kernel between them (the
+call), so that the effect of a gap shows apart from the machine's drift."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from benchmarks.kernel import harness
+from benchmarks.kernel.shapes import select, tiny_shapes
+
+VARIANTS = ("layer", "layer, an add between", "layer, the plan between")
+DEFAULT_SHAPES = "16x119k,20x116k-uniform-of-bs20,bs16-agentic-1.85M,16x35k"
+
+
+def chains(shape, b, tick=None) -> dict:
+    """The three chains of one batch, each a function that runs R replicas (for harness.timed_graph); tick: the
+    one-element tensor the add writes (a new one on the batch's device by default)."""
+    import torch
+
+    import vattn
+    from benchmarks.kernel.bench import _workspace
+
+    ws = _workspace(shape, b, None)
+
+    def plan():
+        return vattn.plan(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, page_size=shape.page_size,
+                          mode="balanced", workspace=ws)
+
+    pl = plan()
+    tick = torch.zeros(1, device=b.device) if tick is None else tick
+
+    def chain(between):
+        def run():
+            for r in range(b.replicas):
+                between()
+                vattn.attention(*b.attention_args(r), plan=pl, out=b.out)
+        return run
+
+    return dict(zip(VARIANTS, (chain(lambda: None), chain(lambda: tick.add_(1)), chain(plan))))
+
+
+def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
+    """One record per (shape, variant): us a replica in each round (the variants in turns), and their median."""
+    batches = harness.BatchCache(device)
+    records = []
+    for shape in shapes:
+        b = batches.get(shape)
+        fns = chains(shape, b)
+        us = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                us[name].append(harness.timed_graph(fn, replays, device) / b.replicas)
+        for name, values in us.items():
+            records.append(dict(shape=shape.name, variant=name, us=statistics.median(values), rounds=values,
+                                replicas=b.replicas, replays=replays))
+            print(f"{shape.name:28s} {name:26s} " + " ".join(f"{v:8.1f}" for v in values), flush=True)
+    return records
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated shape names (default {DEFAULT_SHAPES})")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three chains in turns (default 3)")
+    ap.add_argument("--replays", type=int, default=20, help="timed graph replays per chain and round (median)")
+    ap.add_argument("--out", default="layer-gap.json", help="JSON list of records (default layer-gap.json)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU under TRITON_INTERPRET=1 on tiny shapes: checks the plumbing; its times mean nothing")
+    a = ap.parse_args(argv)
+    for field, value in (("--rounds", a.rounds), ("--replays", a.replays)):
+        if value < 1:
+            ap.error(f"{field}: got {value}; allowed: a positive integer")
+    if a.dry_run:
+        from vattn.workspace import interpreting
+
+        if not interpreting():
+            ap.error("--dry-run: set TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
+        device, shapes, where, ceiling = "cpu", tiny_shapes()[:1], "cpu-interpreter", 1.0
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
+        try:
+            shapes = select(a.shapes)
+        except ValueError as exc:
+            ap.error(str(exc))
+        device, where, ceiling = "cuda", torch.cuda.get_device_name(), harness.read_ceiling_tbps()
+    print(f"{'shape':28s} {'chain':26s} us a replica, round by round", flush=True)
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    command = "python -m benchmarks.kernel.layer_gap " + " ".join(sys.argv[1:] if argv is None else argv)
+    records = [harness.stamp(dict(r, command=command), where, date, ceiling)
+               for r in measure(shapes, device, a.rounds, a.replays)]
+    with open(a.out, "w") as f:
+        json.dump(records, f, indent=1)
+    print(f"wrote {len(records)} records to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
