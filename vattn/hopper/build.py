@@ -10,7 +10,6 @@ import ctypes
 from pathlib import Path
 
 from vattn.native import cuda
-from vattn.native.cuda import compile_source, load_function
 
 SOURCE = Path(__file__).with_name("main_sm90.cu")
 QROWS = 64  # as main_sm90.cu: the packed query rows of a CTA
@@ -69,7 +68,7 @@ def source(**defines: int) -> str:
 
 def compile_cubin(defines: dict, *, verbose: bool = False) -> Path:
     """The cached cubin for these compile-time constants, compiled now if absent."""
-    return compile_source(source(**defines), "vattn_main_sm90", verbose=verbose)
+    return cuda.compile_source(source(**defines), "vattn_main_sm90", verbose=verbose)
 
 
 def _flag(defines: dict, name: str) -> bool:
@@ -190,7 +189,7 @@ class MainSm90:
         self.kv16 = name == "vattn_main_sm90_kv16"
         self._maps: dict = {}  # (K and V cache addresses, TensorMaps.layout_key) -> TensorMaps
         drv = cuda.driver()
-        self._image, self.module, self.fn = load_function(compile_cubin(self.defines), name)
+        self._image, self.module, self.fn = cuda.load_function(compile_cubin(self.defines), name)
         # the kernel's shared memory and threads, as its source computes them from the defines
         shape, addr, size = (ctypes.c_int * 2)(), ctypes.c_uint64(), ctypes.c_size_t()
         drv.check(drv.lib.cuModuleGetGlobal_v2(ctypes.byref(addr), ctypes.byref(size), self.module,

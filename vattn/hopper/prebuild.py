@@ -46,13 +46,15 @@ def ptxas_summary(cubin: Path, kernel: str) -> str:
 
 
 def compile_reduce(head_dim: int) -> str:
-    """Compile the CUDA reduce of one head_dim into vattn.native.cuda.CACHE; its line: the cubin, ptxas's registers and spills."""
+    """Compile the CUDA reduce of one head_dim into the cubin cache (vattn.native.cuda.CACHE); its line: the cubin,
+    ptxas's registers and spills."""
     cubin = reduce.compile_cubin(head_dim)
     return f"reduce: {cubin} ({ptxas_summary(cubin, 'vattn_reduce_sm90')})"
 
 
 def compile_build(defines: dict) -> str:
-    """Compile one build into vattn.native.cuda.CACHE; its line: the cubin, its defines, ptxas's registers and spills."""
+    """Compile one build into the cubin cache (vattn.native.cuda.CACHE); its line: the cubin, its defines, ptxas's
+    registers and spills."""
     cubin = build.compile_cubin(defines)
     flags = ", ".join(f"{k}={v}" for k, v in sorted(defines.items()))
     return f"{cubin} ({flags}; {ptxas_summary(cubin, build.kernel_name(defines))})"

@@ -67,7 +67,8 @@ def module(cache: Path):
             cmd = build_command(built, SOURCE)
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
-                raise RuntimeError(f"building vattn's C++ kernel launches failed ({' '.join(cmd)}):\n{res.stderr[-4000:]}")
+                raise RuntimeError(f"building vattn's C++ kernel launches failed ({' '.join(cmd)}):\n"
+                                   f"{res.stderr[-4000:]}")
             os.replace(built, out)
     spec = importlib.util.spec_from_loader(MODULE, importlib.machinery.ExtensionFileLoader(MODULE, str(out)))
     mod = importlib.util.module_from_spec(spec)
