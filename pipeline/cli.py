@@ -26,8 +26,15 @@ def _load_commands(recipe, plan) -> dict[str, list[str]]:
 
 
 def cmd_validate(args) -> int:
+    from pipeline.config.presets import is_sweep, read_yaml
     from pipeline.plan import env_diff
 
+    if is_sweep(read_yaml(Path(args.recipe), "recipe")):
+        from pipeline.config.sweep import load_sweep, point_recipes
+
+        points = point_recipes(load_sweep(args.recipe), Path(args.recipe))  # each point validated as a recipe
+        print(f"{args.recipe}: ok (sweep of {len(points)} points: {', '.join(points)})")
+        return 0
     recipe = _load(args.recipe)
     print(f"{args.recipe}: ok ({recipe.engine}, {recipe.placement.mode}; arms differ in "
           f"{', '.join(env_diff(recipe))})")
@@ -86,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pipeline", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("validate", help="check a recipe and exit")
-    v.add_argument("recipe")
+    v = sub.add_parser("validate", help="check a recipe, or a sweep file's every point, and exit")
+    v.add_argument("recipe", help="recipe.yaml or sweep.yaml")
     v.set_defaults(func=cmd_validate)
 
     pl = sub.add_parser("plan", help="print the resolved plan (arms, order, hosts, GPUs, ports, commands); "

@@ -9,7 +9,8 @@
     load.py       load: (what aiperf replays)
     accuracy.py   accuracy: (GSM8K / GPQA-diamond tasks); `pipeline eval` builds the same model
     sweep.py      sweep.yaml: a base recipe plus a matrix (or a list) of overlays, expanded into point recipes
-    emulator.py   the emulator's own config (model presets, every field a `python -m pipeline.emulator` flag)
+    emulator.py   the emulator's own config and command line (model presets, a flag per field), which also
+                  reads an emulator recipe's server.args before anything starts
 
 The stages, the runner, the engines, the hosts and the emulator import their spec from here; this
 package imports none of them (tests/test_imports.py checks it).

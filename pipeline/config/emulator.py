@@ -1,19 +1,21 @@
 """The emulator's configuration: one pydantic model; a YAML file and command-line flags both set it.
 
 Precedence, lowest first: the field defaults, the model preset (configs/models/<model_preset>.yaml,
-which sets the model-shape fields), the --config YAML file, then the flags (pipeline/emulator/cli.py
-makes one flag per field). The arm (VATTN, VATTN_PLAN) is not a field: it comes from the environment,
-as for every engine (vattn/switch.py).
+which sets the model-shape fields), the --config YAML file, then the flags (make_parser: one flag per
+field). The arm (VATTN, VATTN_PLAN) is not a field: it comes from the environment, as for every engine
+(vattn/switch.py). A recipe's server.args are read here too (check_server_args), so a bad flag fails
+`pipeline validate`, not the server stage.
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.paths import MODEL_PRESETS_DIR, preset_file
+from pipeline.paths import HARDWARE_PROFILES_DIR, MODEL_PRESETS_DIR, preset_file
 from vattn.contract import HEAD_DIMS, PAGE_SIZES
 
 DEFAULT_PRESET = "qwen3.5-397b-a17b-tp2"
@@ -110,6 +112,16 @@ class EmulatorConfig(BaseModel):
     time_scale: float = Field(1.0, gt=0, le=1000, description=(
         "Wall seconds slept per modelled second (1 = real time; 0.1 runs ten times faster)."))
 
+    @field_validator("hardware")
+    @classmethod
+    def _named_profile(cls, name: str) -> str:
+        # A name is looked up here; a path is read where the server runs (pipeline/emulator/cost_attention.py).
+        if not Path(name).suffix and not preset_file(name, HARDWARE_PROFILES_DIR).is_file():
+            known = ", ".join(sorted(p.stem for p in HARDWARE_PROFILES_DIR.glob("*.yaml")))
+            raise ValueError(f"no profile named {name!r} in {HARDWARE_PROFILES_DIR}; known: {known}, "
+                             f"or a path to a profile YAML")
+        return name
+
     @model_validator(mode="before")
     @classmethod
     def _merge_preset(cls, data: Any) -> Any:
@@ -160,22 +172,111 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
     return data
 
 
-def format_validation_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError, where: str = "emulator config") -> str:
     lines = []
     for e in err.errors():
         msg = e["msg"].removeprefix("Value error, ")
         if not e["loc"]:  # a cross-field rule: its message already names the field
-            lines.append(f"emulator config: {msg}")
+            lines.append(f"{where}: {msg}")
             continue
         field = ".".join(str(p) for p in e["loc"])
         got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], dict) else ""
-        lines.append(f"emulator config: {field}: {msg}{got}")
+        lines.append(f"{where}: {field}: {msg}{got}")
     return "\n".join(lines)
 
 
-def build_config(data: dict[str, Any]) -> EmulatorConfig:
-    """Validate merged settings; raise ConfigError with one line per bad field."""
+def build_config(data: dict[str, Any], where: str = "emulator config") -> EmulatorConfig:
+    """Validate merged settings; raise ConfigError with one line per bad field, each led by `where`."""
     try:
         return EmulatorConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err)) from None
+        raise ConfigError(format_validation_error(err, where)) from None
+
+
+# -- the command line: `python -m pipeline.emulator`, and a recipe's server.args as the adapter passes them --
+
+def _help(name: str, field) -> str:
+    bounds = [f"{k} {getattr(m, k)}" for m in field.metadata for k in ("ge", "gt", "le", "lt")
+              if getattr(m, k, None) is not None]
+    if get_origin(field.annotation) is Literal:
+        bounds.append("choices: " + " | ".join(map(str, get_args(field.annotation))))
+    if name in SHAPE_FIELDS:
+        bounds.append("set by model_preset")
+    extra = f" [{', '.join(bounds)}]" if bounds else ""
+    default = EmulatorConfig.model_fields[name].default
+    return f"{field.description}{extra} (default: {default})".replace("%", "%%")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """One flag per field: `max_running_requests` is `--max-running-requests VALUE`; booleans are bare flags
+    (`--disable-prefix-cache`); lists take several values or one comma-separated value."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.emulator",
+        description="OpenAI-compatible serving emulator: continuous batching, chunked prefill, prefix cache, "
+                    "speculative decoding; each cycle sleeps for modelled time (attention from vattn's cost "
+                    "model). Arm from env (vattn/switch.py): VATTN=0 baseline kernel + fixed split; VATTN=1 or "
+                    "unset vattn with VATTN_PLAN (fixed | length_aware | balanced, default balanced).")
+    parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of config fields (flags override it).")
+    for name, field in EmulatorConfig.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=name, nargs="?", const="true", default=None, metavar="true|false",
+                                help=_help(name, field))
+        elif name == "accept_probs":
+            parser.add_argument(flag, dest=name, nargs="+", default=None, metavar="P", help=_help(name, field))
+        else:
+            parser.add_argument(flag, dest=name, default=None, metavar=name.upper(), help=_help(name, field))
+    return parser
+
+
+def _flag_values(argv: list[str] | None, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config fields argv sets: (the --config file's, the flags'); unknown flags are a ConfigError."""
+    args, unknown = make_parser().parse_known_args(argv)
+    if unknown:
+        flags = [a for a in unknown if a.startswith("-")] or unknown
+        raise ConfigError(f"{where}: unknown flag(s) {' '.join(flags)}; "
+                          f"`python -m pipeline.emulator --help` lists every flag")
+    values = vars(args)
+    config_path = values.pop("config")
+    file_data: dict[str, Any] = {}
+    if config_path:
+        path = Path(config_path)
+        if not path.is_file():
+            raise ConfigError(f"{where}: --config: file {config_path!r} not found")
+        file_data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(file_data, dict):
+            raise ConfigError(f"{where}: --config {path}: expected a mapping of config fields, "
+                              f"got {type(file_data).__name__}")
+    flags = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name == "accept_probs":
+            value = [v for item in value for v in str(item).split(",") if v.strip()]
+        flags[name] = value
+    return file_data, flags
+
+
+def config_from_argv(argv: list[str] | None = None) -> EmulatorConfig:
+    file_data, flags = _flag_values(argv, "emulator config")
+    return build_config({**file_data, **flags})
+
+
+# Flags the engine adapter sets from the recipe and the run (pipeline/engines/emulator.py), never server.args.
+ADAPTER_FLAGS = {"host": "the placement", "port": "server.port", "model": "model", "tokenizer": "tokenizer",
+                 "cycle_log": "the run dir", "cycle_log_dir": "the run dir"}
+
+
+def check_server_args(argv: list[str], where: str) -> None:
+    """Read one arm's server.args (as the adapter's argv) as the emulator will; raise ConfigError naming
+    each bad flag. A --config file or a model preset given as a path is read from this machine; a hardware
+    profile given as a path is read by the server when it starts (pipeline/emulator/cost_attention.py)."""
+    file_data, flags = _flag_values(argv, where)
+    owned = [f"{where}: --{f.replace('_', '-')}: set from {ADAPTER_FLAGS[f]} by the pipeline; remove it"
+             for f in flags if f in ADAPTER_FLAGS]
+    try:
+        build_config({f: v for f, v in {**file_data, **flags}.items() if f not in ADAPTER_FLAGS}, where)
+    except ConfigError as e:
+        owned.append(str(e))
+    if owned:
+        raise ConfigError("\n".join(owned))

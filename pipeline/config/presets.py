@@ -35,9 +35,17 @@ def read_yaml(path: Path, what: str) -> dict:
     return data
 
 
+def is_sweep(data: dict) -> bool:
+    """A sweep file names its `base` recipe; a recipe has `arms` (presets.py merges recipes, sweep.py sweeps)."""
+    return "base" in data and "arms" not in data
+
+
 def merged_recipe_dict(path: Path) -> dict:
     """The recipe file with its presets merged under it, not yet validated."""
     raw = read_yaml(path, "recipe")
+    if is_sweep(raw):
+        raise RecipeError(f"{path}: a sweep file (it names a `base` recipe), not a recipe; run it with "
+                          f"`pipeline sweep {path}`")
     presets = raw.get("presets", [])
     if not isinstance(presets, list):
         raise RecipeError(f"presets: expected a list of preset names, found {presets!r}")

@@ -13,12 +13,13 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.config.accuracy import AccuracySpec
-from pipeline.config.arms import ARM_NAMES, ArmSpec, check_arms, check_switch_vars
+from pipeline.config.arms import ARM_NAMES, ArmSpec, arm_server_args, check_arms, check_switch_vars
 from pipeline.config.base import RecipeError, Strict
+from pipeline.config.emulator import check_server_args
 from pipeline.config.load import LoadSpec
 from pipeline.config.placement import HostSpec, PlacementSpec, check_placement
 from pipeline.config.presets import merged_recipe_dict
-from pipeline.config.server import ServerSpec
+from pipeline.config.server import ServerSpec, args_to_argv
 from vattn.switch import SWITCH_VARS
 
 
@@ -68,6 +69,10 @@ class Recipe(Strict):
     def _check(self):
         check_arms(self.arms, self.server, self.switch_vars)
         check_placement(self.placement, self.hosts)
+        # The emulator's flags are ours to read before anything starts; another engine's are its own. On an
+        # SSH host the server reads them (and any file they name) itself.
+        if self.engine == "emulator" and all(self.hosts[h].kind != "ssh" for h in self.placement.hosts):
+            check_server_args(args_to_argv(arm_server_args(self.server, self.arms["on"])), "server.args")
         return self
 
 

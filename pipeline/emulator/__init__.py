@@ -2,9 +2,8 @@
 
     python -m pipeline.emulator --host 127.0.0.1 --port PORT --model NAME [--config FILE.yaml] [--<field> VALUE ...]
 
-Files, one concern each:
-    cli.py           the command line: one flag per EmulatorConfig field (pipeline/config/emulator.py,
-                     which also reads the model presets in configs/models/)
+Its config and command line (one flag per field, the model presets in configs/models/) are
+pipeline/config/emulator.py's. Files, one concern each:
     tokens.py        prompt token counting and one-vocab-word-per-token output text
     prefix_cache.py  chained block hashes, LRU capacity in tokens
     arm.py           the arm, from the kernel switch in the env (VATTN / VATTN_PLAN, vattn/switch.py)

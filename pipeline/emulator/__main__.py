@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.config.emulator import ConfigError
-from pipeline.emulator.cli import config_from_argv
+from pipeline.config.emulator import ConfigError, config_from_argv
 from pipeline.emulator.cyclelog import CycleLogError
 from pipeline.emulator.tokens import TokenizerError
 

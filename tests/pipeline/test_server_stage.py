@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+# A profile path passes `pipeline validate` (the server reads it where it runs) and stops the emulator at start.
+MISSING_PROFILE = "/nonexistent/hardware-profile.yaml"
 
 
 def _free_port() -> int:
@@ -45,10 +47,10 @@ def test_port_in_use(tmp_path):
 
 
 def test_server_that_exits_at_start_shows_its_log(tmp_path):
-    p = _run(_recipe(tmp_path, _free_port(), {"max_running_requests": 0}), tmp_path / "run")
+    p = _run(_recipe(tmp_path, _free_port(), {"hardware": MISSING_PROFILE}), tmp_path / "run")
     assert p.returncode == 1
     assert "error: server exited with code" in p.stderr and "before becoming healthy" in p.stderr
-    assert "max_running_requests" in p.stderr  # the emulator's own complaint, from the log tail
+    assert f"no file {MISSING_PROFILE}" in p.stderr  # the emulator's own complaint, from the log tail
     manifest = yaml.safe_load((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stages"]["off"]["server"]["status"] == "failed"
 
@@ -113,7 +115,7 @@ def test_an_interrupt_while_the_server_starts_stops_it(tmp_path, monkeypatch):
 def test_the_runner_records_the_servers_pid_as_it_starts(tmp_path):
     """The manifest names the server's process from its start, not only once healthy: a resume stops a server
     that a killed run left behind by that pid (runner._kill_leftover)."""
-    p = _run(_recipe(tmp_path, _free_port(), {"max_running_requests": 0}), tmp_path / "run")
+    p = _run(_recipe(tmp_path, _free_port(), {"hardware": MISSING_PROFILE}), tmp_path / "run")
     assert p.returncode == 1
     manifest = yaml.safe_load((tmp_path / "run" / "manifest.json").read_text())
     entry = manifest["stages"]["off"]["server"]

@@ -105,7 +105,7 @@ def test_slurm_ab_job_cancelled_mid_load_is_resumed(slurm_cluster, tmp_path, wai
 
 def test_slurm_job_whose_server_dies_fails_the_stage_with_its_state(slurm_cluster, tmp_path):
     out = tmp_path / "run"
-    p = subprocess.run(_pipeline("run", str(_recipe(tmp_path, max_running_requests=0)), "--out", str(out)),
+    p = subprocess.run(_pipeline("run", str(_recipe(tmp_path, hardware="/nonexistent/profile.yaml")), "--out", str(out)),
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1
     server = _manifest(out)["stages"]["off"]["server"]
@@ -113,7 +113,7 @@ def test_slurm_job_whose_server_dies_fails_the_stage_with_its_state(slurm_cluste
     # the error carries the job's state and the tail of the server's log (the emulator's config error, exit 2)
     assert "ServerError: server exited with code 2 before becoming healthy" in server["error"]
     assert "slurm job" in server["error"] and "FAILED" in server["error"], server["error"]
-    assert "max_running_requests" in server["error"]
+    assert "no file /nonexistent/profile.yaml" in server["error"]
     assert "on" not in _manifest(out)["stages"]
 
 

@@ -20,8 +20,10 @@ def test_failed_points_are_reported_and_retried(tmp_path):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": "f", "base": str(REPO / "recipes/quickstart.yaml"),
-        # max_running_requests 0: the emulator refuses its config at once, so no load ever starts
-        "overrides": {"accuracy": None, "server": {"args": {"max_running_requests": 0}, "port": 30431}},
+        # a hardware profile path that does not exist passes validation (the server reads it where it runs)
+        # and stops the emulator at start, so no load ever starts
+        "overrides": {"accuracy": None, "server": {"args": {"hardware": "/nonexistent/hardware-profile.yaml"},
+                                                   "port": 30431}},
         "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}}))
     out = tmp_path / "s"
     p = subprocess.run(_pipeline("sweep", str(sweep), "--out", str(out)), cwd=REPO, capture_output=True,

@@ -104,7 +104,8 @@ def test_arms_may_differ_only_in_the_switch(write_recipe):
 def test_equal_arm_server_args_reach_argv(write_recipe, tmp_path, server_args):
     # Before: {attention_backend: triton} on both arms was validated, then dropped from argv.
     arms = _arms({"VATTN": "0"}, {"VATTN": "1"}, server_args={"attention_backend": "triton"})
-    plan = build_plan(load_recipe(write_recipe(arms=arms, server={"args": server_args})), tmp_path / "run")
+    recipe = write_recipe(engine="sglang", arms=arms, server={"args": server_args})
+    plan = build_plan(load_recipe(recipe), tmp_path / "run")
     for a in plan.arm_runs:
         i = a.argv.index("--attention-backend")
         assert a.argv[i + 1] == "triton", a.argv

@@ -139,3 +139,27 @@ def test_target_effect_is_a_percentage(write_recipe):
             load_recipe(write_recipe(target_effect=bad))
     with pytest.raises(RecipeError, match=r"target_effect: Input should be a valid number"):
         load_recipe(write_recipe(target_effect="five"))
+
+
+@pytest.mark.parametrize("args,match", [
+    ({"max_runing_requests": 8}, r"server.args: unknown flag\(s\) --max-runing-requests; `python -m pipeline.emulator "
+                                 r"--help` lists every flag"),
+    ({"max_running_requests": 0}, r"server.args: max_running_requests: Input should be greater than or equal to 1 "
+                                  r"\(got '0'\)"),
+    ({"hardware": "h900"}, r"server.args: hardware: no profile named 'h900' in .*configs/hardware; known: h200, "
+                           r"mi355x, or a path"),
+    ({"model_preset": "qwen9"}, r"server.args: model_preset: 'qwen9' not found .*; known presets: \["),
+    ({"port": 31000, "cycle_log_dir": "x"}, r"server.args: --port: set from server.port by the pipeline; remove it\n"
+                                            r"server.args: --cycle-log-dir: set from the run dir"),
+])
+def test_emulator_flags_are_read_when_the_recipe_is(write_recipe, args, match):
+    # Guarantee: a bad emulator flag fails `pipeline validate` with its field and value, not the server stage.
+    with pytest.raises(RecipeError, match=match):
+        load_recipe(write_recipe(server={"args": args}))
+
+
+def test_emulator_flags_for_an_ssh_host_are_read_there(write_recipe):
+    # the server on the SSH host reads its flags, and the files they name, itself (a name here may be a file there)
+    path = write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}, placement={"hosts": ["node"]},
+                        server={"args": {"hardware": "site-profile"}})
+    assert load_recipe(path).server.args == {"hardware": "site-profile"}

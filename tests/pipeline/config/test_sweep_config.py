@@ -1,12 +1,15 @@
 """sweep.yaml: expansion into point recipes (matrix and explicit points) and its errors."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipeline.config.base import RecipeError
+from pipeline.config.recipe import load_recipe
 from pipeline.config.sweep import load_sweep, point_overlays, point_recipes
 
 REPO = Path(__file__).resolve().parents[3]
@@ -53,6 +56,8 @@ def test_explicit_points(tmp_path):
     ({"points": {"a": {}}, "matirx": {}}, r"matirx: unknown field"),
     ({"points": {"bad": {"load": {"concurrency": 0}}}},
      r"sweep point 'bad': invalid recipe\nload.concurrency: Input should be greater than or equal to 1"),
+    ({"points": {"tp9": {"server": {"args": {"model_preset": "qwen9"}}}}},  # an emulator flag, read at once
+     r"sweep point 'tp9': invalid recipe\nrecipe: server.args: model_preset: 'qwen9' not found"),
 ])
 def test_sweep_errors(tmp_path, fields, match):
     with pytest.raises(RecipeError, match=match):
@@ -64,3 +69,23 @@ def test_missing_base_names_the_field(tmp_path):
     path = _sweep(tmp_path, base="nope.yaml", points={"a": {}})
     with pytest.raises(RecipeError, match=r"base: recipe file .*nope.yaml' does not exist; `base` is relative"):
         point_recipes(load_sweep(path), path)
+
+
+def test_a_recipe_and_a_sweep_file_are_told_apart(tmp_path):
+    recipe = REPO / "recipes/quickstart.yaml"
+    with pytest.raises(RecipeError, match=r"quickstart.yaml: a recipe, not a sweep file .* run it with `pipeline run "):
+        load_sweep(recipe)
+    with pytest.raises(RecipeError, match=r"sweep.yaml: a sweep file \(it names a `base` recipe\), not a recipe; "
+                                          r"run it with `pipeline sweep "):
+        load_recipe(_sweep(tmp_path, points={"a": {}}))
+
+
+def test_validate_checks_every_point_of_a_sweep(tmp_path):
+    def validate(path):
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", "validate", str(path)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
+
+    ok = validate(REPO / "recipes/sweep-quickstart.yaml")
+    assert ok.returncode == 0 and "ok (sweep of 2 points: c4, c8)" in ok.stdout, ok.stderr
+    bad = validate(_sweep(tmp_path, points={"good": {}, "bad": {"load": {"concurrency": 0}}}))
+    assert bad.returncode != 0 and "sweep point 'bad': invalid recipe" in bad.stderr

@@ -58,7 +58,7 @@ def test_a_restarted_server_writes_a_new_cycle_log(tmp_path):
 
 def test_an_existing_cycle_log_file_is_refused(tmp_path):
     from pipeline.emulator.__main__ import main
-    from pipeline.emulator.cli import config_from_argv
+    from pipeline.config.emulator import config_from_argv
     from pipeline.emulator.cyclelog import CycleLogError
     from pipeline.emulator.server import open_cycle_log
 

@@ -11,7 +11,7 @@ from emu_harness import REPO
 from pipeline.config.emulator import ConfigError, EmulatorConfig
 from pipeline.emulator.arm import Arm
 from pipeline.emulator.attention import make_attention
-from pipeline.emulator.cli import config_from_argv, make_parser
+from pipeline.config.emulator import config_from_argv, make_parser
 from vattn import switch
 
 
@@ -115,7 +115,9 @@ def test_kernel_attention_needs_cuda():
     (["--max-running-requests", "0"], {}, "emulator config: max_running_requests: Input should be greater than"),
     ([], {"VATTN": "2"}, "env VATTN: got '2'; allowed: 0 or 1"),
     (["--tokenizer", "/nonexistent"], {}, "tokenizer: '/nonexistent' has no tokenizer.json"),
-    (["--hardware", "tpu9"], {}, "hardware: 'tpu9': "),
+    (["--hardware", "tpu9"], {}, "emulator config: hardware: no profile named 'tpu9' in "),
+    (["--hardware", "/no/tpu9.yaml"], {}, "hardware: '/no/tpu9.yaml': profile: got '/no/tpu9.yaml'; no file"),
+    (["--max-runing-requests", "8"], {}, "emulator config: unknown flag(s) --max-runing-requests; `python -m"),
 ])
 def test_cli_exits_2_with_the_message(argv, env, match):
     out = subprocess.run([sys.executable, "-m", "pipeline.emulator", "--port", "1", *argv], capture_output=True,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.emulator.cli import config_from_argv
+from pipeline.config.emulator import config_from_argv
 from pipeline.emulator.prefix_cache import BlockHasher, PrefixCache
 from pipeline.emulator.timing import StepTimer
 from pipeline.emulator.tokens import HfTokens, Tokens
