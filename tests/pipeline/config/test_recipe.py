@@ -158,6 +158,13 @@ def test_emulator_flags_are_read_when_the_recipe_is(write_recipe, args, match):
         load_recipe(write_recipe(server={"args": args}))
 
 
+def test_emulator_tokenizer_is_checked_when_the_recipe_is(write_recipe, tmp_path):
+    with pytest.raises(RecipeError, match=r"tokenizer: '.*/tokenizr' has no tokenizer.json; the emulator counts"):
+        load_recipe(write_recipe(tokenizer=str(tmp_path / "tokenizr")))
+    tok = REPO / "recipes/data/tokenizer"
+    assert load_recipe(write_recipe(tokenizer=str(tok))).tokenizer == str(tok)
+
+
 def test_emulator_flags_for_an_ssh_host_are_read_there(write_recipe):
     # the server on the SSH host reads its flags, and the files they name, itself (a name here may be a file there)
     path = write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}, placement={"hosts": ["node"]},
