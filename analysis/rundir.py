@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.load import (AnalysisError, add_match_key, outcome_counts, profiling_only, read_jsonl,
                            read_phase_window, records_frame, server_metrics_frame, window_seconds)
-from pipeline.paths import ArmPaths, RunPaths
+from pipeline.paths import ArmPaths, RunPaths, SweepPaths
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,6 +57,11 @@ def read_manifest(root: Path) -> dict[str, Any]:
     if not paths.root.is_dir():
         raise AnalysisError(f"run dir {root}: no such directory")
     if not paths.manifest.is_file() and not paths.arms_dir.is_dir():
+        sweep = SweepPaths(Path(root))
+        if sweep.manifest.is_file():
+            raise AnalysisError(f"{root} is a sweep dir: its report is {sweep.report} (`pipeline sweep --resume "
+                                f"{root}` writes it again); `pipeline report {sweep.run_dir('POINT')}` reports one "
+                                f"point")
         raise AnalysisError(f"{root} is not a run directory (no manifest.json and no arms/); "
                             "pass the folder that `pipeline run` wrote")
     if not paths.manifest.is_file():

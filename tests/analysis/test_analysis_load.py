@@ -89,5 +89,10 @@ def test_missing_arm_and_empty_export_and_not_a_run_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(AnalysisError, match=r"empty is not a run directory \(no manifest\.json and no arms/\)"):
         load_run(tmp_path / "empty")
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text("{}")
+    with pytest.raises(AnalysisError, match=r"sweep is a sweep dir: its report is .*sweep_report\.md .*"
+                                            r"`pipeline report .*/sweep/runs/POINT` reports one point"):
+        load_run(tmp_path / "sweep")
     with pytest.raises(AnalysisError, match=r"run dir .*nowhere: no such directory"):
         load_run(tmp_path / "nowhere")
