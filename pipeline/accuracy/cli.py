@@ -88,11 +88,12 @@ def _flags_in(msg: str) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Run the task; print one summary line per task to stdout, progress to stderr.
-    Returns 0, or 1 with a one-line error for bad data, bad flags or a foreign out folder."""
+    Returns 0, or 1 with a one-line error for bad data, bad flags, a foreign out folder or an endpoint that
+    answered none of a task's requests."""
     from pydantic import ValidationError
 
     from pipeline.accuracy.data import DataError
-    from pipeline.accuracy.stage import ResumeError, run_accuracy
+    from pipeline.accuracy.stage import NoAnswerError, ResumeError, run_accuracy
 
     try:
         spec = spec_from_args(args)
@@ -106,7 +107,7 @@ def run_eval(args: argparse.Namespace) -> int:
             msg = f"{flag_of(field)}: {msg} (got {first.get('input')!r})"
         print(f"pipeline eval: error: {_flags_in(msg)}", file=sys.stderr)
         return 1
-    except (DataError, ResumeError) as e:   # already one line that names the fix
+    except (DataError, ResumeError, NoAnswerError) as e:   # already one line that names the fix
         print(f"pipeline eval: error: {e}", file=sys.stderr)
         return 1
     for t in result.tasks:

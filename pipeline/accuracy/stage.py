@@ -28,6 +28,10 @@ class ResumeError(ValueError):
     """The output folder holds records from a different evaluation."""
 
 
+class NoAnswerError(RuntimeError):
+    """Every request of a task failed: the endpoint, not the model, is what such a run would measure."""
+
+
 @dataclass(frozen=True)
 class TaskResult:
     task: str
@@ -143,6 +147,13 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
     summary = summarize(task.name, ordered, model=model, n_questions=n_questions,
                         repeats=task.repeats)
     write_json_atomic(spath, summary)
+    if ordered and summary["n_failed"] == len(ordered):
+        from pipeline.accuracy.client import chat_url
+
+        raise NoAnswerError(f"{task.name}: none of its {len(ordered)} requests got an answer (first error: "
+                            f"{ordered[0]['error']}); is {chat_url(url)} up and serving {model!r}? The records "
+                            f"stay in {path}; a rerun asks them again (`pipeline eval` with the same --out, "
+                            f"`pipeline run --resume`)")
     return TaskResult(
         task=task.name, records_path=str(path), summary_path=str(spath),
         n_questions=n_questions, repeats=task.repeats, n_records=len(ordered),

@@ -10,7 +10,7 @@ import pytest
 
 from acc_server import AnswerServer, load_jsonl
 from pipeline.config.accuracy import AccuracySpec
-from pipeline.accuracy.stage import ResumeError, run_accuracy
+from pipeline.accuracy.stage import NoAnswerError, ResumeError, run_accuracy
 from pipeline.paths import ArmPaths
 
 DATA = Path(__file__).resolve().parents[3] / "recipes" / "data" / "accuracy"
@@ -119,17 +119,23 @@ def test_resume_refuses_records_of_another_prompt(tmp_path):
                          out_dir=tmp_path)
 
 
-def test_unreachable_server_counts_every_question_failed(tmp_path):
+def test_unreachable_server_fails_the_task_and_keeps_its_records(tmp_path):
+    # Guarantee: a task none of whose requests got an answer is an error naming the endpoint, not an accuracy of 0.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()   # nothing listens here now
     task = spec(name="gsm8k", data=GSM, limit=5, retries=1)
-    (t,) = run_accuracy(task, url=f"http://127.0.0.1:{port}/v1", model="m",
-                        out_dir=tmp_path).tasks
-    assert (t.n_records, t.n_failed, t.n_retried, t.accuracy) == (5, 5, 5, 0.0)
-    recs = [json.loads(x) for x in Path(t.records_path).read_text().splitlines()]
-    assert all(r["attempts"] == 2 and "ClientConnectorError" in r["error"] for r in recs)
+    with pytest.raises(NoAnswerError, match=rf"gsm8k: none of its 5 requests got an answer \(first error: "
+                                            rf"ClientConnectorError: .*\); is http://127.0.0.1:{port}/v1/chat/"
+                                            rf"completions up and serving 'm'\?"):
+        run_accuracy(task, url=f"http://127.0.0.1:{port}/v1", model="m", out_dir=tmp_path)
+    recs = [json.loads(x) for x in (tmp_path / "gsm8k.jsonl").read_text().splitlines()]
+    assert len(recs) == 5 and all(r["failed"] and r["attempts"] == 2 and "ClientConnectorError" in r["error"]
+                                  for r in recs)
+    with gsm_server() as srv:   # the endpoint is back: the rerun asks every failed question again
+        (t,) = run_accuracy(task, url=srv.url, model="m", out_dir=tmp_path).tasks
+    assert (t.n_records, t.n_failed, t.n_reused, t.accuracy) == (5, 0, 0, 1.0)
 
 
 def test_timeout_is_retried(tmp_path):
