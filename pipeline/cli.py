@@ -26,10 +26,10 @@ def _load_commands(recipe, plan) -> dict[str, list[str]]:
 
 
 def cmd_validate(args) -> int:
-    from pipeline.config.presets import is_sweep, read_yaml
+    from pipeline.config.presets import file_kind, read_yaml
     from pipeline.plan import env_diff
 
-    if is_sweep(read_yaml(Path(args.recipe), "recipe")):
+    if file_kind(read_yaml(Path(args.recipe), "recipe")) == "sweep":
         from pipeline.config.sweep import load_sweep, point_recipes
 
         points = point_recipes(load_sweep(args.recipe), Path(args.recipe))  # each point validated as a recipe

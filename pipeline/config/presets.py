@@ -35,15 +35,18 @@ def read_yaml(path: Path, what: str) -> dict:
     return data
 
 
-def is_sweep(data: dict) -> bool:
-    """A sweep file names its `base` recipe; a recipe has `arms` (presets.py merges recipes, sweep.py sweeps)."""
-    return "base" in data and "arms" not in data
+def file_kind(data: dict) -> str | None:
+    """"sweep" (it names a `base` recipe), "recipe" (it has `arms`), or None where the fields do not tell, so that
+    validation names what is wrong."""
+    if ("base" in data) != ("arms" in data):
+        return "sweep" if "base" in data else "recipe"
+    return None
 
 
 def merged_recipe_dict(path: Path) -> dict:
     """The recipe file with its presets merged under it, not yet validated."""
     raw = read_yaml(path, "recipe")
-    if is_sweep(raw):
+    if file_kind(raw) == "sweep":
         raise RecipeError(f"{path}: a sweep file (it names a `base` recipe), not a recipe; run it with "
                           f"`pipeline sweep {path}`")
     presets = raw.get("presets", [])

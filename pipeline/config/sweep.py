@@ -22,7 +22,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.config.base import RecipeError, Strict
-from pipeline.config.presets import deep_merge, is_sweep, merged_recipe_dict, read_yaml
+from pipeline.config.presets import deep_merge, file_kind, merged_recipe_dict, read_yaml
 from pipeline.config.recipe import Recipe, _format_errors, _resolve_paths
 
 _NAME = r"^[A-Za-z0-9._-]+$"
@@ -89,7 +89,7 @@ def point_overlays(spec: SweepSpec) -> dict[str, dict]:
 def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
     data = read_yaml(path, "sweep")
-    if not is_sweep(data):
+    if file_kind(data) == "recipe":
         raise RecipeError(f"{path}: a recipe, not a sweep file (a sweep names its `base` recipe and a `matrix` "
                           f"or `points`; recipes/sweep-quickstart.yaml is one); run it with `pipeline run {path}`")
     try:

@@ -66,6 +66,10 @@ def test_sweep_errors(tmp_path, fields, match):
 
 
 def test_missing_base_names_the_field(tmp_path):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump({"name": "s", "bse": "quickstart.yaml", "points": {"a": {}}}))
+    with pytest.raises(RecipeError, match=r"typo.yaml: invalid sweep\n(.*\n)*base: Field required"):
+        load_sweep(typo)
     path = _sweep(tmp_path, base="nope.yaml", points={"a": {}})
     with pytest.raises(RecipeError, match=r"base: recipe file .*nope.yaml' does not exist; `base` is relative"):
         point_recipes(load_sweep(path), path)
