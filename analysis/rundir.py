@@ -163,7 +163,12 @@ def load_run(root: Path) -> Run:
     present = {r.arm for r in runs}
     for arm in expected_arms(manifest):
         if arm not in present:
-            raise AnalysisError(f"run dir {root}: arm '{arm}' has no aiperf export (expected "
-                                f"{paths.arm(arm).profile_export.relative_to(root)}); finish it with "
-                                f"`pipeline run --resume {root}`")
+            export = paths.arm(arm).profile_export.relative_to(root)
+            load_status = ((manifest.get("stages") or {}).get(arm) or {}).get("load", {}).get("status")
+            if load_status == "done":  # a resume would skip the stage: say what is gone instead
+                raise AnalysisError(f"run dir {root}: arm '{arm}' has no aiperf export at {export}, though its load "
+                                    f"stage is recorded as done: the raw files were deleted or not copied with "
+                                    f"the run dir, and the report is made from them")
+            raise AnalysisError(f"run dir {root}: arm '{arm}' has no aiperf export (expected {export}); finish it "
+                                f"with `pipeline run --resume {root}`")
     return Run(root=root, manifest=manifest, arm_runs=runs, notes=notes)

@@ -1,6 +1,7 @@
 """analysis.load and analysis.rundir on hand-made aiperf lines and the committed real fixture."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -79,8 +80,17 @@ def test_missing_arm_and_empty_export_and_not_a_run_dir(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
     shutil.rmtree(run / "arms" / "on")
-    with pytest.raises(AnalysisError, match=r"arm 'on' has no aiperf export \(expected arms/on/aiperf/profile_export"):
+    # the manifest says its load finished: the files are gone, and a resume (which skips done stages) cannot help
+    with pytest.raises(AnalysisError, match=r"arm 'on' has no aiperf export at arms/on/aiperf/profile_export\.jsonl, "
+                                            r"though its load stage is recorded as done: the raw files were deleted"):
         load_run(run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["stages"]["on"]["load"]["status"] = "running"   # a run killed during the on arm's load
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(AnalysisError, match=r"arm 'on' has no aiperf export \(expected arms/on/aiperf/profile_export"
+                                            r"\.jsonl\); finish it with `pipeline run --resume "):
+        load_run(run)
+    shutil.copy(FIXTURE / "manifest.json", run / "manifest.json")
     shutil.copytree(FIXTURE / "arms" / "on", run / "arms" / "on")
     export = run / "arms" / "on" / "aiperf" / "profile_export.jsonl"
     write_jsonl(export, [x for x in read_jsonl(export) if x["metadata"]["benchmark_phase"] == "warmup"])

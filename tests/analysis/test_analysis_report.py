@@ -139,7 +139,8 @@ def test_no_cycle_log_means_no_section(run):
 
 
 @pytest.mark.parametrize("breakage, message", [
-    ("drop_on", r"^error: run dir .*: arm 'on' has no aiperf export \(expected arms/on/aiperf/profile_export\.jsonl\)"),
+    ("drop_on", r"^error: run dir .*: arm 'on' has no aiperf export at arms/on/aiperf/profile_export\.jsonl, though "
+                r"its load stage is recorded as done"),
     ("warmup_only", r"^error: .*arms/on/aiperf/profile_export\.jsonl: 0 profiling records \(2 warmup/other\)"),
     ("no_manifest", r"^error: .* is not a run directory \(no manifest\.json and no arms/\)"),
 ])
