@@ -52,6 +52,11 @@ class Run:
         return list(dict.fromkeys(r.arm for r in sorted(self.arm_runs, key=lambda r: r.order)))
 
 
+def _stage_entry(manifest: dict[str, Any], arm_run: str, stage: str) -> dict[str, Any]:
+    """What the manifest records of one arm run's stage ({} where nothing is)."""
+    return ((manifest.get("stages") or {}).get(arm_run) or {}).get(stage) or {}
+
+
 def read_manifest(root: Path) -> dict[str, Any]:
     paths = RunPaths(Path(root))
     if not paths.root.is_dir():
@@ -107,8 +112,7 @@ def served_cycle_log(manifest: dict[str, Any], name: str, paths: ArmPaths) -> tu
     if not logs:  # a run from before per-lifetime logs (or no cycle log at all)
         legacy = paths.legacy_emulator_cycles
         return (legacy if legacy.is_file() else None), ""
-    stages = (manifest.get("stages") or {}).get(name) or {}
-    recorded = (stages.get("load") or {}).get("cycle_log_lifetime")
+    recorded = _stage_entry(manifest, name, "load").get("cycle_log_lifetime")
     if recorded is not None:
         if int(recorded) not in logs:
             return None, (f"{name}: the load ran in server lifetime {recorded}, whose cycle log is missing "
@@ -164,8 +168,7 @@ def load_run(root: Path) -> Run:
     for arm in expected_arms(manifest):
         if arm not in present:
             export = paths.arm(arm).profile_export.relative_to(root)
-            load_status = ((manifest.get("stages") or {}).get(arm) or {}).get("load", {}).get("status")
-            if load_status == "done":  # a resume would skip the stage: say what is gone instead
+            if _stage_entry(manifest, arm, "load").get("status") == "done":  # a resume would skip the stage: say what is gone instead
                 raise AnalysisError(f"run dir {root}: arm '{arm}' has no aiperf export at {export}, though its load "
                                     f"stage is recorded as done: the raw files were deleted or not copied with "
                                     f"the run dir, and the report is made from them")

@@ -272,11 +272,11 @@ def check_server_args(argv: list[str], where: str) -> None:
     each bad flag. A --config file or a model preset given as a path is read from this machine; a hardware
     profile given as a path is read by the server when it starts (pipeline/emulator/cost_attention.py)."""
     file_data, flags = _flag_values(argv, where)
-    owned = [f"{where}: --{f.replace('_', '-')}: set from {ADAPTER_FLAGS[f]} by the pipeline; remove it"
-             for f in flags if f in ADAPTER_FLAGS]
+    errors = [f"{where}: --{f.replace('_', '-')}: set from {ADAPTER_FLAGS[f]} by the pipeline; remove it"
+              for f in flags if f in ADAPTER_FLAGS]
     try:
         build_config({f: v for f, v in {**file_data, **flags}.items() if f not in ADAPTER_FLAGS}, where)
     except ConfigError as e:
-        owned.append(str(e))
-    if owned:
-        raise ConfigError("\n".join(owned))
+        errors.append(str(e))
+    if errors:
+        raise ConfigError("\n".join(errors))
