@@ -125,11 +125,6 @@ def measure_one(gpu: Gpu, graph, calls: int, seconds: float, rest: float, replay
     return dict(burst_us=burst, **summarize(blocks, per_block * calls, (start_energy, end_energy)))
 
 
-def _with_defines(build: dict, defines: dict) -> dict:
-    """A backend build (MainSm90's arguments) with measurement defines added to its own."""
-    return dict(build, extra_defines=dict(build.get("extra_defines") or {}) | defines)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated shape names (default {DEFAULT_SHAPES})")
@@ -186,6 +181,10 @@ def main(argv=None) -> int:
         json.dump(records, f, indent=1)
     print(f"wrote {len(records)} records to {a.out}")
     return 0
+
+
+def _with_defines(build: dict, defines: dict) -> dict:
+    return dict(build, extra_defines=dict(build.get("extra_defines") or {}) | defines)
 
 
 if __name__ == "__main__":
