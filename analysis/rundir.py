@@ -168,7 +168,8 @@ def load_run(root: Path) -> Run:
     for arm in expected_arms(manifest):
         if arm not in present:
             export = paths.arm(arm).profile_export.relative_to(root)
-            if _stage_entry(manifest, arm, "load").get("status") == "done":  # a resume would skip the stage: say what is gone instead
+            # a load recorded as done is one a resume would skip: say what is gone instead
+            if _stage_entry(manifest, arm, "load").get("status") == "done":
                 raise AnalysisError(f"run dir {root}: arm '{arm}' has no aiperf export at {export}, though its load "
                                     f"stage is recorded as done: the raw files were deleted or not copied with "
                                     f"the run dir, and the report is made from them")
