@@ -222,28 +222,30 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
     return t
 
 
-def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int) -> tuple[str, int]:
+def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int, qk: str = "split") -> tuple[str, int]:
     """(path, packed rows) the main kernel compiles for this batch: vattn.kernel.default_config's rule
     (rows padded to a power of two >= 16; split-Q fp8 Q.K^T from 64 rows with an fp8 cache, the same in
     the K-major formulation at 16 rows and hd256, else an fp8 cache is widened to fp16 in registers; a
-    16-bit cache is used as stored)."""
+    16-bit cache is used as stored). qk="e4m3" (VATTN_QK) makes the split-Q paths one-pass: fp8x1..."""
     rows = max(16, 1 << (max(max(q_lens, default=1), 1) * gqa - 1).bit_length())
     if kv_dtype != "fp8":
         return "bf16", rows
+    passes = "fp8x1" if qk == "e4m3" else "fp8x2"
     if rows == 16 and head_dim == 256:
-        return "fp8x2_kmajor", rows
-    return ("fp8x2" if rows >= 64 else "fp8to16"), rows
+        return f"{passes}_kmajor", rows
+    return (passes if rows >= 64 else "fp8to16"), rows
 
 
-def hopper_path(kv_dtype: str, head_dim: int, page_size: int) -> tuple[str, int]:
+def hopper_path(kv_dtype: str, head_dim: int, page_size: int, qk: str = "split") -> tuple[str, int]:
     """(path, packed rows) of the Hopper kernel that takes a covered call (vattn.hopper.backend._kernel): bf16
-    caches kv16, e4m3 on pages of 8-row atoms k8 (its head_dim 128 build apart), pages of 4 the older kernel;
-    all of them compute 64 packed rows. head_dim: a CTA's (two KV heads of 128 read as one are k8's 256)."""
+    caches kv16, e4m3 on pages of 8-row atoms k8 (its head_dim 128 build apart; qk="e4m3", VATTN_QK's one-pass
+    Q.K^T: k8_q1 and k8_hd128_q1), pages of 4 the older kernel; all of them compute 64 packed rows. head_dim: a
+    CTA's (two KV heads of 128 read as one are k8's 256)."""
     if kv_dtype == "bf16":
         return "kv16", 64
     if page_size % 8:
         return "sm90_page4", 64
-    return ("k8" if head_dim == 256 else "k8_hd128"), 64
+    return ("k8" if head_dim == 256 else "k8_hd128") + ("_q1" if qk == "e4m3" else ""), 64
 
 
 def _wave_bytes_per_us(v: VattnModel, path: str, rows: int, kv_dtype: str, page_size: int) -> float:
@@ -252,7 +254,7 @@ def _wave_bytes_per_us(v: VattnModel, path: str, rows: int, kv_dtype: str, page_
     known = v.dot_tflops or v.path_tbps
     if path not in v.path_tbps or path not in known:
         raise ValueError(f"kernel path: {path} ({rows} rows, {kv_dtype} cache) has no path_tbps/dot_tflops in "
-                         f"the profile; it knows {sorted(known)}")
+                         f"the profile; it knows {sorted(known)} (the _q1 and fp8x1 paths are VATTN_QK=e4m3's)")
     wave = v.path_tbps[path] * 1e6 * v.page_efficiency[page_size]
     if not v.dot_tflops:  # bytes-bound paths
         return wave
@@ -264,7 +266,7 @@ def _plan_us(v: VattnModel, planner: str) -> float:
 
 
 def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype, page_size, *,
-                   hopper: bool = False) -> float:
+                   hopper: bool = False, qk: str = "split") -> float:
     cta_dim = head_dim  # the head_dim a program reads a token of: pack x head_dim, its pack KV heads together
     if hopper:  # planned as vattn.hopper.backend plans: one CTA per SM, its own piece overhead and KV heads a CTA
         v, slots, overhead = prof.vattn_hopper, prof.sms, piece_overhead_tiles(kv_dtype)
@@ -272,12 +274,12 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
         pack, split = kv_heads_per_cta(kv_dtype, head_dim, hkv, page_size, packed), group_split(gqa, packed)
         # a split group's CTAs each stream the KV head's pages (the second mostly from L2) at a CTA's rate
         hkv, gqa, cta_dim = hkv // pack * split, gqa * pack // split, head_dim * pack
-        path, rows = hopper_path(kv_dtype, cta_dim, page_size)
+        path, rows = hopper_path(kv_dtype, cta_dim, page_size, qk)
         o_bytes = 2 if hopper_backend.BF16_PARTIALS else 4  # its partials' O (Backend.partial_dtype)
     else:
         o_bytes = 4
         v, slots, overhead = prof.vattn, prof.slots, PIECE_OVERHEAD_TILES
-        path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim)
+        path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim, qk)
     if page_size not in v.page_efficiency:
         raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
     splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=slots, mode=planner, overhead=overhead)
@@ -328,12 +330,13 @@ def _predict_baseline(seq_lens, q_lens, name, prof, hkv, head_dim, gqa, kv_dtype
 
 def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, planner: str,
                          profile: HardwareProfile, num_kv_heads: int, head_dim: int, gqa: int,
-                         kv_dtype: str, page_size: int) -> float:
+                         kv_dtype: str, page_size: int, qk: str = "split") -> float:
     """Time (us) of ONE attention layer call for this batch.
 
     impl: "vattn" (with `planner`), "vattn_hopper" (vattn with VATTN_HOPPER=1, module docstring), "baseline"
     (the profile's default engine path) or a baseline's name.
     planner: one of PLANNERS (ignored by baselines). kv_dtype: fp8 (= fp8_e4m3), bf16 or fp16.
+    qk: vattn's Q.K^T rounding (VATTN_QK, vattn/switch.py): "split" or the lossy one-pass "e4m3".
     """
     if kv_dtype not in KV_BYTES:
         raise ValueError(f"kv_dtype: got {kv_dtype!r}; allowed: {', '.join(KV_BYTES)}")
@@ -351,7 +354,7 @@ def predict_attention_us(seq_lens: list[int], q_lens: list[int], *, impl: str, p
         hopper = impl == "vattn_hopper" and covers_shape(kv_dtype, head_dim, page_size, max(q_lens, default=1) * gqa,
                                                          gqa)
         return _predict_vattn(seq_lens, q_lens, planner, profile, num_kv_heads, head_dim, gqa, kv_dtype,
-                              page_size, hopper=hopper)
+                              page_size, hopper=hopper, qk=qk)
     name = profile.baseline if impl == "baseline" else impl
     if name not in profile.baselines:
         raise ValueError(f"impl: got {impl!r}; allowed: vattn, vattn_hopper, baseline, "

@@ -55,7 +55,7 @@ class MainConfig:
     lazy_rescale: bool = False
 
 
-def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
+def default_config(head_dim: int, qrows: int, kv_is_fp8: bool, qk: str = "split") -> MainConfig:
     """Config used when the caller gives none, from the H200 runs of 2026-11-29 (BENCHMARKS.md):
     - 4 warps (2 programs/SM) beat 8 warps (1/SM), 1.42 to 0.94 TB/s on 16 x 35k; 8 warps only
       where acc[QROWS, D] fp32 would not fit 4 warps' registers (more than 64 x 256);
@@ -66,7 +66,9 @@ def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
     - otherwise (bf16/fp16 KV, or fp8 with 16 rows at hd128 or 32 rows) K and V widened to the 16-bit
       type, 3 stages: 16 x 35k GQA8 181 us main against 213 us K-major split-Q.
     The interpreter gets the same config: the kernel then runs its e4m3/bf16 roundings and dots emulated
-    in fp32 (EMULATE_LOWP), so CPU tests exercise the GPU's default numerics."""
+    in fp32 (EMULATE_LOWP), so CPU tests exercise the GPU's default numerics.
+    qk="e4m3" (VATTN_QK, vattn/switch.py: the lossy fast mode) makes the split-Q configs round Q once
+    (qk_fp8=1); the widened and 16-bit configs do not split Q and stay as they are."""
     rows = _pad_rows(qrows)
     warps = 8 if head_dim * rows > 256 * 64 else 4
     kmajor = rows == 16 and head_dim == 256
@@ -75,7 +77,8 @@ def default_config(head_dim: int, qrows: int, kv_is_fp8: bool) -> MainConfig:
         # (one 2026-11-30 H200 sweep); at 64 rows hd256 hoisting made the widened loop slower (168 vs 160 us)
         return MainConfig(block_n=64, num_warps=warps, num_stages=3, hoist_rows=kv_is_fp8 and rows == 16 and head_dim <= 128)
     # 64 rows: hoisted row offsets and an unmasked body loop, 122.5 against 129.1 us main on 16x35k (same sweep)
-    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=2, prefetch_pages=True, kmajor=kmajor,
+    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=1 if qk == "e4m3" else 2,
+                      prefetch_pages=True, kmajor=kmajor,
                       hoist_rows=rows == 64, split_tail=rows == 64)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from vattn import switch
 from vattn.backends import planned_backend
 from vattn.contract import HEAD_DIMS, KV_DTYPES, MAX_GQA, MAX_Q_LEN, PAGE_SIZES, Q_DTYPES
 from vattn.planner import PIECE_OVERHEAD_TILES, max_work_items
@@ -64,12 +65,13 @@ class Workspace:
     slots: override SLOTS (default: resident programs per SM x SMs, the occupancy of the main
     kernel that will serve this config, read at init: a registered faster backend's if it would
     serve it (vattn.backends.planned_backend), else the Triton kernel's). config: override the main kernel's
-    compile-time config (vattn.kernel.MainConfig); one variant per workspace.
+    compile-time config (vattn.kernel.MainConfig); one variant per workspace. qk: how the fp8-cache paths
+    round Q for Q.K^T, "split" (accurate) or "e4m3" (lossy; vattn/switch.py's VATTN_QK, read here when None).
     """
 
     def __init__(self, *, head_dim: int, num_q_heads: int, num_kv_heads: int, kv_dtype, q_dtype=None,
                  page_size: int = 16, max_q_len: int = MAX_Q_LEN, max_batch: int = 256, device=None,
-                 slots: int | None = None, config=None):
+                 slots: int | None = None, config=None, qk: str | None = None):
         import torch
 
         from vattn import kernel as K
@@ -88,7 +90,8 @@ class Workspace:
         self.kv_dtype, self.q_dtype, self.page_size = kv_dtype, q_dtype, page_size
         self.max_q_len, self.max_batch = max_q_len, max_batch
         self.programs_per_sm, self.kernel_info = None, {}
-        self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8())
+        self.qk = switch.qk_mode() if qk is None else switch.parse_qk(qk)
+        self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8(), self.qk)
         planned = planned_backend(self)
         # balanced weighs each piece by the fixed cost of the kernel that will run it
         overhead = planned and planned[0].piece_overhead_tiles

@@ -30,6 +30,7 @@ from benchmarks.kernel.configs import CONFIG_FIELDS, best_of_sweep, for_shape, l
 from benchmarks.kernel.harness import Batch, BatchCache
 from benchmarks.kernel.report import format_table, markdown_table
 from benchmarks.kernel.shapes import FLASHINFER_BEST_US, FLASHINFER_FP8_US, Shape, host_shapes, select, tiny_shapes
+from vattn import switch
 from vattn.planner import PLANNERS
 
 PLANNER_ORDER = tuple(reversed(PLANNERS))  # the default (balanced) first, the MI355X reference's (fixed) last
@@ -138,7 +139,7 @@ def _record(shape: Shape, mode: str, pl, ws, b: Batch, times: dict, rel_err, nan
         tbps=shape.kv_bytes / times["us"] / 1e6, main_tbps=shape.kv_bytes / times["main_us"] / 1e6,
         backend=_backend_name(ws, b), plan_on_gpu=b.device == "cuda", num_items=int(pl.tensors["num_items"].item()),
         slots=ws.slots,
-        config=ws.config.__dict__, programs_per_sm=ws.programs_per_sm, kernel_info=ws.kernel_info,
+        config=ws.config.__dict__, qk=ws.qk, programs_per_sm=ws.programs_per_sm, kernel_info=ws.kernel_info,
         replicas=b.replicas, l2_cold=b.l2_cold, rel_err=rel_err, nan=nan,
         flashinfer_fp8_us=fi, speedup_vs_flashinfer_fp8=(fi / times["us"]) if fi else None,
         flashinfer_best_us=FLASHINFER_BEST_US.get(shape.name),
@@ -344,7 +345,8 @@ def _prebuild(a) -> int:
     builds: dict[tuple, dict] = {}
     reduce_head_dims: set[int] = set()
     for s in select(a.shapes or "main,variants"):
-        args = backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads, s.num_kv_heads, s.page_size, max(s.q_lens))
+        args = backend.model_build(s.kv_dtype, s.head_dim, s.num_q_heads, s.num_kv_heads, s.page_size, max(s.q_lens),
+                                   switch.qk_mode())
         if args is None:
             print(f"{s.name}: not covered by the Hopper kernels (vattn runs Triton there)", flush=True)
             continue

@@ -55,6 +55,7 @@ def _arm_row(run: RunPaths, arm: str, prof: HardwareProfile, tol: float) -> dict
     slots = info["hardware"].get("slots_per_sm", prof.slots_per_sm)  # the kernel's occupancy, as logged
     arm_prof = replace(prof, slots_per_sm=slots)
     impl = info["arm"].get("impl", "vattn")  # vattn_hopper where the arm ran VATTN_HOPPER=1
+    qk = info["arm"].get("qk", "split")  # VATTN_QK's rounding (runs before it was logged: split)
     logged, now, exact = [], [], []
     for line in lines:
         cyc = json.loads(line)
@@ -63,7 +64,7 @@ def _arm_row(run: RunPaths, arm: str, prof: HardwareProfile, tol: float) -> dict
             continue
         logged.append(cyc["predicted_attention_layer_us"] / meas)
         lens, qs, is_exact = approx_batch(cyc)
-        now.append(predict_attention_us(lens, qs, impl=impl, planner=cyc["planner"], profile=arm_prof,
+        now.append(predict_attention_us(lens, qs, impl=impl, planner=cyc["planner"], profile=arm_prof, qk=qk,
                                         **shape) / meas)
         if is_exact:
             exact.append(now[-1])

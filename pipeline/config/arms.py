@@ -1,7 +1,7 @@
 """The recipe's `arms:` block and its one rule: the arms differ in the kernel switch and in nothing else.
 
-The switch is vattn's fixed set of variables (vattn/switch.py: VATTN, VATTN_PLAN), parsed by the same
-function the sglang backend and the emulator use, so a recipe that validates means the same on every
+The switch is vattn's fixed set of variables (vattn/switch.py: VATTN, VATTN_PLAN, VATTN_HOPPER, VATTN_QK), parsed
+by the same function the sglang backend and the emulator use, so a recipe that validates means the same on every
 engine. Both arms must set VATTN themselves: an unset VATTN means on, and a run must not hinge on a
 default that a reader of the recipe cannot see.
 """
@@ -40,11 +40,13 @@ def check_switch_vars(names: list[str]) -> list[str]:
     return names
 
 
-def _effect(env: Mapping[str, str]) -> tuple[bool, str | None, bool | None]:
-    """What an arm's switch asks for: (vattn on, its planner, its Hopper kernel); the last two are read
-    only when on."""
+def _effect(env: Mapping[str, str]) -> tuple[bool, str | None, bool | None, str | None]:
+    """What an arm's switch asks for: (vattn on, its planner, its Hopper kernel, its Q.K^T rounding); the last
+    three are read only when on."""
     on = switch.enabled(env)
-    return on, switch.plan_mode(env) if on else None, switch.hopper(env) if on else None
+    if not on:
+        return False, None, None, None
+    return True, switch.plan_mode(env), switch.hopper(env), switch.qk_mode(env)
 
 
 def _check_switch_values(arm_name: str, env: Mapping[str, str]) -> None:
@@ -52,7 +54,7 @@ def _check_switch_values(arm_name: str, env: Mapping[str, str]) -> None:
         raise ValueError(f"arms.{arm_name}.env: VATTN is not set (found {dict(env)}); set it in both arms, "
                          f"{SWITCH_HINT}. An unset VATTN means on, so the arm would not say which kernel it runs")
     for var, parse in ((switch.VATTN, switch.parse_vattn), (switch.VATTN_PLAN, switch.parse_plan),
-                       (switch.VATTN_HOPPER, switch.parse_hopper)):
+                       (switch.VATTN_HOPPER, switch.parse_hopper), (switch.VATTN_QK, switch.parse_qk)):
         if var in env:
             try:
                 parse(env[var])

@@ -22,16 +22,20 @@ class Arm:
     impl: str       # "vattn" | "vattn_hopper" (VATTN_HOPPER=1: vattn.cost's Hopper model) | "baseline"
     planner: str    # split planner used by `impl`
     flip_rate: float = 0.0   # PERTURB_ENV's value while vattn serves, else 0
+    qk: str = "split"        # VATTN_QK while vattn serves ("e4m3": the lossy one-pass Q.K^T, timed by its own
+                             # kernel paths; the emulator's answers do not model its numerics)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Arm":
-        """VATTN off: the baseline kernel with its fixed split (VATTN_PLAN and VATTN_HOPPER are not read); on
-        (unset included, as in sglang): vattn with VATTN_PLAN's planner, on its Hopper kernels with VATTN_HOPPER=1."""
+        """VATTN off: the baseline kernel with its fixed split (VATTN_PLAN, VATTN_HOPPER and VATTN_QK are not read);
+        on (unset included, as in sglang): vattn with VATTN_PLAN's planner, on its Hopper kernels with
+        VATTN_HOPPER=1, rounding Q as VATTN_QK says."""
         try:
             if not switch.enabled(env):
                 return cls(vattn=False, impl="baseline", planner="fixed")
             impl = "vattn_hopper" if switch.hopper(env) else "vattn"
-            return cls(vattn=True, impl=impl, planner=switch.plan_mode(env), flip_rate=perturb_rate(env))
+            return cls(vattn=True, impl=impl, planner=switch.plan_mode(env), flip_rate=perturb_rate(env),
+                       qk=switch.qk_mode(env))
         except ValueError as e:
             raise ConfigError(f"env {e}") from None
 

@@ -27,7 +27,13 @@ class CostModelAttention:
         except (ValueError, OSError) as e:
             raise ConfigError(f"hardware: {cfg.hardware!r}: {e}") from None
         self._kw = dict(impl=arm.impl, planner=arm.planner, profile=self.profile, num_kv_heads=cfg.num_kv_heads,
-                        head_dim=cfg.head_dim, gqa=cfg.gqa, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size)
+                        head_dim=cfg.head_dim, gqa=cfg.gqa, kv_dtype=cfg.kv_dtype, page_size=cfg.page_size,
+                        qk=arm.qk)
+        try:  # a kernel path the profile has no figures for fails here, at start, not at the first request
+            self.layer_us([1024], [cfg.draft_tokens + 1])
+        except ValueError as e:
+            raise ConfigError(f"hardware: {cfg.hardware!r} cannot time arm {arm.impl} (VATTN_QK={arm.qk}): "
+                              f"{e}") from None
 
     def layer_us(self, seq_lens: list[int], q_lens: list[int]) -> float:
         return self._predict(seq_lens, q_lens, **self._kw)

@@ -54,7 +54,7 @@ class KernelTimer:
 
     def __init__(self, *, num_kv_heads: int, gqa: int, head_dim: int, page_size: int, kv_dtype, q_dtype,
                  max_batch: int, max_q_len: int, planner: str, pool_pages: int, device: str = "cuda",
-                 seed: int = 0):
+                 seed: int = 0, qk: str = "split"):
         import torch
 
         import vattn
@@ -65,7 +65,7 @@ class KernelTimer:
         self.num_kv_heads, self.max_batch, self.max_q_len = num_kv_heads, max_batch, max_q_len
         self.ws = vattn.Workspace(head_dim=head_dim, num_q_heads=num_kv_heads * gqa, num_kv_heads=num_kv_heads,
                                   kv_dtype=kv_dtype, q_dtype=q_dtype, page_size=page_size, max_q_len=max_q_len,
-                                  max_batch=max_batch, device=self.device)
+                                  max_batch=max_batch, device=self.device, qk=qk)
         gen = torch.Generator(device=self.device).manual_seed(seed)
         shape = (pool_pages, page_size, num_kv_heads, head_dim)
         self.k_cache = _random_pool(shape, kv_dtype, self.device, gen)
@@ -234,7 +234,7 @@ class KernelAttention:
                 num_kv_heads=cfg.num_kv_heads, gqa=cfg.gqa, head_dim=cfg.head_dim, page_size=cfg.page_size,
                 kv_dtype=kv_dtype or getattr(torch, KV_DTYPES[cfg.kv_dtype]), q_dtype=q_dtype or torch.bfloat16,
                 max_batch=cfg.max_running_requests, max_q_len=cfg.draft_tokens + 1, planner=arm.planner,
-                pool_pages=pool_pages or pool_pages_for(cfg), device=device or "cuda", seed=cfg.seed)
+                pool_pages=pool_pages or pool_pages_for(cfg), device=device or "cuda", seed=cfg.seed, qk=arm.qk)
         except ValueError as e:
             raise ConfigError(f"attention: kernel: vattn refuses this model shape (gqa={cfg.gqa}, q_len = "
                               f"draft_tokens + 1 = {cfg.draft_tokens + 1}, head_dim={cfg.head_dim}): {e}") from None
@@ -263,5 +263,6 @@ class KernelAttention:
 
     def info(self) -> dict[str, Any]:
         return {"attention": self.name, "kernel": {"impl": self.arm.impl, "planner": self.arm.planner,
+                                                   "qk": self.arm.qk,
                                                    **self.timer.info()},
                 **{k: v for k, v in self.predictor.info().items() if k != "attention"}}

@@ -178,10 +178,10 @@ def case_batch(name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_run(name: str, device: str = "cpu", edit: str | None = None):
+def kernel_run(name: str, device: str = "cpu", edit: str | None = None, qk: str = "split"):
     """Plan and run case `name` through the workspace's default config; the reduce writes fp32 (the API
     would round to q's dtype, whose 2^-9 would hide the rounding steps under test). edit: run a copy of
-    vattn.kernel with KERNEL_EDITS[edit] applied instead.
+    vattn.kernel with KERNEL_EDITS[edit] applied instead. qk: the workspace's Q.K^T rounding (VATTN_QK).
     Returns (batch on the CPU, the plan's pieces, the config, out [T, Hq, D] fp32 on the CPU)."""
     import vattn
     from vattn import kernel as K
@@ -194,7 +194,8 @@ def kernel_run(name: str, device: str = "cpu", edit: str | None = None):
     b_cpu = case_batch(name)
     b = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b_cpu.items()}
     ws = vattn.Workspace(head_dim=d, num_q_heads=hkv * g, num_kv_heads=hkv, kv_dtype=kv, q_dtype=qd,
-                         page_size=page, max_q_len=max(q_lens), max_batch=len(q_lens), device=device, slots=slots)
+                         page_size=page, max_q_len=max(q_lens), max_batch=len(q_lens), device=device, slots=slots,
+                         qk=qk)
     pl = vattn.plan(b["seq_lens"], b["cu_seqlens_q"], num_kv_heads=hkv, page_size=page, workspace=ws, debug=True)
     out = torch.full(b["q"].shape, float("nan"), device=device)
     K.launch_main(*_args(b), pl.tensors, ws.o_part, ws.lse_part, gqa=g, max_q_len=max(q_lens), config=ws.config)
@@ -226,12 +227,12 @@ def _args(b):
                            "v_descale", "softmax_scale")]
 
 
-def model(name: str, device: str = "cpu", **mutation):
-    """vattn.rounding's output for case `name` on the plan the kernel ran, the steps of the kernel's path
-    with `mutation` applied."""
+def model(name: str, device: str = "cpu", qk: str = "split", **mutation):
+    """vattn.rounding's output for case `name` on the plan the kernel ran (with Q.K^T rounding qk), the steps of
+    the kernel's path with `mutation` applied."""
     from vattn import rounding
 
-    b, pieces, config, _ = kernel_run(name, device)
+    b, pieces, config, _ = kernel_run(name, device, qk=qk)
     steps = dataclasses.replace(rounding.steps_for(b["q"].dtype, b["k_cache"].dtype, config), **mutation)
     return rounding.attention(*_args(b), pieces=pieces, steps=steps, block_n=config.block_n)
 
@@ -251,6 +252,24 @@ def test_interp_default_path_matches_rounding_model(name):
     assert err_model <= TOL_MODEL
     # the model is not the fp32 reference in disguise: the roundings under test move the output
     assert 10 * TOL_MODEL <= err_ref <= CONTRACT[FP8 if b["k_cache"].dtype == FP8 else BF16]
+
+
+@interp_only
+@pytest.mark.parametrize("name", SPLITQ)
+def test_interp_lossy_qk_mode_matches_its_rounding_model(name):
+    """VATTN_QK=e4m3 on a split-Q path: the kernel rounds Q to e4m3 once (qk_fp8=1), rounding for rounding as the
+    model's "e4m3" steps, and lands further from the fp32 reference than the split default."""
+    import vattn
+    from vattn import rounding
+
+    b, _, config, out = kernel_run(name, qk="e4m3")
+    assert config.qk_fp8 == 1 and rounding.steps_for(b["q"].dtype, b["k_cache"].dtype, config).q == "e4m3"
+    err_model = rel_err(out, model(name, qk="e4m3"))
+    ref = vattn.reference(**b)
+    err_fast, err_split = rel_err(out, ref), rel_err(kernel_run(name)[-1], ref)
+    print(f"{name} e4m3: kernel vs rounding model {err_model:.2e}, vs fp32 reference {err_fast:.2e} "
+          f"(split: {err_split:.2e})")
+    assert err_model <= TOL_MODEL and err_fast > 2 * err_split
 
 
 @interp_only

@@ -285,18 +285,21 @@ def test_a_models_build_is_the_one_its_workspaces_are_bound_to(monkeypatch):
     monkeypatch.setattr(backend, "_covers", lambda ws: True)  # an sm_90 GPU's workspace (covered shapes only)
     dtypes = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
     builds = set()
-    for kv, head_dim, (hq, hkv), page, q_len in product(dtypes, (128, 256), ((16, 1), (16, 2), (32, 4), (12, 2)),
-                                                       (4, 16, 64), (1, 4, 8)):
-        want = backend.model_build(kv, head_dim, hq, hkv, page, q_len)
+    for kv, head_dim, (hq, hkv), page, q_len, qk in product(dtypes, (128, 256), ((16, 1), (16, 2), (32, 4), (12, 2)),
+                                                           (4, 16, 64), (1, 4, 8), ("split", "e4m3")):
+        want = backend.model_build(kv, head_dim, hq, hkv, page, q_len, qk)
         if not backend.covers_shape(kv, head_dim, page, q_len * hq // hkv, hq // hkv):
             assert want is None
             continue
         ws = SimpleNamespace(kv_dtype=dtypes[kv], head_dim=head_dim, num_kv_heads=hkv, page_size=page,
-                             max_q_len=q_len, gqa=hq // hkv)
+                             max_q_len=q_len, gqa=hq // hkv, qk=qk)
         ws.kv_heads_per_program = backend.kv_heads_per_program(ws)  # as vattn.Workspace takes them
         ws.programs_per_kv_head = backend.programs_per_kv_head(ws)
         ws.program_partial_dtype = backend.partial_dtype(ws) or torch.float32
-        assert backend.main_build(*backend.workspace_build(ws)) == want, (kv, head_dim, hq, hkv, page, q_len)
+        assert backend.main_build(*backend.workspace_build(ws)) == want, (kv, head_dim, hq, hkv, page, q_len, qk)
+        # VATTN_QK=e4m3 takes Q.K^T in one pass where the kernel splits Q (the e4m3 TMA kernel, k8), nowhere else
+        one_pass = want["extra_defines"].get("K8_QPARTS") == 1
+        assert one_pass == (qk == "e4m3" and "K8" in want["extra_defines"]), want
         builds.add(repr(want))
     assert len(builds) > 10  # packed, split, kv16, k8 at both head_dims, the page-of-4 kernel
     assert backend.model_build("fp8", 256, 16, 1, 1, 4) is None  # pages of 1: Triton

@@ -667,6 +667,11 @@ GPU_CASES = {
 }
 
 
+# VATTN_QK=e4m3 against the fp32 reference: Q's 3 mantissa bits (2^-4) where the split keeps ~2^-8; measured
+# 2.4e-2 (Hopper, 16x35k, NOTES P24) and 3.4e-2 (Triton, run C): well over KERNEL.md's 2e-2, hence lossy
+LOSSY_QK_TOL = 6e-2
+
+
 def _gpu_batch(name, seed=0):
     lens, q_lens, d, hkv, g, page, kv, qd = GPU_CASES[name]
     return make_batch(lens, q_lens, head_dim=d, num_kv_heads=hkv, gqa=g, page_size=page, kv_dtype=kv, q_dtype=qd,
@@ -691,6 +696,35 @@ def test_gpu_against_reference(name, mode):
     out, pl = run_api(b, mode, max_q_len=max(GPU_CASES[name][1]), out=poisoned)
     assert out is poisoned
     _check(out, reference(b), kv)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("name", ["hd256-g16-p16-fp8-q4", "hd256-g16-p16-fp8-long", "hd128-g16-p16-fp8-q8",
+                                  "hd128-g4-p16-fp8-hkv4-q4"])
+def test_gpu_lossy_qk_mode_rounds_q_once_on_either_path(name):
+    """VATTN_QK=e4m3 (Workspace qk): Q.K^T in one e4m3 pass where the path that serves splits Q (VATTN_HOPPER=1:
+    the k8 kernel, built with K8_QPARTS=1; else the Triton kernel's split-Q configs, then qk_fp8=1): further from
+    the fp32 reference than the split default, within LOSSY_QK_TOL. A path that does not split Q (Triton's
+    widened 16 rows at head_dim 128) computes exactly what it computes without the mode."""
+    from vattn import api
+    from vattn.hopper import backend
+
+    b, kv = _gpu_batch(name)
+    ref = reference(b)
+    split, _ = run_api(b, "balanced", max_q_len=max(GPU_CASES[name][1]), qk="split")
+    fast, pl = run_api(b, "balanced", max_q_len=max(GPU_CASES[name][1]), qk="e4m3")
+    ws = pl.workspace
+    served = api.select_backend(ws, b["q"], b["k_cache"]).name
+    splits_q = ("K8" in backend.main_build(*backend.workspace_build(ws))["extra_defines"] if served == "hopper_sm90"
+                else ws.config.qk_fp8 > 0)
+    err_split, err_fast = rel_err(split, ref), rel_err(fast, ref)
+    print(f"{name} on {served}: rel_err split {err_split:.2e}, e4m3 {err_fast:.2e}")
+    assert not fast.isnan().any() and err_split <= tolerance(kv)
+    if splits_q:
+        assert err_split < err_fast <= LOSSY_QK_TOL
+    else:
+        assert torch.equal(fast, split)
 
 
 @gpu

@@ -49,3 +49,16 @@ def test_hopper_values(value, on):
 def test_hopper_junk_is_refused_with_the_allowed_values():
     with pytest.raises(ValueError, match=r"VATTN_HOPPER: got 'sm90'; allowed: 0 or 1 .*unset means 0"):
         switch.hopper({"VATTN_HOPPER": "sm90"})
+
+
+@pytest.mark.parametrize("value, mode", [(None, "split"), ("", "split"), ("split", "split"), (" E4M3 ", "e4m3")])
+def test_qk_values(value, mode):
+    assert switch.parse_qk(value) == mode
+    assert switch.qk_mode({} if value is None else {"VATTN_QK": value}) == mode
+
+
+def test_qk_junk_is_refused_naming_the_lossy_mode():
+    with pytest.raises(ValueError, match=r"VATTN_QK: got 'fp8'; allowed: split, e4m3 "
+                                         r"\(unset means split; e4m3 is lossy\)"):
+        switch.qk_mode({"VATTN_QK": "fp8"})
+    assert switch.VATTN_QK in switch.SWITCH_VARS

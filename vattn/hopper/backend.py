@@ -134,10 +134,13 @@ EVICT_FIRST_E4M3 = True
 
 
 def main_build(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: int = 1, bf16_partials: bool = False,
-               group_split: int = 1) -> dict:
-    """MainSm90's arguments for the build this backend runs (the workspace's shape, heads a CTA, partials)."""
+               group_split: int = 1, qk: str = "split") -> dict:
+    """MainSm90's arguments for the build this backend runs (the workspace's shape, heads a CTA, partials, and how
+    the e4m3 kernel rounds Q: VATTN_QK's qk, "e4m3" taking Q.K^T in one pass, K8_QPARTS=1, lossy)."""
     partials = {"PARTIAL_BF16": 1} if bf16_partials else {}
     k8 = {"K8": 1, "TMA_EVICT_FIRST": 1} if EVICT_FIRST_E4M3 else {"K8": 1}
+    if qk == "e4m3":
+        k8["K8_QPARTS"] = 1
     if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's build
         defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else dict(k8)
         return dict(head_dim=head_dim, gqa=gqa, page=page, extra_defines=defines | partials, pack_heads=pack_heads)
@@ -156,7 +159,7 @@ def main_build(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: in
 
 
 def model_build(kv_dtype: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
-                max_q_len: int) -> dict | None:
+                max_q_len: int, qk: str = "split") -> dict | None:
     """main_build's arguments for a model's calls of up to max_q_len query tokens (kv_dtype as covers_shape's), by
     the rules a workspace of that shape takes from this backend (kv_heads_per_program, programs_per_kv_head,
     partial_dtype); None where the kernels do not cover it and vattn runs Triton. Pure Python."""
@@ -165,7 +168,7 @@ def model_build(kv_dtype: str, head_dim: int, num_q_heads: int, num_kv_heads: in
         return None
     return main_build(head_dim, gqa, page_size, kv_dtype == "bf16",
                       kv_heads_per_cta(kv_dtype, head_dim, num_kv_heads, page_size, rows), BF16_PARTIALS,
-                      group_split(gqa, rows))
+                      group_split(gqa, rows), qk)
 
 
 def workspace_build(ws) -> tuple:
@@ -173,7 +176,7 @@ def workspace_build(ws) -> tuple:
     import torch
 
     return (ws.head_dim, ws.gqa, ws.page_size, ws.kv_dtype == torch.bfloat16, ws.kv_heads_per_program,
-            ws.program_partial_dtype == torch.bfloat16, ws.programs_per_kv_head)
+            ws.program_partial_dtype == torch.bfloat16, ws.programs_per_kv_head, ws.qk)
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 
+from vattn import switch
 from vattn.hopper import backend, build, reduce
 from vattn.native import cuda
 
@@ -70,8 +71,12 @@ def main(argv=None) -> int:
     ap.add_argument("--page-size", required=True, type=int, help="tokens a KV page")
     ap.add_argument("--max-q-len", required=True, type=_q_lens,
                     help="the workspaces' max_q_len values, comma-separated (decode 1, verify the draft tokens)")
+    ap.add_argument("--qk", choices=switch.QK_MODES, default=None,
+                    help="how Q.K^T rounds Q, as VATTN_QK (default: this environment's VATTN_QK, unset: split; "
+                         "e4m3 is the lossy fast mode)")
     ap.add_argument("--cache", type=Path, default=cuda.CACHE, help=f"the cubin folder (default {cuda.CACHE})")
     a = ap.parse_args(argv)
+    qk = a.qk or switch.qk_mode()
     for field, value in (("--head-dim", a.head_dim), ("--num-q-heads", a.num_q_heads),
                          ("--num-kv-heads", a.num_kv_heads), ("--tp", a.tp), ("--page-size", a.page_size)):
         if value < 1:
@@ -85,10 +90,10 @@ def main(argv=None) -> int:
 
     cuda.CACHE = a.cache
     print(f"one GPU of {a.tp}: {q_heads} query heads, {kv_heads} KV heads (GQA {q_heads // kv_heads}), head_dim "
-          f"{a.head_dim}, {a.kv_dtype} pages of {a.page_size}", flush=True)
+          f"{a.head_dim}, {a.kv_dtype} pages of {a.page_size}, Q.K^T {qk}", flush=True)
     built = False
     for q_len in a.max_q_len:
-        args = backend.model_build(a.kv_dtype, a.head_dim, q_heads, kv_heads, a.page_size, q_len)
+        args = backend.model_build(a.kv_dtype, a.head_dim, q_heads, kv_heads, a.page_size, q_len, qk)
         if args is None:
             print(f"max_q_len {q_len}: not covered by the Hopper kernels (vattn runs Triton there); nothing to build",
                   flush=True)

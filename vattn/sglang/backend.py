@@ -111,6 +111,7 @@ class VattnAttnBackend(AttentionBackend):
         widest = max(facts.verify_q_len, compat.spec()["draft_tokens"], 1)
         self.vattn_max_q_len = max(1, min(gate.MAX_Q_LEN, widest))
         self.vattn_plan_mode = switch.plan_mode()
+        self.vattn_qk = switch.qk_mode()  # "e4m3": the lossy one-pass Q.K^T, named in the log line below
         self.vattn_reason = self._vattn_model_reason(facts) if switch.enabled() else "VATTN=0"
         self.vattn_workspace = self.vattn_unit_descale = None
         self.vattn_inputs: Optional[metadata.ForwardInputs] = None
@@ -119,7 +120,8 @@ class VattnAttnBackend(AttentionBackend):
         self.vattn_graphs: dict = {}  # (mode, graph batch) -> q_len vattn recorded at capture, 0: the base
         publisher = compat.parallel()["attn_tp_rank"] == 0  # TP ranks see the same batches: count once
         self.vattn_counters = counters.process_counters(base_name, publisher=publisher)
-        logger.info("vattn backend: %s, base %s", f"on (plan {self.vattn_plan_mode})"
+        qk = "" if self.vattn_qk == "split" else f", Q.K^T {self.vattn_qk}: lossy"
+        logger.info("vattn backend: %s, base %s", f"on (plan {self.vattn_plan_mode}{qk})"
                     if self.vattn_reason is None else f"off ({self.vattn_reason})", base_name)
 
     def _vattn_model_reason(self, facts) -> Optional[str]:
@@ -227,7 +229,8 @@ class VattnAttnBackend(AttentionBackend):
             self.vattn_workspace = vattn.Workspace(
                 head_dim=f.v_head_dim, num_q_heads=f.num_q_heads, num_kv_heads=f.num_kv_heads,
                 kv_dtype=self.vattn_pool.dtype, q_dtype=_dtype(f.q_dtype), page_size=f.page_size,
-                max_q_len=self.vattn_max_q_len, max_batch=self.vattn_max_batch, device=self.vattn_device)
+                max_q_len=self.vattn_max_q_len, max_batch=self.vattn_max_batch, device=self.vattn_device,
+                qk=self.vattn_qk)
         return self.vattn_workspace
 
     # -- forward: per layer ----------------------------------------------------------------------

@@ -125,7 +125,7 @@ def test_a_failing_gather_ceiling_keeps_vattns_rows(monkeypatch, capsys):
     monkeypatch.setattr(gather, "gather_us", broken)
     monkeypatch.setattr(bench, "_time_planner", lambda shape, mode, b, ws, replays: (times, lambda: plan))
     monkeypatch.setattr(bench, "_workspace", lambda shape, b, config: SimpleNamespace(
-        slots=132, programs_per_sm=1, kernel_info={}, config=SimpleNamespace()))
+        slots=132, programs_per_sm=1, kernel_info={}, config=SimpleNamespace(), qk="split"))
     monkeypatch.setattr(bench, "_backend_name", lambda ws, b: "triton")
     batch = SimpleNamespace(device="cpu", replicas=4, l2_cold=True, gather_us=None)
     shape = bench.select("16x35k")[0]

@@ -59,6 +59,19 @@ def test_a_kernel_ab_triton_against_hopper_is_valid_and_its_values_are_checked(w
         load_recipe(write_recipe(arms=_arms({"VATTN": "0"}, {"VATTN": "0", "VATTN_HOPPER": "1"})))
 
 
+def test_an_ab_of_the_lossy_qk_mode_is_valid_and_its_values_are_checked(write_recipe):
+    # the A/B that shows whether one-pass Q.K^T changes answers: vattn accurate against vattn lossy
+    r = load_recipe(write_recipe(arms=_arms({"VATTN": "1"}, {"VATTN": "1", "VATTN_QK": "e4m3"})))
+    assert r.arms["on"].env["VATTN_QK"] == "e4m3"
+    with pytest.raises(RecipeError, match=r"arms\.on\.env\.VATTN_QK: got 'fp8'; allowed: split, e4m3"):
+        load_recipe(write_recipe(arms=_arms({"VATTN": "1"}, {"VATTN": "1", "VATTN_QK": "fp8"})))
+    # VATTN=0 reads no VATTN_QK, and split is the default: neither pair asks for two kernels
+    for off, on in (({"VATTN": "0"}, {"VATTN": "0", "VATTN_QK": "e4m3"}),
+                    ({"VATTN": "1"}, {"VATTN": "1", "VATTN_QK": "split"})):
+        with pytest.raises(RecipeError, match=r"asks for the same kernel"):
+            load_recipe(write_recipe(arms=_arms(off, on)))
+
+
 def test_the_switch_does_not_belong_in_server_env(write_recipe):
     with pytest.raises(RecipeError, match=r"server\.env: sets VATTN; the kernel switch belongs in arms\.<arm>\.env"):
         load_recipe(write_recipe(server={"env": {"VATTN": "1"}}))
@@ -70,7 +83,7 @@ def test_switch_vars_cannot_name_other_variables(write_recipe):
     # Before: switch_vars [VATTN, NCCL_ALGO] let the arms differ in NCCL_ALGO as "the kernel switch".
     arms = _arms({"VATTN": "0", "NCCL_ALGO": "ring"}, {"VATTN": "1", "NCCL_ALGO": "tree"})
     with pytest.raises(RecipeError, match=r"switch_vars: 'NCCL_ALGO' is not a kernel switch variable; "
-                                          r"allowed: VATTN, VATTN_PLAN, VATTN_HOPPER \(vattn/switch\.py\)\..* \(found "
+                                          r"allowed: VATTN, VATTN_PLAN, VATTN_HOPPER, VATTN_QK \(vattn/switch\.py\)\..* \(found "
                                           r"\['VATTN', 'NCCL_ALGO'\]\)"):
         load_recipe(write_recipe(arms=arms, switch_vars=["VATTN", "NCCL_ALGO"]))
 
@@ -85,7 +98,7 @@ def test_switch_vars_may_narrow_the_switch(write_recipe):
 def test_arms_may_differ_only_in_the_switch(write_recipe):
     arms = _arms({"VATTN": "0", "NCCL_ALGO": "ring"}, {"VATTN": "1", "NCCL_ALGO": "tree"})
     with pytest.raises(RecipeError, match=r"arms.on.env: differs from arms.off in NCCL_ALGO; arms may differ only "
-                                          r"in the kernel switch \['VATTN', 'VATTN_PLAN', 'VATTN_HOPPER'\]"):
+                                          r"in the kernel switch \['VATTN', 'VATTN_PLAN', 'VATTN_HOPPER', 'VATTN_QK'\]"):
         load_recipe(write_recipe(arms=arms))
     arms = {"off": {"env": {"VATTN": "0"}, "server_args": {"tp": 2}}, "on": {"env": {"VATTN": "1"}}}
     with pytest.raises(RecipeError, match=r"arms.on.server_args: differs from arms.off.server_args; arms may differ "

@@ -93,6 +93,26 @@ def test_the_model_times_the_hopper_kernels_when_the_arm_asks_for_them():
     assert hopper < 0.8 * triton
 
 
+def test_the_lossy_qk_mode_is_timed_where_the_profile_has_it_and_refused_at_start_elsewhere(tmp_path):
+    assert Arm.from_env({"VATTN": "1", "VATTN_QK": "e4m3"}).qk == "e4m3"
+    assert Arm.from_env({"VATTN": "0", "VATTN_QK": "e4m3"}).qk == "split"  # the baseline reads no VATTN_QK
+    with pytest.raises(ConfigError, match=r"env VATTN_QK: got 'fast'; allowed: split, e4m3"):
+        Arm.from_env({"VATTN": "1", "VATTN_QK": "fast"})
+    cfg = config_from_argv([])
+    lens, qs = [35_000] * 16, [4] * 16
+    for hopper in ("0", "1"):
+        arm = {"VATTN": "1", "VATTN_HOPPER": hopper}
+        split = make_attention(cfg, Arm.from_env(arm)).layer_us(lens, qs)
+        assert make_attention(cfg, Arm.from_env({**arm, "VATTN_QK": "e4m3"})).layer_us(lens, qs) < split
+    # a profile without figures for the Triton path's one-pass Q.K^T: the server refuses to start, naming it
+    h200 = (REPO / "configs" / "hardware" / "h200.yaml").read_text()
+    unfitted = tmp_path / "unfitted.yaml"
+    unfitted.write_text("\n".join(line for line in h200.splitlines() if not line.strip().startswith("fp8x1")))
+    with pytest.raises(ConfigError, match=r"cannot time arm vattn \(VATTN_QK=e4m3\): kernel path: fp8x1"):
+        make_attention(config_from_argv(["--hardware", str(unfitted)]),
+                       Arm.from_env({"VATTN": "1", "VATTN_QK": "e4m3"}))
+
+
 def test_unset_vattn_means_on_as_in_sglang():
     # Guarantee (issue 15): one meaning of an unset VATTN. sglang's backend reads vattn.switch; before,
     # the emulator read unset as off, so one recipe ran vattn in sglang and the baseline here.
