@@ -66,7 +66,8 @@ class Workspace:
     kernel that will serve this config, read at init: a registered faster backend's if it would
     serve it (vattn.backends.planned_backend), else the Triton kernel's). config: override the main kernel's
     compile-time config (vattn.kernel.MainConfig); one variant per workspace. qk: how the fp8-cache paths
-    round Q for Q.K^T, "split" (accurate) or "e4m3" (lossy; vattn/switch.py's VATTN_QK, read here when None).
+    round Q for Q.K^T, "split" (accurate) or "e4m3" (lossy; vattn/switch.py's VATTN_QK, read here when None); it
+    picks the Hopper kernel's build and the default config (an explicit config's qk_fp8 rules the Triton kernel).
     """
 
     def __init__(self, *, head_dim: int, num_q_heads: int, num_kv_heads: int, kv_dtype, q_dtype=None,
