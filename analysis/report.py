@@ -23,6 +23,7 @@ from analysis.provenance import provenance_md
 from analysis.rundir import Run, load_run
 from pipeline.io import write_text_atomic
 from pipeline.paths import RunPaths
+from vattn import switch
 
 ReportError = AnalysisError  # what the CLI catches: one line, no traceback
 
@@ -149,11 +150,29 @@ def recipe_of(run: Run) -> dict:
     return r if isinstance(r, dict) else {}
 
 
+def lossy_arm_notes(recipe: dict) -> list[str]:
+    """A note per arm whose kernel switch asks for a lossy mode of vattn (vattn/switch.py: VATTN_QK=e4m3), so that
+    a reader weighs the accuracy section as the point of the run, not a formality."""
+    notes = []
+    for name, arm in (recipe.get("arms") or {}).items():
+        env = (arm or {}).get("env") or {}
+        try:
+            lossy = switch.enabled(env) and switch.qk_mode(env) == switch.LOSSY_QK
+        except ValueError:  # a recipe that did not validate: the provenance's env diff shows it as it was
+            continue
+        if lossy:
+            notes.append(f"arm `{name}` runs vattn's lossy fast mode ({switch.VATTN_QK}={switch.LOSSY_QK}: Q rounded "
+                         "to e4m3 for Q.K^T, against Q split in two parts by default); whether it changes answers is "
+                         "the Accuracy section's to say")
+    return notes
+
+
 def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dict[str, Path],
             cycle_lines: list[str], out_dir: Path, placement_lines: Sequence[str] = ()) -> str:
     engine = (run.manifest.get("recipe") or {}).get("engine") or run.manifest.get("engine")
     a_paths, b_paths = c.a_runs[0].paths, c.b_runs[0].paths
-    notes = run.notes + (other.notes if other else []) + c.notes
+    notes = run.notes + (other.notes if other else []) + c.notes + lossy_arm_notes(recipe_of(run))
+    notes += lossy_arm_notes(recipe_of(other)) if other else []
     parts = [f"# {title}", "", verdict(c), ""]
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]

@@ -296,6 +296,20 @@ def test_report_on_quickstart_run_dir(tmp_path):
         assert_image(run / "plots" / name)
 
 
+def test_an_arm_in_the_lossy_qk_mode_is_named_under_the_verdict(tmp_path):
+    import json
+
+    run = tmp_path / "qs"
+    shutil.copytree(QUICKSTART, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "Notes:" not in write_report(run, n_boot=N_BOOT).read_text()  # both arms accurate: no note
+    manifest["recipe"]["arms"]["on"]["env"]["VATTN_QK"] = "e4m3"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    head = write_report(run, n_boot=N_BOOT).read_text().split("## Load")[0]
+    assert "- arm `on` runs vattn's lossy fast mode (VATTN_QK=e4m3: Q rounded to e4m3 for Q.K^T" in head
+    assert "arm `off`" not in head
+
+
 def test_missing_repeat_is_noted_not_fatal(run):
     shutil.rmtree(run / "arms" / "off.2")
     md = write_report(run, n_boot=N_BOOT).read_text()
