@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vattn import switch
 from vattn.hopper import backend as hopper_backend
 from vattn.hopper.backend import covers_shape, group_split, kv_heads_per_cta, piece_overhead_tiles
 from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, plan_splits
@@ -230,7 +231,7 @@ def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int, qk: str = "split
     rows = max(16, 1 << (max(max(q_lens, default=1), 1) * gqa - 1).bit_length())
     if kv_dtype != "fp8":
         return "bf16", rows
-    passes = "fp8x1" if qk == "e4m3" else "fp8x2"
+    passes = "fp8x1" if qk == switch.LOSSY_QK else "fp8x2"
     if rows == 16 and head_dim == 256:
         return f"{passes}_kmajor", rows
     return (passes if rows >= 64 else "fp8to16"), rows
@@ -245,7 +246,7 @@ def hopper_path(kv_dtype: str, head_dim: int, page_size: int, qk: str = "split")
         return "kv16", 64
     if page_size % 8:
         return "sm90_page4", 64
-    return ("k8" if head_dim == 256 else "k8_hd128") + ("_q1" if qk == "e4m3" else ""), 64
+    return ("k8" if head_dim == 256 else "k8_hd128") + ("_q1" if qk == switch.LOSSY_QK else ""), 64
 
 
 def _wave_bytes_per_us(v: VattnModel, path: str, rows: int, kv_dtype: str, page_size: int) -> float:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from vattn import launcher
+from vattn import launcher, switch
 
 LOG2E = 1.4426950408889634  # 1/ln(2): exp(x) = exp2(x * LOG2E)
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -77,7 +77,7 @@ def default_config(head_dim: int, qrows: int, kv_is_fp8: bool, qk: str = "split"
         # (one 2026-11-30 H200 sweep); at 64 rows hd256 hoisting made the widened loop slower (168 vs 160 us)
         return MainConfig(block_n=64, num_warps=warps, num_stages=3, hoist_rows=kv_is_fp8 and rows == 16 and head_dim <= 128)
     # 64 rows: hoisted row offsets and an unmasked body loop, 122.5 against 129.1 us main on 16x35k (same sweep)
-    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=1 if qk == "e4m3" else 2,
+    return MainConfig(block_n=64, num_warps=warps, num_stages=2, qk_fp8=1 if qk == switch.LOSSY_QK else 2,
                       prefetch_pages=True, kmajor=kmajor,
                       hoist_rows=rows == 64, split_tail=rows == 64)
 

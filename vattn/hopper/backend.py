@@ -139,7 +139,7 @@ def main_build(head_dim: int, gqa: int, page: int, bf16_kv: bool, pack_heads: in
     the e4m3 kernel rounds Q: VATTN_QK's qk, "e4m3" taking Q.K^T in one pass, K8_QPARTS=1, lossy)."""
     partials = {"PARTIAL_BF16": 1} if bf16_partials else {}
     k8 = {"K8": 1, "TMA_EVICT_FIRST": 1} if EVICT_FIRST_E4M3 else {"K8": 1}
-    if qk == "e4m3":
+    if qk == switch.LOSSY_QK:
         k8["K8_QPARTS"] = 1
     if pack_heads > 1:  # two heads of 128 as one of 256: head_dim 256's build
         defines = {"KV16": 1, "TMA_EVICT_FIRST": 1} if bf16_kv else dict(k8)
