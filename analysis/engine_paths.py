@@ -6,8 +6,10 @@ arms/<arm run>/server.log and gives, per arm run: the vattn and base forward cou
 line of each scheduler, summed), the base backend's name, the share of target-verify forwards
 vattn served, and which CUDA graphs sglang captured ("Capture <phase> CUDA graph end").
 
-The issue's bar: in `on`, vattn serves >= 99% of the verify forwards; in `off`, none at all. Both
-are checked here from the counts, so the report says it in one line per arm run.
+The issue's bar: an arm whose env turns vattn on (VATTN, read as vattn/switch.py reads it) has vattn serve
+>= 99% of its verify forwards; an arm that leaves it off, none at all. Both arms may turn it on (an A/B of
+two vattn modes, such as the lossy VATTN_QK). Both are checked here from the counts, so the report says it
+in one line per arm run.
 
 Emulator and vLLM runs have no such log lines and get no section.
 """
@@ -18,6 +20,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vattn import switch
 from vattn.sglang.counters import MODES, parse_log
 
 if TYPE_CHECKING:
@@ -50,14 +53,27 @@ def verify_share(counts: dict) -> float:
     return v / (v + b) if v + b else math.nan
 
 
-def check(arm: str, paths: dict) -> str:
-    """The issue's bar for this arm: `on` >= 99% of verify forwards on vattn, `off` no vattn call."""
-    if arm == "on":
+def expects_vattn(recipe: dict, arm: str) -> bool | None:
+    """Whether the recipe's env for `arm` (server.env, then the arm's own) turns vattn on; None where the
+    manifest's recipe does not say (then the arm's name decides: `on` yes, `off` no)."""
+    arms = recipe.get("arms") or {}
+    if arm not in arms:
+        return {"on": True, "off": False}.get(arm)
+    env = {**((recipe.get("server") or {}).get("env") or {}), **((arms[arm] or {}).get("env") or {})}
+    try:
+        return switch.enabled(env)
+    except ValueError:  # a recipe that did not validate: no bar to hold it to
+        return None
+
+
+def check(expect_vattn: bool | None, paths: dict) -> str:
+    """The issue's bar for an arm run: with vattn on, >= 99% of verify forwards on vattn; off, no vattn call."""
+    if expect_vattn:
         share = paths["verify_share"]
         if math.isnan(share):
             return "no verify forward counted"
         return "ok" if share >= ON_SHARE else f"below {ON_SHARE:.0%}"
-    if arm == "off":
+    if expect_vattn is False:
         served = sum(paths["vattn"].values())
         return "ok" if served == 0 else f"vattn served {served} forwards"
     return ""
@@ -68,6 +84,7 @@ def paths_frame(run: "Run") -> "pd.DataFrame":
     processes, vattn_<mode>, base_<mode>, verify_share, check."""
     import pandas as pd
 
+    recipe = run.manifest.get("recipe") or {}
     rows = []
     for r in sorted(run.arm_runs, key=lambda r: (r.order, r.arm)):
         log = Path(r.paths.server_log)
@@ -76,7 +93,7 @@ def paths_frame(run: "Run") -> "pd.DataFrame":
         p = log_paths(log.read_text(errors="replace"))
         row = {"arm_run": r.name, "arm": r.arm, "base_backend": p["base_backend"], "base_source": p["base_source"],
                "graphs": ", ".join(p["graphs"]), "processes": p["processes"], "verify_share": p["verify_share"],
-               "check": check(r.arm, p)}
+               "check": check(expects_vattn(recipe, r.arm), p)}
         for path in ("vattn", "base"):
             row.update({f"{path}_{m}": p[path][m] for m in MODES})
         rows.append(row)
@@ -108,8 +125,9 @@ def engine_paths_md(run: "Run") -> list[str]:
     missing = [r.name for r in run.arm_runs if not Path(r.paths.server_log).is_file()]
     lines += ["", "Forwards counted by the vattn wrapper, per scheduler process, from the last `vattn paths:` "
               "line of each in the arm's server.log (cumulative; published every VATTN_COUNTERS_INTERVAL s "
-              "and at exit). A CUDA-graph replay counts as the path its capture recorded. check: `on` needs "
-              f">= {ON_SHARE:.0%} of target-verify forwards on vattn, `off` no vattn forward."]
+              "and at exit). A CUDA-graph replay counts as the path its capture recorded. check: an arm whose env "
+              f"turns vattn on needs >= {ON_SHARE:.0%} of target-verify forwards on vattn, one that leaves it off no "
+              "vattn forward."]
     if missing:
         lines.append(f"No server.log for: {', '.join(missing)}.")
     return lines

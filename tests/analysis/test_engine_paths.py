@@ -20,18 +20,19 @@ from pipeline.paths import RunPaths
 LOGS = Path(__file__).parent / "data" / "sglang_logs"
 
 
-def _run(tmp_path, engine: str | None, arms=("off", "on")) -> SimpleNamespace:
+def _run(tmp_path, engine: str | None, arms=("off", "on"), logs: dict | None = None,
+         recipe_arms: dict | None = None) -> SimpleNamespace:
     """The part of analysis.rundir.Run the section reads: the manifest and each arm run's paths."""
     paths = RunPaths(tmp_path / "run")
     runs = []
     for order, name in enumerate(arms, 1):
         arm = paths.arm(name)
         arm.root.mkdir(parents=True)
-        src = LOGS / f"{name}.server.log"
+        src = LOGS / (logs or {}).get(name, f"{name}.server.log")
         if src.is_file():
             shutil.copy(src, arm.server_log)
         runs.append(SimpleNamespace(name=name, arm=name.split(".")[0], order=order, paths=arm))
-    manifest = {"recipe": {"engine": engine}} if engine else {}
+    manifest = {"recipe": {"engine": engine, **({"arms": recipe_arms} if recipe_arms else {})}} if engine else {}
     return SimpleNamespace(root=paths.root, manifest=manifest, arm_runs=runs)
 
 
@@ -42,22 +43,22 @@ def test_log_paths_sums_the_last_line_of_each_scheduler():
     assert (p["base_backend"], p["base_source"], p["processes"]) == ("fa3", "VATTN_BASE", 2)
     assert p["graphs"] == ["target verify", "draft decode"]
     assert p["verify_share"] == pytest.approx(298 / 300)
-    assert ep.check("on", p) == "ok"
+    assert ep.check(True, p) == "ok"
 
 
 def test_off_arm_with_no_vattn_forward_passes_and_a_low_share_fails():
     off = ep.log_paths((LOGS / "off.server.log").read_text())
     assert (off["base_backend"], off["base_source"], off["verify_share"]) == ("flashinfer", "sglang default", 0.0)
-    assert ep.check("off", off) == "ok"
-    assert ep.check("on", off) == "below 99%"
-    assert ep.check("off", ep.log_paths((LOGS / "on.server.log").read_text())) == "vattn served 598 forwards"
+    assert ep.check(False, off) == "ok"
+    assert ep.check(True, off) == "below 99%"
+    assert ep.check(False, ep.log_paths((LOGS / "on.server.log").read_text())) == "vattn served 598 forwards"
 
 
 def test_a_log_without_counters_has_no_share():
     p = ep.log_paths("[t] The server is fired up and ready to roll!\n")
     assert p["processes"] == 0 and p["base_backend"] is None and p["graphs"] == []
     assert math.isnan(p["verify_share"])
-    assert ep.check("on", p) == "no verify forward counted"
+    assert ep.check(True, p) == "no verify forward counted"
 
 
 def test_section_rows_per_arm_run(tmp_path):
@@ -68,6 +69,24 @@ def test_section_rows_per_arm_run(tmp_path):
                         "| 0.0% | ok |")
     assert lines[3] == ("| on | fa3 (VATTN_BASE) | target verify, draft decode | 298 / 2 | 300 / 0 | 0 / 60 | 0 / 1 "
                         "| 99.3% | ok |")
+
+
+def test_expected_paths_follow_each_arms_env():
+    both = {"server": {"env": {"VATTN": "1"}}, "arms": {"off": {"env": {}}, "on": {"env": {"VATTN_QK": "e4m3"}}}}
+    assert (ep.expects_vattn(both, "off"), ep.expects_vattn(both, "on")) == (True, True)
+    turned_off = {"server": {"env": {"VATTN": "1"}}, "arms": {"off": {"env": {"VATTN": "0"}}, "on": {}}}
+    assert (ep.expects_vattn(turned_off, "off"), ep.expects_vattn(turned_off, "on")) == (False, True)
+    assert (ep.expects_vattn({}, "off"), ep.expects_vattn({}, "on"), ep.expects_vattn({}, "b")) == (False, True, None)
+    assert ep.expects_vattn({"arms": {"on": {"env": {"VATTN": "maybe"}}}}, "on") is None
+
+
+def test_an_ab_of_two_vattn_modes_holds_both_arms_to_the_on_bar(tmp_path):
+    arms = {"off": {"env": {"VATTN": "1"}}, "on": {"env": {"VATTN": "1", "VATTN_QK": "e4m3"}}}
+    lines = ep.engine_paths_md(_run(tmp_path, "sglang", logs={"off": "on.server.log"}, recipe_arms=arms))
+    assert lines[2].startswith("| off | fa3 (VATTN_BASE) |") and lines[2].endswith("| 99.3% | ok |")
+    assert lines[3].endswith("| 99.3% | ok |")
+    flipped = ep.engine_paths_md(_run(tmp_path / "b", "sglang", recipe_arms=arms))  # off's log: all on the base
+    assert flipped[2].endswith("| 0.0% | below 99% |")
 
 
 def test_section_names_arm_runs_without_a_log(tmp_path):
