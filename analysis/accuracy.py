@@ -17,7 +17,8 @@ MAX_DIVERGED = 10
 EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt alone, so accuracy is not "
                  "meaningful; identical outputs in both arms show an exact kernel")
 DUMMY_WEIGHTS_NOTE = ("dummy weights (server.args.load_format: dummy): the model was never trained, so accuracy is "
-                      "not meaningful; identical outputs in both arms, beside the A/A baseline, show an exact kernel")
+                      "not meaningful; identical outputs in both arms, beside the A/A baseline, say that no greedy "
+                      "output changed, a weak test of a kernel's numerics on such a model")
 
 
 def dummy_weights(recipe: dict) -> bool:
