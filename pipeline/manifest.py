@@ -43,11 +43,15 @@ def package_versions() -> dict[str, str]:
 
 
 def git_sha() -> str:
+    """The checkout's commit (with -dirty for uncommitted changes to tracked files). PIPELINE_GIT_SHA, where set,
+    wins: a tree copied to a GPU host may carry no git metadata, or a stale copy of it."""
+    if os.environ.get("PIPELINE_GIT_SHA"):
+        return os.environ["PIPELINE_GIT_SHA"]
     try:
         head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                               text=True, timeout=5)
-        if head.returncode != 0:  # not a git checkout (e.g. a copied tree on a GPU host)
-            return os.environ.get("PIPELINE_GIT_SHA", "unknown")
+        if head.returncode != 0:  # not a git checkout
+            return "unknown"
         sha = head.stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                                capture_output=True, text=True, timeout=5).stdout.strip()
