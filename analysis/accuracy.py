@@ -18,7 +18,8 @@ EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt a
                  "meaningful; identical outputs in both arms show an exact kernel")
 DUMMY_WEIGHTS_NOTE = ("dummy weights (server.args.load_format: dummy): the model was never trained, so accuracy is "
                       "not meaningful; identical outputs in both arms, beside the A/A baseline, say that no greedy "
-                      "output changed, a weak test of a kernel's numerics on such a model")
+                      "output changed, a weak test of a kernel's numerics on such a model; the chosen-token logprobs, where "
+                      "kept, are the stronger one")
 
 
 def dummy_weights(recipe: dict) -> bool:
@@ -86,11 +87,12 @@ def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> tuple[str, list[st
 
 
 def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, note: str = "") -> list[str]:
-    """Outputs compared answer by answer (analysis.outputs): how many are identical, and where the others
-    first differ, in words (tokens, for the emulator)."""
+    """Outputs compared answer by answer (analysis.outputs): how many are identical, where the others first
+    differ, in words (tokens, for the emulator), and, where both arms kept logprobs, how far the chosen
+    tokens' logprobs moved over the tokens the answers share."""
     import pandas as pd
 
-    from analysis.outputs import identity_summary, output_identity
+    from analysis.outputs import identity_summary, logprob_drift, output_identity
 
     ra, rb = (pd.DataFrame(read_jsonl(p.accuracy_records(task))) for p in (a, b))
     if not {"id", "repeat", "output"} <= set(ra.columns) & set(rb.columns):
@@ -100,8 +102,9 @@ def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: s
     s = identity_summary(pairs)
     head = (f"Outputs, {task} ({a_label} vs {b_label}){note}: identical in {s['identical']}/{s['n']} answers "
             f"({s['fraction_identical'] * 100:.0f}%)")
+    drift = drift_lines(task, logprob_drift(ra, rb), a_label, b_label, note)
     if s["identical"] == s["n"]:
-        return [head + "."]
+        return [head + ".", *drift]
     lines = [head + f"; the others first differ at word {s['min_first_diff']:.0f} (earliest), "
              f"{s['median_first_diff']:.0f} (median):"]
     diverged = pairs[~pairs["identical"]].sort_values("first_diff")
@@ -110,7 +113,22 @@ def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: s
                      f"{r.len_a} / {r.len_b}")
     if len(diverged) > MAX_DIVERGED:
         lines.append(f"- ... and {len(diverged) - MAX_DIVERGED} more")
-    return lines
+    return lines + drift
+
+
+def drift_lines(task: str, drift, a_label: str, b_label: str, note: str = "") -> list[str]:
+    """One line on the chosen tokens' logprobs (analysis.outputs.logprob_drift); [] where no pair kept them."""
+    from analysis.outputs import drift_summary
+
+    d = drift_summary(drift)
+    if not d["n"]:
+        return []
+    head = (f"Chosen-token logprobs, {task} ({a_label} vs {b_label}){note}, over the {d['shared']} tokens the "
+            "answers share")
+    if not d["moved"]:
+        return ["", head + ": identical."]
+    return ["", head + f": {d['moved']} moved ({d['fraction_moved'] * 100:.0f}%); largest change "
+            f"{d['max_abs']:.3g} nats, the median answer's largest {d['median_max_abs']:.3g}."]
 
 
 def _mark(v: float) -> str:

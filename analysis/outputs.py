@@ -50,6 +50,41 @@ def output_identity(a: "pd.DataFrame", b: "pd.DataFrame", key: Sequence[str] = (
                          "first_diff": [np.nan if f is None else float(f) for f in first]})
 
 
+def logprob_drift(a: "pd.DataFrame", b: "pd.DataFrame", key: Sequence[str] = ("id", "repeat")) -> "pd.DataFrame":
+    """Two arms' chosen-token logprobs over each answer's shared prefix (the tokens before the first that
+    differs, where both arms chose the same token from the same context): key... | shared | moved | max_abs.
+
+    Identical outputs say only that no argmax moved; these say whether the numbers under them did. An exact
+    kernel in a deterministic engine gives moved 0. Pairs without logprobs in either arm are dropped."""
+    import pandas as pd
+
+    key, cols = list(key), ["tokens", "token_logprobs"]
+    if not set(cols) <= set(a.columns) & set(b.columns):
+        return pd.DataFrame(columns=[*key, "shared", "moved", "max_abs"])
+    m = a[key + cols].merge(b[key + cols], on=key, suffixes=("_a", "_b"))
+    rows = []
+    for r in m.itertuples(index=False):
+        ta, tb, la, lb = r.tokens_a, r.tokens_b, r.token_logprobs_a, r.token_logprobs_b
+        if not all(isinstance(x, list) for x in (ta, tb, la, lb)):
+            continue
+        first = first_difference(ta, tb)
+        shared = min(len(ta), len(tb), len(la), len(lb)) if first is None else first
+        delta = np.abs(np.asarray(la[:shared], float) - np.asarray(lb[:shared], float))
+        rows.append({**{k: getattr(r, k) for k in key}, "shared": shared, "moved": int((delta > 0).sum()),
+                     "max_abs": float(delta.max()) if shared else np.nan})
+    return pd.DataFrame(rows, columns=[*key, "shared", "moved", "max_abs"])
+
+
+def drift_summary(drift: "pd.DataFrame") -> dict:
+    """{n, shared, moved, fraction_moved, max_abs, median_max_abs} of a logprob_drift frame."""
+    shared, moved = int(drift["shared"].sum()), int(drift["moved"].sum())
+    per_pair = drift["max_abs"].dropna()
+    return {"n": len(drift), "shared": shared, "moved": moved,
+            "fraction_moved": moved / shared if shared else float("nan"),
+            "max_abs": float(per_pair.max()) if len(per_pair) else float("nan"),
+            "median_max_abs": float(per_pair.median()) if len(per_pair) else float("nan")}
+
+
 def identity_summary(pairs: "pd.DataFrame") -> dict:
     """{n, identical, fraction_identical, median_first_diff, min_first_diff} of an output_identity frame."""
     n = len(pairs)

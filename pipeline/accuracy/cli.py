@@ -50,6 +50,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extra-body", type=_json_object, default=None, metavar="JSON",
                         help='merged into each request, e.g. '
                              '\'{"chat_template_kwargs": {"enable_thinking": false}}\'')
+    parser.add_argument("--no-logprobs", dest="logprobs", action="store_false",
+                        help="do not ask for the chosen tokens' logprobs (for an endpoint that refuses them)")
     parser.add_argument("--out", type=Path, default=Path("eval"),
                         help="output folder; records in OUT/<task>.jsonl; "
                              "rerunning with the same OUT resumes (default: ./eval)")
@@ -61,7 +63,7 @@ def spec_from_args(args: argparse.Namespace):
     task = {"name": args.task, "data": args.data, "shots_data": args.shots_data,
             "num_shots": args.num_shots, "limit": args.limit, "repeats": args.repeats, "concurrency": args.concurrency,
             "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
-            "timeout_s": args.timeout, "retries": args.retries,
+            "timeout_s": args.timeout, "retries": args.retries, "logprobs": args.logprobs,
             "extra_body": args.extra_body or {}}
     return AccuracySpec(tasks=[{k: v for k, v in task.items() if v is not None}])
 

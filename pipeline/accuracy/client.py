@@ -1,7 +1,8 @@
 """One chat completion with timeouts and bounded retries; never raises for a server fault.
 
 A request that still fails after its retries comes back as a `Reply` with `failed=True`
-and the last error, so the caller records it instead of losing the question.
+and the last error, so the caller records it instead of losing the question. Where the server
+returned the chosen tokens' logprobs (OpenAI's `logprobs.content`), the reply keeps them.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ class Reply:
     attempts: int
     failed: bool
     error: str | None
+    tokens: list[str] | None = None            # the output's tokens, where the server returned logprobs
+    token_logprobs: list[float] | None = None  # each one's logprob
 
 
 def chat_url(url: str) -> str:
@@ -42,8 +45,19 @@ class _Retryable(Exception):
     pass
 
 
+def _token_logprobs(choice: dict) -> tuple[list[str] | None, list[float] | None]:
+    """(tokens, logprobs) from a chat choice's `logprobs.content`; (None, None) where it has none."""
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return None, None
+    try:
+        return [str(t["token"]) for t in content], [float(t["logprob"]) for t in content]
+    except (KeyError, TypeError, ValueError):
+        return None, None
+
+
 async def _attempt(session: aiohttp.ClientSession, url: str, body: dict,
-                   timeout_s: float) -> tuple[str, str | None]:
+                   timeout_s: float) -> tuple[str, str | None, tuple]:
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     try:
         async with session.post(url, json=body, timeout=timeout) as resp:
@@ -59,7 +73,7 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: dict,
         content = choice["message"].get("content")
     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
         raise ValueError(f"malformed response ({type(e).__name__}): {text[:200]}") from None
-    return content or "", choice.get("finish_reason")
+    return content or "", choice.get("finish_reason"), _token_logprobs(choice)
 
 
 async def chat(session: aiohttp.ClientSession, url: str, body: dict, *, timeout_s: float,
@@ -69,8 +83,8 @@ async def chat(session: aiohttp.ClientSession, url: str, body: dict, *, timeout_
     for attempt in range(1, retries + 2):
         start = time.perf_counter()
         try:
-            output, finish = await _attempt(session, url, body, timeout_s)
-            return Reply(output, finish, time.perf_counter() - start, attempt, False, None)
+            output, finish, (tokens, logprobs) = await _attempt(session, url, body, timeout_s)
+            return Reply(output, finish, time.perf_counter() - start, attempt, False, None, tokens, logprobs)
         except _Retryable as e:
             error = str(e)
         except ValueError as e:

@@ -2,9 +2,10 @@
 
 One JSON object per (question, repeat):
     id, repeat, prompt_hash, output, extracted, gold, correct, latency_s, finish_reason,
-    retried, failed, attempts, error, model
+    retried, failed, attempts, error, model, tokens, token_logprobs
     gsm8k adds extracted_strict, correct_strict (the `#### N` form; `correct` is flexible).
-A failed record (no answer after retries) has output/extracted None and correct False.
+A failed record (no answer after retries) has output/extracted None and correct False; tokens and
+token_logprobs (the output's tokens and each one's logprob) are None where the server returned none.
 """
 from __future__ import annotations
 

@@ -210,6 +210,8 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, path:
 def _body(task: TaskSpec, job: _Job, model: str) -> dict:
     body = {"model": model, "messages": job.messages, "max_tokens": task.max_tokens,
             "temperature": task.temperature, **task.extra_body}
+    if task.logprobs:
+        body.setdefault("logprobs", True)
     if task.temperature > 0:
         # Same sampling seed per (question, repeat) in both arms.
         digest = hashlib.sha256(f"{task.seed}:{job.id}:{job.repeat}".encode()).digest()
@@ -222,7 +224,8 @@ def _record(task: str, job: _Job, reply, model: str) -> dict:
            "extracted": None, "gold": job.gold, "correct": False,
            "latency_s": round(reply.latency_s, 4), "finish_reason": reply.finish_reason,
            "retried": reply.attempts > 1, "failed": reply.failed, "attempts": reply.attempts,
-           "error": reply.error, "model": model}
+           "error": reply.error, "model": model, "tokens": reply.tokens,
+           "token_logprobs": None if reply.token_logprobs is None else [round(x, 6) for x in reply.token_logprobs]}
     if task == "gsm8k":
         rec.update(extracted_strict=None, correct_strict=False)
         if not reply.failed:

@@ -70,6 +70,12 @@ class TaskSpec(BaseModel):
     retry_backoff_s: float = Field(default=1.0, ge=0.0,
                                    description="First retry delay in seconds; doubles per "
                                                "attempt, capped at 30 s.")
+    logprobs: bool = Field(
+        default=True,
+        description="Ask for the chosen tokens' logprobs (OpenAI chat `logprobs`) and keep them in the records "
+                    "(~30 bytes a token): the report compares them between arms over each answer's shared "
+                    "prefix, a test of a kernel's numerics that identical greedy outputs alone are not. False "
+                    "for an endpoint that refuses the parameter.")
     extra_body: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra fields merged into every chat request, e.g. "

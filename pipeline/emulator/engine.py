@@ -48,6 +48,7 @@ class Request:
     decoding: bool = False    # prompt done and first token out
     inserted: int = 0         # hashes already given to the prefix cache
     out: list[int] = field(default_factory=list)  # output word indices not yet sent to the client
+    logprobs: list[float] | None = None  # each output word's logprob, where the client asked for them
     finish_reason: str | None = None
     aborted: bool = False
     first_token_t: float | None = None
@@ -192,6 +193,8 @@ class Engine:
         for _ in range(n):
             i = r.words.next()
             r.out.append(i)
+            if r.logprobs is not None:
+                r.logprobs.append(r.words.logprob)
             r.hasher.append(words[i])
         r.generated += n
         if r.generated >= r.max_new:

@@ -24,6 +24,7 @@ class Params:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    logprobs: bool = False  # chat: the chosen tokens' logprobs, in a non-streamed reply
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
@@ -71,6 +72,16 @@ def params(body: dict[str, Any]) -> Params:
         raise ApiError(400, f"stream_options: expected an object, got {opts!r}", param="stream_options")
     return Params(max_tokens=mt, ignore_eos=_bool(body, "ignore_eos"), stream=_bool(body, "stream"),
                   include_usage=bool(opts.get("include_usage", False)))
+
+
+def chat_params(body: dict[str, Any]) -> Params:
+    """params() plus chat's boolean `logprobs`, which this server returns in non-streamed replies only."""
+    p = params(body)
+    logprobs = _bool(body, "logprobs")
+    if logprobs and p.stream:
+        raise ApiError(400, "logprobs: not supported with stream=true by the emulator; ask without streaming",
+                       param="logprobs")
+    return Params(p.max_tokens, p.ignore_eos, p.stream, p.include_usage, logprobs)
 
 
 def chat_messages(body: dict[str, Any]) -> list[tuple[str, str]]:

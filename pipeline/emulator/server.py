@@ -21,7 +21,7 @@ from pipeline.emulator.attention import make_attention
 from pipeline.emulator.cyclelog import CycleLog
 from pipeline.emulator.engine import Engine, Request
 from pipeline.emulator.metrics import Metrics
-from pipeline.emulator.protocol import (ApiError, chat_messages, check_model, completion_prompt, params,
+from pipeline.emulator.protocol import (ApiError, chat_messages, chat_params, check_model, completion_prompt, params,
                                         read_body)
 from pipeline.emulator.timing import StepTimer
 from pipeline.emulator.tokens import load_tokens
@@ -66,7 +66,7 @@ class Api:
         body = await read_body(request)
         check_model(body, self.cfg.model)
         msgs = chat_messages(body)
-        p = params(body)
+        p = chat_params(body)
         big = sum(len(c) for _, c in msgs) > BIG_PROMPT_CHARS
         ids = await self._off_loop(self.tokens.chat_ids, msgs) if big else self.tokens.chat_ids(msgs)
         return await self._generate(request, ids, p, chat=True)
@@ -105,6 +105,8 @@ class Api:
         else:
             req = self.engine.new_request(ids, max_new, reason)
         del ids
+        if p.logprobs:
+            req.logprobs = []
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.engine.submit(req)
         try:
@@ -114,7 +116,7 @@ class Api:
                 await req.event.wait()
                 req.event.clear()
             texts = self.tokens.word_texts
-            return web.json_response(self._full(req, rid, "".join(texts[i] for i in req.out), chat))
+            return web.json_response(self._full(req, rid, [texts[i] for i in req.out], chat))
         finally:
             self.engine.abort(req)  # no-op once finished; frees the slot if the client went away
 
@@ -156,9 +158,14 @@ class Api:
         return {"prompt_tokens": req.prompt_len, "completion_tokens": req.generated,
                 "total_tokens": req.prompt_len + req.generated, "prompt_tokens_details": {"cached_tokens": req.cached}}
 
-    def _full(self, req: Request, rid: str, text: str, chat: bool) -> dict[str, Any]:
+    def _full(self, req: Request, rid: str, words: list[str], chat: bool) -> dict[str, Any]:
+        text = "".join(words)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            # OpenAI's chat logprobs: one entry per output token (no alternatives: top_logprobs is not modelled)
+            logprobs = None if req.logprobs is None else {"content": [
+                {"token": w, "logprob": lp, "bytes": list(w.encode()), "top_logprobs": []}
+                for w, lp in zip(words, req.logprobs)]}
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": req.finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason}

@@ -130,6 +130,10 @@ class OutputWords:
     `flip_rate` stands in for a kernel whose numerics differ: each word is, with that probability, replaced
     by another one (the argmax moved). The draw is seeded by the prompt, so a perturbed run is
     reproducible, and since later words depend on earlier ones the outputs stay apart from there on.
+
+    `logprob` is the last word's log-probability as a server would report it: a function of the same state
+    (so equal in two exact arms), moved by up to `flip_rate` nats where the numerics differ, as a lossy
+    kernel moves logits without always moving an argmax.
     """
 
     def __init__(self, prompt_hash: int, n_words: int, flip_rate: float = 0.0):
@@ -137,12 +141,16 @@ class OutputWords:
         self.flip_state = _mix(self.state ^ 0x5EED)
         self.n_words = n_words
         self.flip_threshold = int(flip_rate * (1 << 64))
+        self.flip_rate = flip_rate
+        self.logprob = 0.0
 
     def next(self) -> int:
         self.state = _mix(self.state + 0x9E3779B97F4A7C15)
         i = self.state % self.n_words
+        self.logprob = -((self.state >> 20) % 4096) / 1024  # in (-4, 0]
         if self.flip_threshold:
             self.flip_state = _mix(self.flip_state + 0x9E3779B97F4A7C15)
+            self.logprob = min(0.0, self.logprob + self.flip_rate * ((self.flip_state >> 40) / (1 << 24) - 0.5))
             if self.flip_state < self.flip_threshold:
                 i = (i + 1 + self.flip_state % (self.n_words - 1)) % self.n_words
         self.state ^= i  # the word taken feeds the next one, as a decoded token feeds the next step

@@ -1,10 +1,10 @@
-"""Output identity between two arms, by hand: identical fraction and first differing position."""
+"""Output identity between two arms, by hand: identical fraction, first differing position, logprob drift."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from analysis.outputs import first_difference, identity_summary, output_identity
+from analysis.outputs import drift_summary, first_difference, identity_summary, logprob_drift, output_identity
 
 
 def test_first_difference():
@@ -29,3 +29,25 @@ def test_output_identity_and_summary():
     ids = output_identity(a.assign(output=[[1, 2], [1, 2], [3], None]), b.assign(output=[[1, 2], [1], [3], [0], [0]]),
                           split=list)
     assert ids["identical"].tolist() == [True, False, True]
+
+
+def test_logprob_drift_compares_only_the_tokens_both_arms_chose():
+    a = pd.DataFrame({"id": ["q1", "q2", "q3", "q4"], "repeat": 0,
+                      "tokens": [["a", "b", "c"], ["a", "b", "c"], ["x"], None],
+                      "token_logprobs": [[-0.5, -1.0, -2.0], [-0.5, -1.0, -2.0], [-0.1], None]})
+    b = pd.DataFrame({"id": ["q1", "q2", "q3", "q4"], "repeat": 0,
+                      "tokens": [["a", "b", "c"], ["a", "b", "z"], ["y"], ["a"]],
+                      "token_logprobs": [[-0.5, -1.0, -2.0], [-0.5, -1.25, -9.0], [-0.1], [-1.0]]})
+    d = logprob_drift(a, b)
+    assert list(d["id"]) == ["q1", "q2", "q3"]          # q4 has no logprobs in a
+    # q1 the same throughout; q2 shares "a b" (its third token differs: -9.0 is not compared); q3 shares nothing
+    assert d["shared"].tolist() == [3, 2, 0] and d["moved"].tolist() == [0, 1, 0]
+    assert d["max_abs"].tolist()[:2] == [0.0, 0.25] and np.isnan(d["max_abs"][2])
+    s = drift_summary(d)
+    assert (s["n"], s["shared"], s["moved"], s["max_abs"], s["median_max_abs"]) == (3, 5, 1, 0.25, 0.125)
+    assert s["fraction_moved"] == 1 / 5
+
+
+def test_logprob_drift_without_logprob_columns_is_empty():
+    a = pd.DataFrame({"id": ["q1"], "repeat": 0, "output": ["a"]})
+    assert logprob_drift(a, a).empty and drift_summary(logprob_drift(a, a))["n"] == 0

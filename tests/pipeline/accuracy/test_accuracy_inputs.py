@@ -83,3 +83,21 @@ def test_cli_errors_name_flags_not_recipe_fields(tmp_path):
     assert p.returncode == 1 and "accuracy.tasks" not in p.stderr and "num_shots" not in p.stderr
     assert p.stderr.startswith("pipeline eval: error: --data: 16 shots requested but only ")
     assert p.stderr.rstrip().endswith("lower --num-shots or add train rows")
+
+
+def test_requests_ask_for_logprobs_unless_the_flag_turns_them_off():
+    from pipeline.accuracy.stage import _body, _Job
+
+    job = _Job("q1", 0, [{"role": "user", "content": "2+2?"}], "4", "h")
+    on, off = (spec_from_args(_args("--task", "gsm8k", *flags)).tasks[0] for flags in ((), ("--no-logprobs",)))
+    assert _body(on, job, "m")["logprobs"] is True
+    assert "logprobs" not in _body(off, job, "m")
+
+
+def test_a_reply_keeps_the_logprobs_the_server_returned():
+    from pipeline.accuracy.client import _token_logprobs
+
+    content = [{"token": "4", "logprob": -0.01, "top_logprobs": []}, {"token": ".", "logprob": 0}]
+    assert _token_logprobs({"logprobs": {"content": content}}) == (["4", "."], [-0.01, 0.0])
+    for choice in ({}, {"logprobs": None}, {"logprobs": {"content": None}}, {"logprobs": {"content": [{"x": 1}]}}):
+        assert _token_logprobs(choice) == (None, None)

@@ -102,6 +102,11 @@ def test_models_and_server_info(srv):
     ("/v1/completions", json.dumps({"model": MODEL, "prompt": ["a", "b"]}).encode(), 400, "prompt: expected"),
     ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "temperature": 9}).encode(), 400,
      r"temperature: 9 is invalid"),
+    ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                         "stream": True, "logprobs": True}).encode(), 400,
+     "logprobs: not supported with stream=true"),
+    ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                         "logprobs": "yes"}).encode(), 400, "logprobs: expected a boolean"),
 ])
 def test_bad_requests_get_openai_errors_and_server_keeps_serving(srv, path, body, status, match):
     got, err = srv.post(path, body)
@@ -110,6 +115,18 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(srv, path, body
     assert re.search(match, err["error"]["message"])
     ok = srv.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
     assert ok.usage.completion_tokens == 2
+
+
+def test_chat_logprobs_give_one_entry_per_output_token_and_repeat_exactly(srv):
+    c = srv.client()
+    ask = lambda: c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, logprobs=True)
+    first, again = ask(), ask()
+    entries = first.choices[0].logprobs.content
+    assert len(entries) == first.usage.completion_tokens > 1
+    assert "".join(e.token for e in entries) == first.choices[0].message.content
+    assert all(-4 < e.logprob <= 0 for e in entries) and len({e.logprob for e in entries}) > 1
+    assert [e.logprob for e in again.choices[0].logprobs.content] == [e.logprob for e in entries]
+    assert c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2).choices[0].logprobs is None
 
 
 def test_openai_client_raises_typed_errors(srv):

@@ -31,6 +31,8 @@ def test_exact_kernel_answers_identically_and_a_perturbed_one_diverges(emulator,
     md = "\n".join(accuracy_md(off, on, "off", "on", "emulator"))
     assert "Outputs, gsm8k (off vs on): identical in 8/8 answers (100%)." in md
     assert "outputs differ 0/8" in md
+    # the records keep each answer's tokens and their logprobs, and an exact kernel moves none of them
+    assert "Chosen-token logprobs, gsm8k (off vs on), over the 384 tokens the answers share: identical." in md
 
     bad = _answers(emulator, tmp_path, "on_perturbed", {"VATTN": "1", PERTURB_ENV: "0.05"})
     md = "\n".join(accuracy_md(off, bad, "off", "on", "emulator"))
@@ -38,6 +40,9 @@ def test_exact_kernel_answers_identically_and_a_perturbed_one_diverges(emulator,
     line = next(x for x in md.splitlines() if x.startswith("Outputs, gsm8k"))
     assert "identical in 8/8" not in line and "first differ at word" in line, md
     assert "first differs at word" in md
+    # before each answer's first changed word, the perturbed numerics moved the chosen words' logprobs
+    drift = next(x for x in md.splitlines() if x.startswith("Chosen-token logprobs, gsm8k"))
+    assert ": identical." not in drift and "moved" in drift and "largest change" in drift, drift
 
 
 def _stream(prompt_hash: int, n: int = 200, flip_rate: float = 0.0) -> list[int]:
