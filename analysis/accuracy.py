@@ -18,8 +18,8 @@ EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt a
                  "meaningful; identical outputs in both arms show an exact kernel")
 DUMMY_WEIGHTS_NOTE = ("dummy weights (server.args.load_format: dummy): the model was never trained, so accuracy is "
                       "not meaningful; identical outputs in both arms, beside the A/A baseline, say that no greedy "
-                      "output changed, a weak test of a kernel's numerics on such a model; the chosen-token logprobs, where "
-                      "kept, are the stronger one")
+                      "output changed, a weak test of a kernel's numerics on such a model; the chosen-token "
+                      "logprobs, where kept, are the stronger one")
 
 
 def dummy_weights(recipe: dict) -> bool:

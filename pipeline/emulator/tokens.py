@@ -132,7 +132,7 @@ class OutputWords:
     reproducible, and since later words depend on earlier ones the outputs stay apart from there on.
 
     `logprob` is the last word's log-probability as a server would report it: a function of the same state
-    (so equal in two exact arms), moved by up to `flip_rate` nats where the numerics differ, as a lossy
+    (so equal in two exact arms), moved by up to half of `flip_rate` nats where the numerics differ, as a lossy
     kernel moves logits without always moving an argmax.
     """
 
