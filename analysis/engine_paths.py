@@ -6,7 +6,7 @@ arms/<arm run>/server.log and gives, per arm run: the vattn and base forward cou
 line of each scheduler, summed), the base backend's name, the share of target-verify forwards
 vattn served, and which CUDA graphs sglang captured ("Capture <phase> CUDA graph end").
 
-The issue's bar: an arm whose env turns vattn on (VATTN, read as vattn/switch.py reads it) has vattn serve
+The issue's bar: an arm run whose server env turns vattn on (VATTN, read as vattn/switch.py reads it) has vattn serve
 >= 99% of its verify forwards; an arm that leaves it off, none at all. Both arms may turn it on (an A/B of
 two vattn modes, such as the lossy VATTN_QK). Both are checked here from the counts, so the report says it
 in one line per arm run.
@@ -53,16 +53,16 @@ def verify_share(counts: dict) -> float:
     return v / (v + b) if v + b else math.nan
 
 
-def expects_vattn(recipe: dict, arm: str) -> bool | None:
-    """Whether the recipe's env for `arm` (server.env, then the arm's own) turns vattn on; None where the
-    manifest's recipe does not say (then the arm's name decides: `on` yes, `off` no)."""
-    arms = recipe.get("arms") or {}
-    if arm not in arms:
+def expects_vattn(manifest: dict, arm_run: str, arm: str) -> bool | None:
+    """Whether the server env the plan gave `arm_run` (manifest plan.arm_runs[].env) turns vattn on; where the
+    manifest has no such env, the arm's name decides (`on` yes, `off` no, others None)."""
+    runs = (manifest.get("plan") or {}).get("arm_runs") or []
+    env = next((r.get("env") for r in runs if isinstance(r, dict) and r.get("name") == arm_run), None)
+    if not isinstance(env, dict):
         return {"on": True, "off": False}.get(arm)
-    env = {**((recipe.get("server") or {}).get("env") or {}), **((arms[arm] or {}).get("env") or {})}
     try:
         return switch.enabled(env)
-    except ValueError:  # a recipe that did not validate: no bar to hold it to
+    except ValueError:  # an env that did not validate: no bar to hold it to
         return None
 
 
@@ -84,7 +84,6 @@ def paths_frame(run: "Run") -> "pd.DataFrame":
     processes, vattn_<mode>, base_<mode>, verify_share, check."""
     import pandas as pd
 
-    recipe = run.manifest.get("recipe") or {}
     rows = []
     for r in sorted(run.arm_runs, key=lambda r: (r.order, r.arm)):
         log = Path(r.paths.server_log)
@@ -93,7 +92,7 @@ def paths_frame(run: "Run") -> "pd.DataFrame":
         p = log_paths(log.read_text(errors="replace"))
         row = {"arm_run": r.name, "arm": r.arm, "base_backend": p["base_backend"], "base_source": p["base_source"],
                "graphs": ", ".join(p["graphs"]), "processes": p["processes"], "verify_share": p["verify_share"],
-               "check": check(expects_vattn(recipe, r.arm), p)}
+               "check": check(expects_vattn(run.manifest, r.name, r.arm), p)}
         for path in ("vattn", "base"):
             row.update({f"{path}_{m}": p[path][m] for m in MODES})
         rows.append(row)

@@ -1,7 +1,7 @@
 """Parse and check OpenAI request bodies; errors are OpenAI-style 4xx JSON that name the parameter."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -81,7 +81,7 @@ def chat_params(body: dict[str, Any]) -> Params:
     if logprobs and p.stream:
         raise ApiError(400, "logprobs: not supported with stream=true by the emulator; ask without streaming",
                        param="logprobs")
-    return Params(p.max_tokens, p.ignore_eos, p.stream, p.include_usage, logprobs)
+    return replace(p, logprobs=logprobs)
 
 
 def chat_messages(body: dict[str, Any]) -> list[tuple[str, str]]:

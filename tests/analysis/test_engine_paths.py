@@ -21,7 +21,7 @@ LOGS = Path(__file__).parent / "data" / "sglang_logs"
 
 
 def _run(tmp_path, engine: str | None, arms=("off", "on"), logs: dict | None = None,
-         recipe_arms: dict | None = None) -> SimpleNamespace:
+         envs: dict | None = None) -> SimpleNamespace:
     """The part of analysis.rundir.Run the section reads: the manifest and each arm run's paths."""
     paths = RunPaths(tmp_path / "run")
     runs = []
@@ -32,7 +32,9 @@ def _run(tmp_path, engine: str | None, arms=("off", "on"), logs: dict | None = N
         if src.is_file():
             shutil.copy(src, arm.server_log)
         runs.append(SimpleNamespace(name=name, arm=name.split(".")[0], order=order, paths=arm))
-    manifest = {"recipe": {"engine": engine, **({"arms": recipe_arms} if recipe_arms else {})}} if engine else {}
+    manifest = {"recipe": {"engine": engine}} if engine else {}
+    if envs:  # the server env the plan gave each arm run
+        manifest["plan"] = {"arm_runs": [{"name": n, "env": envs[n.split(".")[0]]} for n in arms]}
     return SimpleNamespace(root=paths.root, manifest=manifest, arm_runs=runs)
 
 
@@ -71,21 +73,23 @@ def test_section_rows_per_arm_run(tmp_path):
                         "| 99.3% | ok |")
 
 
-def test_expected_paths_follow_each_arms_env():
-    both = {"server": {"env": {"VATTN": "1"}}, "arms": {"off": {"env": {}}, "on": {"env": {"VATTN_QK": "e4m3"}}}}
-    assert (ep.expects_vattn(both, "off"), ep.expects_vattn(both, "on")) == (True, True)
-    turned_off = {"server": {"env": {"VATTN": "1"}}, "arms": {"off": {"env": {"VATTN": "0"}}, "on": {}}}
-    assert (ep.expects_vattn(turned_off, "off"), ep.expects_vattn(turned_off, "on")) == (False, True)
-    assert (ep.expects_vattn({}, "off"), ep.expects_vattn({}, "on"), ep.expects_vattn({}, "b")) == (False, True, None)
-    assert ep.expects_vattn({"arms": {"on": {"env": {"VATTN": "maybe"}}}}, "on") is None
+def test_expected_paths_follow_each_arm_runs_env():
+    plan = lambda **envs: {"plan": {"arm_runs": [{"name": n, "env": e} for n, e in envs.items()]}}
+    both = plan(off={"VATTN": "1"}, on={"VATTN": "1", "VATTN_QK": "e4m3"})
+    assert (ep.expects_vattn(both, "off", "off"), ep.expects_vattn(both, "on", "on")) == (True, True)
+    turned_off = plan(off={"VATTN": "0"}, on={"VATTN": "1"})
+    assert (ep.expects_vattn(turned_off, "off", "off"), ep.expects_vattn(turned_off, "on", "on")) == (False, True)
+    assert (ep.expects_vattn({}, "off", "off"), ep.expects_vattn({}, "on", "on"),
+            ep.expects_vattn({}, "b", "b")) == (False, True, None)
+    assert ep.expects_vattn(plan(on={"VATTN": "maybe"}), "on", "on") is None
 
 
 def test_an_ab_of_two_vattn_modes_holds_both_arms_to_the_on_bar(tmp_path):
-    arms = {"off": {"env": {"VATTN": "1"}}, "on": {"env": {"VATTN": "1", "VATTN_QK": "e4m3"}}}
-    lines = ep.engine_paths_md(_run(tmp_path, "sglang", logs={"off": "on.server.log"}, recipe_arms=arms))
+    envs = {"off": {"VATTN": "1"}, "on": {"VATTN": "1", "VATTN_QK": "e4m3"}}
+    lines = ep.engine_paths_md(_run(tmp_path, "sglang", logs={"off": "on.server.log"}, envs=envs))
     assert lines[2].startswith("| off | fa3 (VATTN_BASE) |") and lines[2].endswith("| 99.3% | ok |")
     assert lines[3].endswith("| 99.3% | ok |")
-    flipped = ep.engine_paths_md(_run(tmp_path / "b", "sglang", recipe_arms=arms))  # off's log: all on the base
+    flipped = ep.engine_paths_md(_run(tmp_path / "b", "sglang", envs=envs))  # off's log: all on the base
     assert flipped[2].endswith("| 0.0% | below 99% |")
 
 
