@@ -9,9 +9,9 @@ The host's image already has torch 2.11, triton 3.6, numpy and the rest listed i
 list; sglang-0.5.17.txt names what it lacks, pinned where sglang 0.5.17 pins.
 sglang-kernel's wheel (383 MB) is mostly FA3 (flash_ops.abi3.so, 1.1 GB): it is repacked without FA3, the
 Blackwell ops and FlashMLA (a "lite" wheel, all the FlashInfer and Triton bases need), and FA3 travels apart,
-xz-compressed and split. Everything is then packed into folders p1, p2, ... of at most 52 MiB each: one
-folder per `run` call (carry: [".whl-sglang/pN"]), since a call carries 64 MiB with the repository (10.3 MB of
-tracked files on 2026-12-04, when folders of 56 MiB no longer fitted).
+xz-compressed and split. Everything is then packed into folders p1, p2, ... of at most 50 MiB each: one
+folder per `run` call (carry: [".whl-sglang/pN"]), since a call carries 64 MiB with the repository (11.9 MB of
+tracked files on 2026-12-05, when folders of 52 MiB no longer fitted).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ FA3 = "sgl_kernel/flash_ops.abi3.so"
 LEFT_OUT = (FA3, "sgl_kernel/sm100/", "sgl_kernel/flashmla_ops.abi3.so")  # not used on Hopper MHA
 FA3_PART = "flash_ops.abi3.so.xz.part"
 PART_BYTES = 48 * 2**20
-FOLDER_BYTES = 52 * 2**20
+FOLDER_BYTES = 50 * 2**20
 PLATFORMS = ["manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64"]
 
