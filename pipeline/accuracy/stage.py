@@ -150,8 +150,12 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
     if ordered and summary["n_failed"] == len(ordered):
         from pipeline.accuracy.client import chat_url
 
+        first = ordered[0]["error"] or ""
+        # An engine may refuse OpenAI's `logprobs` (some do under speculative decoding): name the switch.
+        hint = (f" The endpoint may refuse `logprobs`: set `logprobs: false` on task {task.name!r} "
+                "(`pipeline eval --no-logprobs`)." if task.logprobs and "logprob" in first.lower() else "")
         raise NoAnswerError(f"{task.name}: none of its {len(ordered)} requests got an answer (first error: "
-                            f"{ordered[0]['error']}); is {chat_url(url)} up and serving {model!r}? The records "
+                            f"{first}); is {chat_url(url)} up and serving {model!r}?{hint} The records "
                             f"stay in {path}; a rerun asks them again (`pipeline eval` with the same --out, "
                             f"`pipeline run --resume`)")
     return TaskResult(

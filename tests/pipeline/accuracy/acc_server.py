@@ -8,6 +8,7 @@ Patterns, by question id (GPQA: applied to every repeat of the id):
     fail       HTTP 500 on every attempt (failed after retries)
     flaky      HTTP 500 on the first attempt of each prompt, then the right answer
     slow       the first attempt of each prompt stalls `slow_s` seconds (client timeout)
+refuse_logprobs: HTTP 400 on every request that asks for `logprobs`, as an engine without them answers.
 """
 from __future__ import annotations
 
@@ -31,11 +32,12 @@ def load_jsonl(path: Path) -> list[dict]:
 
 class AnswerServer:
     def __init__(self, gsm_rows=(), gpqa_rows=(), *, wrong=(), invalid=(), loose=(), fail=(),
-                 flaky=(), slow=(), slow_s=5.0):
+                 flaky=(), slow=(), slow_s=5.0, refuse_logprobs=False):
         self.gsm = {r["question"]: r for r in gsm_rows}
         self.gpqa = list(gpqa_rows)
         self.wrong, self.invalid, self.loose = set(wrong), set(invalid), set(loose)
         self.fail, self.flaky, self.slow, self.slow_s = set(fail), set(flaky), set(slow), slow_s
+        self.refuse_logprobs = refuse_logprobs
         self.attempts: Counter = Counter()      # prompt text -> requests seen
         self.requests_by_id: Counter = Counter()
         self.bodies: list[dict] = []
@@ -77,6 +79,9 @@ class AnswerServer:
         first = self.attempts[content] == 1
         if qid in self.slow and first:
             await asyncio.sleep(self.slow_s)
+        if self.refuse_logprobs and body.get("logprobs"):
+            return web.json_response({"object": "error", "message": "logprobs are not supported here",
+                                      "type": "BadRequestError", "code": 400}, status=400)
         if qid in self.fail or (qid in self.flaky and first):
             return web.Response(status=500, text="injected failure")
         return web.json_response({

@@ -138,6 +138,19 @@ def test_unreachable_server_fails_the_task_and_keeps_its_records(tmp_path):
     assert (t.n_records, t.n_failed, t.n_reused, t.accuracy) == (5, 0, 0, 1.0)
 
 
+def test_refused_logprobs_name_the_switch_that_turns_them_off(tmp_path):
+    # Guarantee: an engine that refuses `logprobs` fails the task with the task's switch named, and the same task
+    # without them answers on the same endpoint.
+    with gsm_server(refuse_logprobs=True) as srv:
+        with pytest.raises(NoAnswerError, match=r"first error: HTTP 400: .*logprobs are not supported.*"
+                                                r"set `logprobs: false` on task 'gsm8k' \(`pipeline eval --no-logprobs`\)"):
+            run_accuracy(spec(name="gsm8k", data=GSM, limit=3), url=srv.url, model="m", out_dir=tmp_path)
+        (t,) = run_accuracy(spec(name="gsm8k", data=GSM, limit=3, logprobs=False), url=srv.url, model="m",
+                            out_dir=tmp_path).tasks
+        assert all("logprobs" not in b for b in srv.bodies[-3:])
+    assert (t.n_records, t.n_failed, t.accuracy) == (3, 0, 1.0)
+
+
 def test_timeout_is_retried(tmp_path):
     with gsm_server(slow={"syn-gsm-test-001"}, slow_s=1.5) as srv:
         task = spec(name="gsm8k", data=GSM, limit=3, timeout_s=0.3)
