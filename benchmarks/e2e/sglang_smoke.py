@@ -1,15 +1,17 @@
-"""One real sglang server per arm (VATTN=1, then VATTN=0), a few greedy requests each: does vattn serve?
+"""One real sglang server per arm of a recipe, a few greedy requests each: does vattn serve, and what moves?
 
-    python3 benchmarks/e2e/sglang_smoke.py --out DIR [--prompts 16] [--long-tokens 6000]
+    python3 benchmarks/e2e/sglang_smoke.py --out DIR [--recipe R.yaml] [--prompts 16] [--long-tokens 6000]
 
-The server is the recipe's own command (recipes/h200-sglang-qwen3-hd256.yaml, resolved by `pipeline plan`'s
-code), so what this checks is what `pipeline run` of that recipe would start: sglang 0.5.17 through
-`python -m vattn.sglang.launch`, CUDA graphs on, STANDALONE speculative decoding with 4 draft tokens.
-Per arm it writes DIR/<arm>.server.log and DIR/<arm>.json (outputs, the vattn path counters from the log),
-then DIR/smoke.json: both arms' counters, whether CUDA graphs were captured, and greedy-output identity
-(identical fraction; the first differing token of each pair, by the model's tokenizer). No aiperf: the
-requests are plain OpenAI chat completions, half of them with a long random prefix so that target verify
-reads thousands of KV tokens.
+Each arm's server is the recipe's own command and env (default recipes/h200-sglang-qwen3-hd256.yaml, resolved
+by `pipeline plan`'s code), so what this checks is what `pipeline run` of that recipe would start: sglang 0.5.17
+through `python -m vattn.sglang.launch`, CUDA graphs on, STANDALONE speculative decoding with 4 draft tokens.
+Every prompt is asked --repeats times on each server, pass after pass: pass 2 against pass 1 is the A/A of one
+server. Per arm it writes DIR/<arm>.server.log and DIR/<arm>.json (outputs with the chosen tokens' logprobs, the
+vattn path counters from the log), then DIR/smoke.json: both arms' counters, whether CUDA graphs were captured,
+greedy-output identity (the first differing token of each pair, by the model's tokenizer) and the logprob drift
+over each pair's shared tokens (analysis.outputs), off vs on and within each server. No aiperf: the requests are
+plain OpenAI chat completions, half of them with a long random prefix so that target verify reads thousands of
+KV tokens.
 """
 from __future__ import annotations
 
@@ -29,15 +31,17 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "h200-sglang-qwen3-hd256.yaml"
 
 
-def server_argv(port: int) -> list[str]:
+def arm_server(recipe: Path, arm: str, port: int) -> tuple[list[str], dict[str, str]]:
+    """The first run of `arm` in the recipe's plan: its server argv (on `port`) and env."""
     from pipeline.config.recipe import load_recipe
     from pipeline.plan import build_plan
 
-    plan = build_plan(load_recipe(RECIPE), Path("/tmp/sglang-smoke-plan"))
-    argv = list(plan.arm_runs[0].argv)
+    plan = build_plan(load_recipe(recipe), Path("/tmp/sglang-smoke-plan"))
+    run = next(r for r in plan.arm_runs if r.arm == arm)
+    argv = list(run.argv)
     at = argv.index("--port")
     argv[at + 1] = str(port)
-    return [sys.executable if a.endswith("python3") or a.endswith("python") else a for a in argv]
+    return [sys.executable if a.endswith("python3") or a.endswith("python") else a for a in argv], dict(run.env)
 
 
 def post(url: str, body: dict, timeout: float = 600) -> dict:
@@ -74,12 +78,12 @@ def prompts(n: int, long_tokens: int) -> list[str]:
     return out
 
 
-def run_arm(arm: str, vattn: str, args, texts: list[str]) -> dict:
-    port = 30000 + (vattn == "1")
-    env = {**os.environ, "VATTN": vattn, "VATTN_COUNTERS_INTERVAL": "2"}
+def run_arm(arm: str, args, texts: list[str]) -> dict:
+    port = 30000 + (arm == "on")
+    argv, server_env = arm_server(args.recipe, arm, port)
+    env = {**os.environ, **server_env, "VATTN_COUNTERS_INTERVAL": "2"}
     log = open(args.out / f"{arm}.server.log", "w")
-    proc = subprocess.Popen(server_argv(port), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
     try:
@@ -88,12 +92,17 @@ def run_arm(arm: str, vattn: str, args, texts: list[str]) -> dict:
 
         def ask(text):
             body = {"model": "m", "messages": [{"role": "user", "content": text}], "temperature": 0,
-                    "max_tokens": args.max_tokens, "ignore_eos": True}
-            return post(url + "/v1/chat/completions", body)["choices"][0]["message"]["content"]
+                    "max_tokens": args.max_tokens, "ignore_eos": True, "logprobs": args.logprobs}
+            choice = post(url + "/v1/chat/completions", body)["choices"][0]
+            content = (choice.get("logprobs") or {}).get("content") or []
+            return {"output": choice["message"]["content"], "tokens": [c["token"] for c in content] or None,
+                    "token_logprobs": [c["logprob"] for c in content] or None}
 
         t1 = time.time()
+        passes = []
         with ThreadPoolExecutor(args.concurrency) as pool:
-            outputs = list(pool.map(ask, texts))
+            for _ in range(args.repeats):
+                passes.append(list(pool.map(ask, texts)))
         served = time.time() - t1
         time.sleep(5)  # one counter interval and more: the last line covers every forward
     finally:
@@ -106,50 +115,63 @@ def run_arm(arm: str, vattn: str, args, texts: list[str]) -> dict:
     from vattn.sglang.counters import parse_log
 
     text = (args.out / f"{arm}.server.log").read_text(errors="replace")
-    result = {"arm": arm, "VATTN": vattn, "startup_s": round(started, 1), "serve_s": round(served, 1),
+    result = {"arm": arm, "env": {k: v for k, v in server_env.items() if k.startswith("VATTN")},
+              "startup_s": round(started, 1), "serve_s": round(served, 1),
               "counters": parse_log(text), "cuda_graph_lines": [ln[-160:] for ln in text.splitlines()
                                                                  if "cuda graph" in ln.lower()][:6],
               "vattn_lines": [ln[-200:] for ln in text.splitlines() if "vattn" in ln and "paths" not in ln][:8],
-              "outputs": outputs}
+              "passes": passes}
     (args.out / f"{arm}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+def compare(a: list[dict], b: list[dict], tok) -> dict:
+    """Greedy-output identity and logprob drift of two passes over the same prompts."""
+    import pandas as pd
+
+    from analysis.outputs import drift_summary, first_difference, logprob_drift
+
+    firsts = [first_difference(tok.encode(x["output"]).ids, tok.encode(y["output"]).ids) for x, y in zip(a, b)]
+    frame = [pd.DataFrame([{"id": i, "repeat": 0, **r} for i, r in enumerate(p)]) for p in (a, b)]
+    return {"identical": sum(f is None for f in firsts), "pairs": len(firsts),
+            "first_differing_token": [f for f in firsts if f is not None],
+            "logprobs": drift_summary(logprob_drift(*frame))}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--recipe", type=Path, default=RECIPE, help="an sglang recipe: each arm's server command and env")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--long-tokens", type=int, default=6000)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts on each server (>= 2: an A/A)")
+    ap.add_argument("--no-logprobs", dest="logprobs", action="store_false",
+                    help="do not ask for the chosen tokens' logprobs")
     ap.add_argument("--startup-timeout", type=float, default=420)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.prompts, args.long_tokens)
-    arms = [run_arm("on", "1", args, texts), run_arm("off", "0", args, texts)]
+    arms = [run_arm("on", args, texts), run_arm("off", args, texts)]
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(REPO / "recipes/data/tokenizer/tokenizer.json"))
-    firsts = [first_difference(tok.encode(a).ids, tok.encode(b).ids)
-              for a, b in zip(arms[0]["outputs"], arms[1]["outputs"])]
-    summary = {"identical": sum(f is None for f in firsts), "pairs": len(firsts),
-               "first_differing_token": [f for f in firsts if f is not None],
-               "arms": {a["arm"]: {k: a[k] for k in ("startup_s", "serve_s", "counters", "cuda_graph_lines",
+    on, off = (a["passes"] for a in arms)
+    summary = {"recipe": str(args.recipe), "off_vs_on": compare(off[0], on[0], tok),
+               "a_a": {a["arm"]: compare(a["passes"][0], a["passes"][1], tok) for a in arms if len(a["passes"]) > 1},
+               "arms": {a["arm"]: {k: a[k] for k in ("env", "startup_s", "serve_s", "counters", "cuda_graph_lines",
                                                       "vattn_lines")} for a in arms}}
     (args.out / "smoke.json").write_text(json.dumps(summary, indent=1))
     for a in arms:
         c = a["counters"]
-        print(f"{a['arm']:>3} VATTN={a['VATTN']} start {a['startup_s']} s, serve {a['serve_s']} s, "
+        print(f"{a['arm']:>3} {a['env']} start {a['startup_s']} s, serve {a['serve_s']} s, "
               f"base {c.get('base_backend')}, vattn {c.get('vattn')}, base {c.get('base')}")
-    print(f"greedy outputs identical: {summary['identical']}/{summary['pairs']}; first differing tokens: "
-          f"{summary['first_differing_token']}")
+    for name, cmp in [("off vs on", summary["off_vs_on"]), *((f"A/A {k}", v) for k, v in summary["a_a"].items())]:
+        lp = cmp["logprobs"]
+        print(f"{name}: greedy outputs identical {cmp['identical']}/{cmp['pairs']} (first differing tokens "
+              f"{cmp['first_differing_token']}); logprobs moved {lp['moved']} of {lp['shared']} shared tokens, "
+              f"largest change {lp['max_abs']:.3g}")
     return 0
 
 
