@@ -1,0 +1,167 @@
+"""`python -m benchmarks.kernel.tail_plans`: balanced with split sequences' short last pieces packed (NOTES P114).
+
+balanced gives every piece of a split sequence a slot of its one wave, so a batch of equal sequences leaves SMs
+idle and its largest piece is the one-wave cap: 16x35k's 16 sequences of 547 tiles take 8 pieces of 69 tiles on
+128 of the H200's 132 SMs, where 132 even shares would be 66.3 tiles. With the short last pieces packed as the
+short sequences are (a piece of at most half the cap shares a slot, its tiles + the overhead), a smaller cap fits:
+16x35k 8 pieces of 68 and a 3-tile tail each, the 16 tails run on the 4 spare SMs behind the full pieces (the
+launch order puts every piece over half the cap first). This times the layer (main + reduce on a plan made
+before, as an engine runs each layer) on both plans, round by round in turns, and checks both against the
+fp32 reference. A measurement: vattn's planner is unchanged until it shows a gain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from benchmarks.kernel import harness
+from benchmarks.kernel.shapes import select, tiny_shapes
+from vattn.planner import KV_TILE, PlanLists, max_work_items, slot_budget
+
+DEFAULT_SHAPES = "16x35k,16x70k,16x119k,32x8k-hd128-gqa8,bs20-agentic-2.32M,long-among-short"
+
+
+def _need(tiles: list[int], cap: int, o: int) -> int:
+    """Slots of time cap + o: a piece of more than cap / 2 tiles holds one; the others (short sequences and the
+    short last pieces of split ones) are packed end to end, tiles + o each. Non-increasing in cap."""
+    held = packed = 0
+    for t in tiles:
+        last = t - (-(-t // cap) - 1) * cap
+        held += -(-t // cap) - 1 + (2 * last > cap)
+        packed += (last + o) * (2 * last <= cap)
+    return held - (-packed // (cap + o))
+
+
+def tail_cap(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> int:
+    live = [t for t in tiles if t]
+    budget = max(slot_budget(num_kv_heads, slots), len(live))
+    cap = max(live)
+    lo = max(1, -(-sum(live) // budget) - overhead)
+    while lo < cap:  # bisection on the non-increasing need: the smallest cap that fits
+        mid = (lo + cap) // 2
+        lo, cap = (lo, mid) if _need(live, mid, overhead) <= budget else (mid + 1, cap)
+    return max(cap, overhead)
+
+
+def plan_lists(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, overhead: int) -> PlanLists:
+    """vattn.planner.plan_python's lists for the tail-packing cap; launch order: every piece over half the cap
+    (held) first, then the packed ones, each group in row order."""
+    tiles = [-(-L // KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
+    cap = tail_cap(tiles, num_kv_heads, slots, overhead)
+    width = max_work_items(len(seq_lens), num_kv_heads, slots)
+    seq, start, end, part_start, held = [], [], [], [0], []
+    for b, t in enumerate(tiles):
+        for p in range(-(-t // cap) if t else 0):
+            seq.append(b)
+            start.append(p * cap * KV_TILE)
+            end.append(min(seq_lens[b], (p + 1) * cap * KV_TILE))
+            held.append(2 * min(cap, t - p * cap) > cap)
+        part_start.append(len(seq))
+    n = len(seq)
+    if n > width:
+        raise ValueError(f"tail-packed plan: {n} pieces > the workspace's {width} work items")
+    order = [w for w in range(n) if held[w]] + [w for w in range(n) if not held[w]]
+    pad = width - n
+    return PlanLists(work_seq=seq + [-1] * pad, work_start=start + [0] * pad, work_end=end + [0] * pad,
+                     work_part=list(range(n)) + [-1] * pad, seq_part_start=part_start, num_items=[n],
+                     work_order=order + [-1] * pad)
+
+
+def _pieces(lists) -> str:
+    n = lists["num_items"][0]
+    lens = [-(-(e - s) // KV_TILE) for s, e in zip(lists["work_start"][:n], lists["work_end"][:n])]
+    return f"{n} pieces, largest {max(lens)} tiles"
+
+
+def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
+    import torch
+
+    import vattn
+    from benchmarks.kernel.bench import _workspace
+    from vattn.planner import FIELDS
+
+    batches = harness.BatchCache(device)
+    records = []
+    for shape in shapes:
+        b = batches.get(shape)
+        ws = _workspace(shape, b, None)
+        pl = vattn.plan(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, page_size=shape.page_size,
+                        mode="balanced", workspace=ws)
+        torch.cuda.synchronize() if device == "cuda" else None
+        plans = {"balanced": {f: pl.tensors[f].tolist() for f in FIELDS}}
+        tails = plan_lists(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=ws.program_kv_heads,
+                           slots=ws.slots, overhead=ws.piece_overhead)
+        plans["tails packed"] = {f: getattr(tails, f) for f in FIELDS}
+
+        def use(name):
+            for f in FIELDS:
+                pl.tensors[f].copy_(torch.tensor(plans[name][f], dtype=torch.int32))
+
+        def layer():
+            for r in range(b.replicas):
+                vattn.attention(*b.attention_args(r), plan=pl, out=b.out)
+
+        ref = b.reference()
+        errs = {}
+        for name in plans:
+            use(name)
+            vattn.attention(*b.attention_args(0), plan=pl, out=b.out)
+            errs[name] = harness.check(b.out, ref)
+        us = {name: [] for name in plans}
+        for _ in range(rounds):
+            for name in plans:
+                use(name)
+                us[name].append(harness.timed_graph(layer, replays, device) / b.replicas)
+        for name, values in us.items():
+            rel_err, nan = errs[name]
+            records.append(dict(shape=shape.name, plan=name, pieces=_pieces(plans[name]), us=statistics.median(values),
+                                rounds=values, rel_err=rel_err, nan=nan, replicas=b.replicas, replays=replays))
+            print(f"{shape.name:28s} {name:13s} {_pieces(plans[name]):28s} rel_err {rel_err:.1e} "
+                  + " ".join(f"{v:8.1f}" for v in values), flush=True)
+    return records
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated shape names (default {DEFAULT_SHAPES})")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the two plans in turns (default 5)")
+    ap.add_argument("--replays", type=int, default=20, help="timed graph replays per plan and round (median)")
+    ap.add_argument("--out", default="tail-plans.json", help="JSON list of records (default tail-plans.json)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU under TRITON_INTERPRET=1 on a tiny shape: checks the plumbing; its times mean nothing")
+    a = ap.parse_args(argv)
+    for field, value in (("--rounds", a.rounds), ("--replays", a.replays)):
+        if value < 1:
+            ap.error(f"{field}: got {value}; allowed: a positive integer")
+    if a.dry_run:
+        from vattn.workspace import interpreting
+
+        if not interpreting():
+            ap.error("--dry-run: set TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
+        device, shapes, where, ceiling = "cpu", tiny_shapes()[:1], "cpu-interpreter", 1.0
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
+        try:
+            shapes = select(a.shapes)
+        except ValueError as exc:
+            ap.error(str(exc))
+        device, where, ceiling = "cuda", torch.cuda.get_device_name(), harness.read_ceiling_tbps()
+    print(f"{'shape':28s} {'plan':13s} {'pieces':28s} us a layer, round by round", flush=True)
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    command = "python -m benchmarks.kernel.tail_plans " + " ".join(sys.argv[1:] if argv is None else argv)
+    records = [harness.stamp(dict(r, command=command), where, date, ceiling)
+               for r in measure(shapes, device, a.rounds, a.replays)]
+    with open(a.out, "w") as f:
+        json.dump(records, f, indent=1)
+    print(f"wrote {len(records)} records to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
