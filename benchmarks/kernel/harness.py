@@ -386,3 +386,52 @@ def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:
     """The fields every record ends with: where and when it was measured, and that run's read ceiling."""
     r.update(device=device, date=date, read_ceiling_tbps=ceiling)
     return r
+
+
+def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_rounds: int, default_out: str,
+               header: str, measure) -> int:
+    """The command line of a probe that times variants round by round in turns (layer_gap, tail_plans): --shapes,
+    --rounds, --replays, --out and --dry-run; measure(shapes, device, rounds, replays) -> records, each stamped
+    with the command, the device, the date and the read ceiling, written to --out as a JSON list."""
+    import argparse
+    import json
+
+    from benchmarks.kernel.shapes import select, tiny_shapes
+
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
+    ap.add_argument("--shapes", default=default_shapes, help=f"comma-separated shape names (default {default_shapes})")
+    ap.add_argument("--rounds", type=int, default=default_rounds,
+                    help=f"rounds of the variants in turns (default {default_rounds})")
+    ap.add_argument("--replays", type=int, default=20, help="timed graph replays per variant and round (median)")
+    ap.add_argument("--out", default=default_out, help=f"JSON list of records (default {default_out})")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU under TRITON_INTERPRET=1 on a tiny shape: checks the plumbing; its times mean nothing")
+    a = ap.parse_args(argv)
+    for field, value in (("--rounds", a.rounds), ("--replays", a.replays)):
+        if value < 1:
+            ap.error(f"{field}: got {value}; allowed: a positive integer")
+    if a.dry_run:
+        from vattn.workspace import interpreting
+
+        if not interpreting():
+            ap.error("--dry-run: set TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
+        device, shapes, where, ceiling = "cpu", tiny_shapes()[:1], "cpu-interpreter", 1.0
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
+        try:
+            shapes = select(a.shapes)
+        except ValueError as exc:
+            ap.error(str(exc))
+        device, where, ceiling = "cuda", torch.cuda.get_device_name(), read_ceiling_tbps()
+    print(header, flush=True)
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    command = f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    records = [stamp(dict(r, command=command), where, date, ceiling)
+               for r in measure(shapes, device, a.rounds, a.replays)]
+    with open(a.out, "w") as f:
+        json.dump(records, f, indent=1)
+    print(f"wrote {len(records)} records to {a.out}")
+    return 0

@@ -11,14 +11,9 @@ fp32 reference. A measurement: vattn's planner is unchanged until it shows a gai
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-import time
 
 from benchmarks.kernel import harness
-from benchmarks.kernel.shapes import select, tiny_shapes
 from vattn.planner import KV_TILE, PlanLists, max_work_items, slot_budget
 
 DEFAULT_SHAPES = "16x35k,16x70k,16x119k,32x8k-hd128-gqa8,bs20-agentic-2.32M,long-among-short"
@@ -125,42 +120,9 @@ def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma-separated shape names (default {DEFAULT_SHAPES})")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of the two plans in turns (default 5)")
-    ap.add_argument("--replays", type=int, default=20, help="timed graph replays per plan and round (median)")
-    ap.add_argument("--out", default="tail-plans.json", help="JSON list of records (default tail-plans.json)")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="CPU under TRITON_INTERPRET=1 on a tiny shape: checks the plumbing; its times mean nothing")
-    a = ap.parse_args(argv)
-    for field, value in (("--rounds", a.rounds), ("--replays", a.replays)):
-        if value < 1:
-            ap.error(f"{field}: got {value}; allowed: a positive integer")
-    if a.dry_run:
-        from vattn.workspace import interpreting
-
-        if not interpreting():
-            ap.error("--dry-run: set TRITON_INTERPRET=1 (the kernels run in Triton's interpreter)")
-        device, shapes, where, ceiling = "cpu", tiny_shapes()[:1], "cpu-interpreter", 1.0
-    else:
-        import torch
-
-        if not torch.cuda.is_available():
-            ap.error("needs a CUDA GPU (or --dry-run on a CPU, whose times mean nothing)")
-        try:
-            shapes = select(a.shapes)
-        except ValueError as exc:
-            ap.error(str(exc))
-        device, where, ceiling = "cuda", torch.cuda.get_device_name(), harness.read_ceiling_tbps()
-    print(f"{'shape':28s} {'plan':13s} {'pieces':28s} us a layer, round by round", flush=True)
-    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    command = "python -m benchmarks.kernel.tail_plans " + " ".join(sys.argv[1:] if argv is None else argv)
-    records = [harness.stamp(dict(r, command=command), where, date, ceiling)
-               for r in measure(shapes, device, a.rounds, a.replays)]
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
-    print(f"wrote {len(records)} records to {a.out}")
-    return 0
+    return harness.rounds_cli(argv, module="benchmarks.kernel.tail_plans", doc=__doc__, default_shapes=DEFAULT_SHAPES,
+                              default_rounds=5, default_out="tail-plans.json",
+                              header=f"{'shape':28s} {'plan':13s} {'pieces':28s} us a layer, round by round", measure=measure)
 
 
 if __name__ == "__main__":
