@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 
 from benchmarks.kernel import harness
-from vattn.planner import KV_TILE, PlanLists, max_work_items, slot_budget
+from vattn.planner import KV_TILE, PlanLists, _smallest, max_work_items, slot_budget
 
 DEFAULT_SHAPES = "16x35k,16x70k,16x119k,32x8k-hd128-gqa8,bs20-agentic-2.32M,long-among-short"
 
@@ -33,12 +33,8 @@ def _need(tiles: list[int], cap: int, o: int) -> int:
 def tail_cap(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> int:
     live = [t for t in tiles if t]
     budget = max(slot_budget(num_kv_heads, slots), len(live))
-    cap = max(live)
     lo = max(1, -(-sum(live) // budget) - overhead)
-    while lo < cap:  # bisection on the non-increasing need: the smallest cap that fits
-        mid = (lo + cap) // 2
-        lo, cap = (lo, mid) if _need(live, mid, overhead) <= budget else (mid + 1, cap)
-    return max(cap, overhead)
+    return max(_smallest(lo, max(live), lambda c: _need(live, c, overhead) <= budget), overhead)
 
 
 def plan_lists(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, overhead: int) -> PlanLists:
