@@ -151,6 +151,8 @@ def main() -> int:
                     help="do not ask for the chosen tokens' logprobs")
     ap.add_argument("--startup-timeout", type=float, default=420)
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: allowed 1 or more (2 or more also gives each server's A/A)")
     args.out.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.prompts, args.long_tokens)
     arms = [run_arm("on", args, texts), run_arm("off", args, texts)]
