@@ -388,6 +388,26 @@ def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:
     return r
 
 
+def parse_named_defines(text: str, flag: str, *, allow_none: bool = False) -> dict[str, dict[str, int]]:
+    """'NAME[:KEY=INT,...];...' -> {name: {key: int}}: the measurement builds (-D constants) or launch shapes a
+    probe's `flag` names, in order; a name without pairs is the build's own."""
+    named = {}
+    for item in filter(None, (s.strip() for s in text.split(";"))):
+        name, _, rest = (part.strip() for part in item.partition(":"))
+        pairs = {}
+        for pair in filter(None, (p.strip() for p in rest.split(","))):
+            key, eq, value = (part.strip() for part in pair.partition("="))
+            if not eq or not key or not value.lstrip("-").isdigit():
+                raise ValueError(f"{flag}: {pair!r} in {item!r}; allowed: KEY=INT pairs after 'NAME:'")
+            pairs[key] = int(value)
+        if not name or name in named:
+            raise ValueError(f"{flag}: name {name!r} empty or repeated; allowed: one distinct name an item")
+        named[name] = pairs
+    if not named and not allow_none:
+        raise ValueError(f"{flag}: none given; allowed: 'NAME[:KEY=INT,...];...', e.g. 'default;q1:K8_QPARTS=1'")
+    return named
+
+
 def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_rounds: int, default_out: str,
                header: str, measure) -> int:
     """The command line of a probe that times variants round by round in turns (layer_gap, tail_plans): --shapes,

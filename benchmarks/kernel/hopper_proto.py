@@ -74,7 +74,6 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
 
     import torch
 
-    import vattn
     from benchmarks.kernel.bench import _time_planner, _workspace
     from vattn import kernel as K
     from vattn.hopper.backend import piece_overhead_tiles
@@ -137,7 +136,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         if rounds > 1:
             rec[f"rounds_us_{name}"] = times
         if "PROFILE_STAMPS" in variants[name]:  # the kernel's last launch's CTAs, stage by stage
-            rec[f"stamps_{name}"] = read_stamps(kernels[name], variants[name].get("IN_KERNEL_PLAN", "0") != "0")
+            rec[f"stamps_{name}"] = read_stamps(kernels[name], variants[name].get("IN_KERNEL_PLAN", 0) != 0)
     lbo, sbo = descriptors[0]
     for name in variants:
         for spm in slots_per_sm[1:]:  # the same build on a plan for more CTAs than SMs (timed only)
@@ -174,7 +173,7 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         real = [n for n in kernels if not _timing_only(variants[n])]
         for name in real:
             # a build that plans itself runs with every reduce variant: its reduce must read seq_part_start late
-            ik = variants[name].get("IN_KERNEL_PLAN", "0") != "0"
+            ik = variants[name].get("IN_KERNEL_PLAN", 0) != 0
             for rname, kw in [("", {})] + [(f"_{r}", fn) for r, fn in reducers.items() if name == real[0] or ik]:
                 rec.update({f"{k}_{name}{rname}": v for k, v in chain_us(
                     shape, b, ref, plan, kernels[name], o_part_of[name], lse_part, gqa, qlen, descriptors[0], replays,
@@ -346,14 +345,6 @@ def _timing_only(defines: dict) -> bool:
     return any(d.startswith("PROFILE_") for d in defines)
 
 
-def _variants(text: str) -> dict:
-    out = {}
-    for item in filter(None, text.split(";")):
-        name, _, defs = item.partition(":")
-        out[name] = dict(d.split("=") for d in filter(None, defs.split(",")))
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="16x35k")
@@ -387,12 +378,16 @@ def main(argv=None) -> int:
     if a.pack_heads not in (1, 2):
         ap.error(f"--pack-heads: got {a.pack_heads}; allowed: 1 or 2")
     descriptors = [tuple(int(x) for x in d.split(":")) for d in a.descriptors.split(",")]
-    reduce_variants = {n: {k: int(v) for k, v in kw.items()} for n, kw in _variants(a.reduce_variants).items()}
+    try:
+        variants = harness.parse_named_defines(a.variants, "--variants")
+        reduce_variants = harness.parse_named_defines(a.reduce_variants, "--reduce-variants", allow_none=True)
+    except ValueError as exc:
+        ap.error(str(exc))
     batches = harness.BatchCache("cuda")
     records = []
     for shape in select(a.shapes):
         try:
-            rec = run_shape(shape, batches, a.replays, descriptors, _variants(a.variants),
+            rec = run_shape(shape, batches, a.replays, descriptors, variants,
                             tuple(int(x) for x in a.slots_per_sm.split(",")), reduce_variants,
                             a.chain, a.overhead, a.rounds, a.pack_heads,
                             tuple(tuple(int(x) for x in c.split(":")) for c in filter(None, a.cuda_reduce.split(","))))

@@ -26,25 +26,6 @@ DEFAULT_SHAPES = "16x35k,32x8k-hd128-gqa8,16x119k"
 SW_POWER_CAP = 0x4  # NVML's clocks event reason: the driver holds the board at its power limit
 
 
-def parse_builds(text: str) -> dict[str, dict]:
-    """'NAME[:DEFINE=INT,...];...' -> {name: extra defines}; 'default' (no defines) is the backend's own build."""
-    builds = {}
-    for item in filter(None, (s.strip() for s in text.split(";"))):
-        name, _, rest = item.partition(":")
-        defines = {}
-        for pair in filter(None, rest.split(",")):
-            key, eq, value = pair.partition("=")
-            if not eq or not key.strip() or not value.strip().lstrip("-").isdigit():
-                raise ValueError(f"--builds: {pair!r} in {item!r}; allowed: DEFINE=INT pairs after 'NAME:'")
-            defines[key.strip()] = int(value)
-        if not name.strip() or name.strip() in builds:
-            raise ValueError(f"--builds: build name {name!r} empty or repeated; allowed: one distinct name a build")
-        builds[name.strip()] = defines
-    if not builds:
-        raise ValueError("--builds: none given; allowed: 'NAME[:DEFINE=INT,...];...', e.g. 'default;q1:K8_QPARTS=1'")
-    return builds
-
-
 def summarize(blocks: list[dict], calls_per_block: int, energy_mj: tuple[int, int]) -> dict:
     """The sustained window's figures from its blocks (each: us of its replays, SM MHz and clock event reasons
     sampled after it) and the energy counter (mJ) at the window's start and end."""
@@ -143,7 +124,7 @@ def main(argv=None) -> int:
     if a.rest < 0:
         ap.error(f"--rest: got {a.rest}; allowed: 0 or more seconds")
     try:
-        builds, shapes = parse_builds(a.builds), select(a.shapes)
+        builds, shapes = harness.parse_named_defines(a.builds, "--builds"), select(a.shapes)
     except ValueError as exc:
         ap.error(str(exc))
     import torch

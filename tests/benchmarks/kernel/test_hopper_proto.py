@@ -2,7 +2,8 @@
 
 import pytest
 
-from benchmarks.kernel.hopper_proto import (SECOND_LOOP_SLOTS, STAMP_ROW, _variants, alternating_rounds, best_main_us,
+from benchmarks.kernel.harness import parse_named_defines
+from benchmarks.kernel.hopper_proto import (SECOND_LOOP_SLOTS, STAMP_ROW, alternating_rounds, best_main_us,
                                             loop_stage_cycles, main, rounds_faster, second_warpgroup_timeline,
                                             time_in_rounds)
 
@@ -15,20 +16,15 @@ def _rec(**variants):
     return rec
 
 
-def test_variants_parse_names_and_defines():
-    assert _variants("serial:;overlap:OVERLAP=1;noload:PROFILE_NO_LOAD=1,OVERLAP=1") == {
-        "serial": {}, "overlap": {"OVERLAP": "1"}, "noload": {"PROFILE_NO_LOAD": "1", "OVERLAP": "1"}}
-
-
 def test_best_skips_profile_builds_and_out_of_tolerance_outputs():
-    variants = _variants("serial:;overlap:OVERLAP=1;noload:PROFILE_NO_LOAD=1;bad:OVERLAP=2;nan:OVERLAP=3")
+    variants = parse_named_defines("serial:;overlap:OVERLAP=1;noload:PROFILE_NO_LOAD=1;bad:OVERLAP=2;nan:OVERLAP=3", "--variants")
     rec = _rec(serial=(130.0, 1.7e-3, False), overlap=(118.0, 1.7e-3, False), noload=(70.0, 0.9, False),
                bad=(60.0, 0.5, False), nan=(50.0, 1e-3, True))
     assert best_main_us(rec, variants, (8192, 1024), "fp8") == 118.0
 
 
 def test_best_is_none_when_nothing_counts():
-    variants = _variants("noload:PROFILE_NO_LOAD=1")
+    variants = parse_named_defines("noload:PROFILE_NO_LOAD=1", "--variants")
     assert best_main_us(_rec(noload=(70.0, 1e-3, False)), variants, (8192, 1024), "fp8") is None
 
 
@@ -58,6 +54,12 @@ def test_pack_heads_other_than_one_or_two_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--pack-heads", "4"])
     assert "--pack-heads: got 4; allowed: 1 or 2" in capsys.readouterr().err
+
+
+def test_a_define_that_is_not_an_integer_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["--variants", "ef:K8=1,PARTIAL_BF16=yes"])
+    assert "--variants: 'PARTIAL_BF16=yes'" in capsys.readouterr().err
 
 
 def _cta(top, stages, first=18):

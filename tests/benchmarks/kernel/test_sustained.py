@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.kernel import sustained
+from benchmarks.kernel import harness, sustained
 
 
 def test_builds_parse_names_and_integer_defines():
-    assert sustained.parse_builds("default; q1:K8_QPARTS=1,K8_VSTAGES=2") == {
+    assert harness.parse_named_defines("default; q1:K8_QPARTS=1,K8_VSTAGES=2", "--builds") == {
         "default": {}, "q1": {"K8_QPARTS": 1, "K8_VSTAGES": 2}}
+    assert harness.parse_named_defines("", "--reduce-variants", allow_none=True) == {}
 
 
 @pytest.mark.parametrize("text, named", [("", "none given"), ("a;a", "'a' empty or repeated"),
@@ -18,8 +19,14 @@ def test_builds_parse_names_and_integer_defines():
                                          (":K8=1", "'' empty")])
 def test_bad_builds_name_the_value_and_what_is_allowed(text, named):
     with pytest.raises(ValueError, match="--builds") as exc:
-        sustained.parse_builds(text)
+        harness.parse_named_defines(text, "--builds")
     assert named in str(exc.value) and "allowed" in str(exc.value)
+
+
+def test_a_bad_build_is_a_usage_error_before_any_gpu_work(capsys):
+    with pytest.raises(SystemExit) as exc:
+        sustained.main(["--builds", "q1:K8_QPARTS=x"])
+    assert exc.value.code == 2 and "'K8_QPARTS=x'" in capsys.readouterr().err
 
 
 def test_the_window_counts_every_call_and_the_capped_samples():
