@@ -11,7 +11,9 @@ vattn path counters from the log), then DIR/smoke.json: both arms' counters, whe
 greedy-output identity (the first differing token of each pair, by the model's tokenizer) and the logprob drift
 over each pair's shared tokens (analysis.outputs), off vs on and within each server. No aiperf: the requests are
 plain OpenAI chat completions, half of them with a long random prefix so that target verify reads thousands of
-KV tokens.
+KV tokens. With the recipes' dummy weights, sglang's own initialisation answers every prompt alike (each
+arm's `distinct_outputs` says so), and then identity and drift cannot show a kernel change: `--dummy-init
+scaled` gives both servers weights whose answers depend on the prompt (vattn.sglang.dummy_init).
 """
 from __future__ import annotations
 
@@ -81,6 +83,8 @@ def prompts(n: int, long_tokens: int) -> list[str]:
 def run_arm(arm: str, args, texts: list[str]) -> dict:
     port = 30000 + (arm == "on")
     argv, server_env = arm_server(args.recipe, arm, port)
+    if args.dummy_init:
+        argv += ["--vattn-dummy-init", args.dummy_init]
     env = {**os.environ, **server_env, "VATTN_COUNTERS_INTERVAL": "2"}
     log = open(args.out / f"{arm}.server.log", "w")
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -116,6 +120,9 @@ def run_arm(arm: str, args, texts: list[str]) -> dict:
 
     text = (args.out / f"{arm}.server.log").read_text(errors="replace")
     result = {"arm": arm, "env": {k: v for k, v in server_env.items() if k.startswith("VATTN")},
+              "dummy_init": args.dummy_init or "the recipe's",
+              # one output for every prompt: a model that ignores its context, whose identity proves nothing
+              "distinct_outputs": [len({r["output"] for r in p}) for p in passes],
               "startup_s": round(started, 1), "serve_s": round(served, 1),
               "counters": parse_log(text), "cuda_graph_lines": [ln[-160:] for ln in text.splitlines()
                                                                  if "cuda graph" in ln.lower()][:6],
@@ -149,6 +156,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2, help="passes over the prompts on each server (>= 2: an A/A)")
     ap.add_argument("--no-logprobs", dest="logprobs", action="store_false",
                     help="do not ask for the chosen tokens' logprobs")
+    ap.add_argument("--dummy-init", choices=("sglang", "scaled"), default=None,
+                    help="--vattn-dummy-init for both servers (scaled: weights whose answers depend on the prompt, "
+                         "so that a kernel change can show; vattn.sglang.dummy_init)")
     ap.add_argument("--startup-timeout", type=float, default=420)
     args = ap.parse_args()
     if args.repeats < 1:
@@ -162,12 +172,13 @@ def main() -> int:
     on, off = (a["passes"] for a in arms)
     summary = {"recipe": str(args.recipe), "off_vs_on": compare(off[0], on[0], tok),
                "a_a": {a["arm"]: compare(a["passes"][0], a["passes"][1], tok) for a in arms if len(a["passes"]) > 1},
-               "arms": {a["arm"]: {k: a[k] for k in ("env", "startup_s", "serve_s", "counters", "cuda_graph_lines",
-                                                      "vattn_lines")} for a in arms}}
+               "arms": {a["arm"]: {k: a[k] for k in ("env", "dummy_init", "distinct_outputs", "startup_s", "serve_s",
+                                                      "counters", "cuda_graph_lines", "vattn_lines")} for a in arms}}
     (args.out / "smoke.json").write_text(json.dumps(summary, indent=1))
     for a in arms:
         c = a["counters"]
-        print(f"{a['arm']:>3} {a['env']} start {a['startup_s']} s, serve {a['serve_s']} s, "
+        print(f"{a['arm']:>3} {a['env']} dummy init {a['dummy_init']}: {a['distinct_outputs']} distinct outputs "
+              f"of {len(texts)} prompts a pass; start {a['startup_s']} s, serve {a['serve_s']} s, "
               f"base {c.get('base_backend')}, vattn {c.get('vattn')}, base {c.get('base')}")
     for name, cmp in [("off vs on", summary["off_vs_on"]), *((f"A/A {k}", v) for k, v in summary["a_a"].items())]:
         lp = cmp["logprobs"]

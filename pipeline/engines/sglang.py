@@ -48,16 +48,16 @@ def known_flags() -> set[str]:
 def check_flags(argv: list[str]) -> None:
     """Raise ValueError naming every `--flag` in argv that the installed sglang does not know,
     then let sglang's own parser check the values (choices, types). The launcher's own
-    `--vattn-base` is checked (and removed, as the launcher removes it) first."""
+    options (`--vattn-base`, `--vattn-dummy-init`) are checked (and removed, as the launcher removes them) first."""
     import argparse
 
     import vattn.sglang
     from sglang.srt.server_args import ServerArgs
 
-    from vattn.sglang import base
+    from vattn.sglang import options
 
     try:
-        argv = base.strip_flag(argv)[0]
+        argv = options.strip(argv)[0]
     except ValueError as exc:
         raise ValueError(f"server.args: {exc}") from None
     flags = [a.split("=", 1)[0] for a in argv if a.startswith("--")]

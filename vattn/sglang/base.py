@@ -3,8 +3,8 @@
 The base serves every call vattn does not, so it decides what the `VATTN=0` arm measures: it
 must be the backend users run in production on that GPU, not a convenient one. Two sources:
 - `--vattn-base fa3|flashinfer|triton` on `python -m vattn.sglang.launch`. The launcher strips
-  the flag before sglang parses its arguments and exports it as `VATTN_BASE`, which sglang's
-  scheduler processes (started with spawn) inherit; the backend reads it there.
+  the flag before sglang parses its arguments and exports it as `VATTN_BASE` (vattn.sglang.options),
+  which sglang's scheduler processes (started with spawn) inherit; the backend reads it there.
 - otherwise sglang's own default for this model on this GPU (the function sglang calls when
   `--attention-backend` is absent), so the base is what sglang would have picked: FA3 for MHA on
   Hopper without speculation or with topk 1 at page size 1 (sglang's is_no_spec_infer_or_topk_one
@@ -27,29 +27,6 @@ def check(value: str, where: str = FLAG) -> str:
         raise ValueError(f"{where}: got {value!r}; allowed: {', '.join(BASES)} "
                          f"(or leave it out for sglang's own default on this GPU)")
     return name
-
-
-def strip_flag(argv: list[str]) -> tuple[list[str], str | None]:
-    """Remove `--vattn-base X` / `--vattn-base=X` from argv (sglang's parser would reject it).
-
-    Returns (the other arguments in order, the checked base or None). Given twice, the last wins,
-    as with argparse."""
-    rest, found = [], None
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == FLAG:
-            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                raise ValueError(f"{FLAG}: needs a value; allowed: {', '.join(BASES)}")
-            found = check(argv[i + 1])
-            i += 2
-            continue
-        if arg.startswith(FLAG + "="):
-            found = check(arg.split("=", 1)[1])
-        else:
-            rest.append(arg)
-        i += 1
-    return rest, found
 
 
 def from_env() -> str | None:

@@ -1,16 +1,17 @@
-"""`python -m vattn.sglang.launch [--vattn-base fa3|flashinfer|triton] <sglang launch_server args>`:
-register vattn, then run sglang.
+"""`python -m vattn.sglang.launch [--vattn-base fa3|flashinfer|triton] [--vattn-dummy-init sglang|scaled]
+<sglang launch_server args>`: register vattn, then run sglang.
 
-`--vattn-base` (vattn.sglang.base) is removed from argv before sglang parses it and exported as
-`VATTN_BASE`, which sglang's scheduler processes inherit; without it the base is sglang's own
-default for the model on that GPU. The rest of argv reaches sglang's server unchanged: main() does
-what `python -m sglang.launch_server` does (load sglang's plugins, parse, run_server), with vattn
-registered first.
+The launcher's options (vattn.sglang.options) are removed from argv before sglang parses it and exported
+as env (`VATTN_BASE`: without it the base is sglang's own default for the model on that GPU;
+`VATTN_DUMMY_INIT`: how `--load-format dummy` fills the weights), which sglang's scheduler processes
+inherit. The rest of argv reaches sglang's server unchanged: main() does what `python -m
+sglang.launch_server` does (load sglang's plugins, parse, run_server), with vattn registered first.
 
 Why registration happens at import: sglang starts its scheduler processes with the "spawn"
 method, and a spawned child re-imports the parent's __main__ module (this one, as __mp_main__)
 without running its main block. Registering at import puts `vattn` into the child's backend
-registry before the child builds its attention backends. (Installing vattn with the
+registry before the child builds its attention backends, and the dummy-weight patch into its model
+loader. (Installing vattn with the
 `sglang.srt.plugins` entry point does the same for any sglang entry; see vattn.sglang.)
 """
 from __future__ import annotations
@@ -18,9 +19,10 @@ from __future__ import annotations
 import os
 import sys
 
-from vattn.sglang import base, register
+from vattn.sglang import dummy_init, options, register
 
 register()
+dummy_init.install()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree
 
-    args = export_base(sys.argv[1:] if argv is None else list(argv))
+    args = export_options(sys.argv[1:] if argv is None else list(argv))
     load_plugins()
     server_args = prepare_server_args(args)
     try:
@@ -38,11 +40,12 @@ def main(argv: list[str] | None = None) -> None:
         kill_process_tree(os.getpid(), include_parent=False)
 
 
-def export_base(argv: list[str]) -> list[str]:
-    """Strip `--vattn-base X` from argv; export X as VATTN_BASE for the scheduler children."""
-    rest, chosen = base.strip_flag(argv)
-    if chosen is not None:
-        os.environ[base.ENV] = chosen
+def export_options(argv: list[str]) -> list[str]:
+    """Strip the launcher's options from argv; export them for the scheduler children (and install the
+    dummy-weight patch here too, where sglang may load the model in this process)."""
+    rest, env = options.strip(argv)
+    os.environ.update(env)
+    dummy_init.install()
     return rest
 
 

@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - CI installs it
     pytest.skip(f"sglang is not importable: {exc}", allow_module_level=True)
 
 from vattn.sglang import base as base_choice  # noqa: E402
-from vattn.sglang import counters  # noqa: E402
+from vattn.sglang import counters, options  # noqa: E402
 
 
 # -- the base: --vattn-base, VATTN_BASE, sglang's default ----------------------------------------
@@ -32,7 +32,7 @@ from vattn.sglang import counters  # noqa: E402
     (["--model-path", "m"], ["--model-path", "m"], None),
 ])
 def test_vattn_base_flag_is_stripped(argv, rest, chosen):
-    assert base_choice.strip_flag(argv) == (rest, chosen)
+    assert options.strip(argv) == (rest, {"VATTN_BASE": chosen} if chosen else {})
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -42,7 +42,7 @@ def test_vattn_base_flag_is_stripped(argv, rest, chosen):
 ])
 def test_vattn_base_flag_rejects_what_it_cannot_wrap(argv, message):
     with pytest.raises(ValueError, match=message):
-        base_choice.strip_flag(argv)
+        options.strip(argv)
 
 
 def test_vattn_base_env_is_checked(monkeypatch):
