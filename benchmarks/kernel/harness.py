@@ -388,6 +388,28 @@ def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:
     return r
 
 
+def alternating_rounds(names: list, rounds: int) -> list:
+    """The order in which `rounds` rounds time the variants: forward, backward, forward, ... so that a drift over
+    the run weighs on every variant alike."""
+    return [name for r in range(rounds) for name in (names if r % 2 == 0 else names[::-1])]
+
+
+def time_in_rounds(timers: dict, rounds: int) -> dict:
+    """name -> every round's time of timers[name]() (a callable returning us), in alternating_rounds' order."""
+    times = {name: [] for name in timers}
+    for name in alternating_rounds(list(timers), rounds):
+        times[name].append(timers[name]())
+    return times
+
+
+def rounds_faster(times: dict) -> dict:
+    """name -> (rounds in which it ran faster than the first variant, rounds), for each variant after the first.
+    A round times every variant within moments of the others, so this pairing holds where a GPU drifts by more
+    than the builds differ over a call (10-16% on some machines, benchmarks/NOTES.md P58-P60)."""
+    base, *others = times
+    return {name: (sum(t < b for t, b in zip(times[name], times[base])), len(times[base])) for name in others}
+
+
 def parse_named_defines(text: str, flag: str, *, allow_none: bool = False) -> dict[str, dict[str, int]]:
     """'NAME[:KEY=INT,...];...' -> {name: {key: int}}: the measurement builds (-D constants) or launch shapes a
     probe's `flag` names, in order; a name without pairs is the build's own."""
@@ -421,7 +443,7 @@ def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_roun
     ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
     ap.add_argument("--shapes", default=default_shapes, help=f"comma-separated shape names (default {default_shapes})")
     ap.add_argument("--rounds", type=int, default=default_rounds,
-                    help=f"rounds of the variants in turns (default {default_rounds})")
+                    help=f"rounds of the variants in turns, the order reversed every other round (default {default_rounds})")
     ap.add_argument("--replays", type=int, default=20, help="timed graph replays per variant and round (median)")
     ap.add_argument("--out", default=default_out, help=f"JSON list of records (default {default_out})")
     ap.add_argument("--dry-run", action="store_true",

@@ -41,34 +41,12 @@ def _plan_tensors(shape, slots: int, device: str, overhead: int, num_kv_heads: i
             for f in ("work_seq", "work_start", "work_end", "work_part", "work_order", "seq_part_start", "num_items")}
 
 
-def alternating_rounds(names: list, rounds: int) -> list:
-    """The order in which `rounds` rounds time the variants: forward, backward, forward, ... so that a drift over
-    the run weighs on every variant alike."""
-    return [name for r in range(rounds) for name in (names if r % 2 == 0 else names[::-1])]
-
-
-def time_in_rounds(timers: dict, rounds: int) -> dict:
-    """name -> every round's time of timers[name]() (a callable returning us), in alternating_rounds' order."""
-    times = {name: [] for name in timers}
-    for name in alternating_rounds(list(timers), rounds):
-        times[name].append(timers[name]())
-    return times
-
-
-def rounds_faster(times: dict) -> dict:
-    """name -> (rounds in which it ran faster than the first variant, rounds), for each variant after the first.
-    A round times every variant within moments of the others, so this pairing holds where a GPU drifts by more
-    than the builds differ over a call (10-16% on some machines, benchmarks/NOTES.md P58-P60)."""
-    base, *others = times
-    return {name: (sum(t < b for t, b in zip(times[name], times[base])), len(times[base])) for name in others}
-
-
 def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_per_sm=(1,),
               reduce_variants: dict | None = None, chain: bool = False, overhead: int | None = None,
               rounds: int = 1, pack_heads: int = 1, cuda_reduces: tuple = ()) -> dict:
     """overhead: the balanced plan's piece overhead in tiles (None: the one the Hopper backend plans with);
     reduce_variants: name -> launch_reduce keyword arguments (ints); cuda_reduces: (warps, unroll, slice[, trigger[,
-    after_wait]]) of vattn.hopper.reduce's CUDA reduce, timed as reduce variants cudaW_U_S...; rounds: alternating_rounds of
+    after_wait]]) of vattn.hopper.reduce's CUDA reduce, timed as reduce variants cudaW_U_S...; rounds: alternating_rounds (harness) of
     the timing; pack_heads: KV heads a CTA reads (the module docstring)."""
     import functools
 
@@ -127,9 +105,9 @@ def run_shape(shape, batches, replays: int, descriptors, variants: dict, slots_p
         lbo, sbo = descriptors[0]
         timers[name] = lambda hopper=hopper, lbo=lbo, sbo=sbo: per(
             lambda: [hopper(r, lbo, sbo) for r in range(b.replicas)])
-    timed = time_in_rounds(timers, rounds)
+    timed = harness.time_in_rounds(timers, rounds)
     if rounds > 1:
-        for name, (won, of) in rounds_faster(timed).items():
+        for name, (won, of) in harness.rounds_faster(timed).items():
             rec[f"faster_rounds_{name}"] = f"{won}/{of}"  # than the first variant, round by round
     for name, times in timed.items():
         rec[f"hopper_main_us_{name}"] = statistics.median(times)

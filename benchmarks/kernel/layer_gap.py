@@ -51,10 +51,8 @@ def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
     for shape in shapes:
         b = batches.get(shape)
         fns = chains(shape, b)
-        us = {name: [] for name in fns}
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                us[name].append(harness.timed_graph(fn, replays, device) / b.replicas)
+        us = harness.time_in_rounds({name: (lambda fn=fn: harness.timed_graph(fn, replays, device) / b.replicas)
+                                     for name, fn in fns.items()}, rounds)
         for name, values in us.items():
             records.append(dict(shape=shape.name, variant=name, us=statistics.median(values), rounds=values,
                                 replicas=b.replicas, replays=replays))

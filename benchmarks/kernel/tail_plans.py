@@ -6,8 +6,9 @@ idle and its largest piece is the one-wave cap: 16x35k's 16 sequences of 547 til
 short sequences are (a piece of at most half the cap shares a slot, its tiles + the overhead), a smaller cap fits:
 16x35k 8 pieces of 68 and a 3-tile tail each, the 16 tails run on the 4 spare SMs behind the full pieces (the
 launch order puts every piece over half the cap first). This times the layer (main + reduce on a plan made
-before, as an engine runs each layer) on both plans, round by round in turns, and checks both against the
-fp32 reference. A measurement: vattn's planner is unchanged until it shows a gain."""
+before, as an engine runs each layer) on both plans, round by round in turns (the order reversed every other
+round, as the long rows drift by 10% under the power cap), and checks both against the fp32 reference. A
+measurement: vattn's planner is unchanged until it shows a gain."""
 
 from __future__ import annotations
 
@@ -101,17 +102,23 @@ def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
             use(name)
             vattn.attention(*b.attention_args(0), plan=pl, out=b.out)
             errs[name] = harness.check(b.out, ref)
-        us = {name: [] for name in plans}
-        for _ in range(rounds):
-            for name in plans:
+        def timer(name):
+            def time_layer():
                 use(name)
-                us[name].append(harness.timed_graph(layer, replays, device) / b.replicas)
+                return harness.timed_graph(layer, replays, device) / b.replicas
+            return time_layer
+
+        us = harness.time_in_rounds({name: timer(name) for name in plans}, rounds)
+        faster = harness.rounds_faster(us)
         for name, values in us.items():
             rel_err, nan = errs[name]
             records.append(dict(shape=shape.name, plan=name, pieces=_pieces(plans[name]), us=statistics.median(values),
-                                rounds=values, rel_err=rel_err, nan=nan, replicas=b.replicas, replays=replays))
+                                rounds=values, faster_rounds=faster.get(name), rel_err=rel_err, nan=nan,
+                                replicas=b.replicas, replays=replays))
             print(f"{shape.name:28s} {name:13s} {_pieces(plans[name]):28s} rel_err {rel_err:.1e} "
-                  + " ".join(f"{v:8.1f}" for v in values), flush=True)
+                  + " ".join(f"{v:8.1f}" for v in values)
+                  + (f"  faster than balanced in {faster[name][0]} of {faster[name][1]} rounds" if name in faster else ""),
+                  flush=True)
     return records
 
 

@@ -2,10 +2,9 @@
 
 import pytest
 
-from benchmarks.kernel.harness import parse_named_defines
-from benchmarks.kernel.hopper_proto import (SECOND_LOOP_SLOTS, STAMP_ROW, alternating_rounds, best_main_us,
-                                            loop_stage_cycles, main, rounds_faster, second_warpgroup_timeline,
-                                            time_in_rounds)
+from benchmarks.kernel.harness import alternating_rounds, parse_named_defines, rounds_faster, time_in_rounds
+from benchmarks.kernel.hopper_proto import (SECOND_LOOP_SLOTS, STAMP_ROW, best_main_us,
+                                            loop_stage_cycles, main, second_warpgroup_timeline)
 
 
 def _rec(**variants):
