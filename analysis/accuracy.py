@@ -18,8 +18,9 @@ EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt a
                  "meaningful; identical outputs in both arms show an exact kernel")
 DUMMY_WEIGHTS_NOTE = ("dummy weights (server.args.load_format: dummy): the model was never trained, so accuracy is "
                       "not meaningful; identical outputs in both arms, beside the A/A baseline, say that no greedy "
-                      "output changed, a weak test of a kernel's numerics on such a model; the chosen-token "
-                      "logprobs, where kept, are the stronger one")
+                      "output changed, a weak test of a kernel's numerics on such a model, and none at all where "
+                      "every question gets the same answer (sglang's own dummy weights; `--vattn-dummy-init "
+                      "scaled` avoids it); the chosen-token logprobs, where kept, are the stronger one")
 
 
 def dummy_weights(recipe: dict) -> bool:
@@ -116,6 +117,27 @@ def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: s
     return lines + drift
 
 
+def ignored_prompt_lines(task: str, arms: dict) -> list[str]:
+    """One warning naming the arm runs ({label: ArmPaths}) that gave every question of `task` one and the same
+    answer: their model ignores the prompt (sglang's `load_format: dummy` weights do), so no kernel change
+    could show in their outputs or logprobs, and identity between them proves nothing."""
+    import pandas as pd
+
+    blind, questions = [], 0
+    for label, paths in arms.items():
+        r = pd.DataFrame(read_jsonl(paths.accuracy_records(task))) if paths.accuracy_records(task).is_file() else None
+        if r is not None and {"id", "output"} <= set(r.columns) and r["id"].nunique() >= 2 \
+                and r["output"].nunique() == 1:
+            blind.append(label)
+            questions = max(questions, r["id"].nunique())
+    if not blind:
+        return []
+    return ["", f"**{', '.join(blind)}: every one of the {questions} {task} questions got the same answer, so the "
+            f"model ignores its prompt and these comparisons cannot show a kernel change.** With dummy weights, "
+            f"`--vattn-dummy-init scaled` in server.args gives answers that depend on the prompt "
+            f"(vattn.sglang.dummy_init)."]
+
+
 def drift_lines(task: str, drift, a_label: str, b_label: str, note: str = "") -> list[str]:
     """One line on the chosen tokens' logprobs (analysis.outputs.logprob_drift); [] where no pair kept them."""
     from analysis.outputs import drift_summary
@@ -174,4 +196,6 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         for x, y, x_label, y_label, note in pairs:
             if x.accuracy_records(t).is_file() and y.accuracy_records(t).is_file():
                 identity += ["", *identity_lines(t, x, y, x_label, y_label, note)]
+        identity += ignored_prompt_lines(t, {label: arm for x, y, x_label, y_label, _ in pairs
+                                             for label, arm in ((x_label, x), (y_label, y))})
     return lines + identity + discordant

@@ -79,3 +79,23 @@ def test_dummy_weights_are_said_above_the_table(tmp_path):
     assert dummy_weights({"server": {"args": {"load_format": "dummy"}}})
     assert not dummy_weights({"server": {"args": {"load_format": "auto"}}}) and not dummy_weights({})
     assert not dummy_weights({"server": {"args": None}})
+
+
+def test_arms_that_answer_every_question_alike_are_named_once_per_task(tmp_path):
+    """sglang's own dummy weights answered 40 different questions with one output in every arm (H100 and H200,
+    2026-12-05/06): identity then holds whatever the kernel does, and the report says so once, naming the arms.
+    An arm whose answers differ between questions is not named, nor is a task of a single question."""
+    off, on, off2 = (ArmPaths(tmp_path / n) for n in ("off", "on", "off.2"))
+    blind = [dict(q(i, False, strict=False), output="ertif control") for i in range(3)]
+    for arm in (off, on):
+        write_jsonl(arm.accuracy_records("gsm8k"), blind)
+    write_jsonl(off2.accuracy_records("gsm8k"), [dict(r, output=f"answer {i}") for i, r in enumerate(blind)])
+    lines = accuracy_md(off, on, "off", "on", "sglang", [(off, off2, "off", "off.2")])
+    warnings = [line for line in lines if "got the same answer" in line]
+    assert warnings == ["**off, on: every one of the 3 gsm8k questions got the same answer, so the model ignores "
+                        "its prompt and these comparisons cannot show a kernel change.** With dummy weights, "
+                        "`--vattn-dummy-init scaled` in server.args gives answers that depend on the prompt "
+                        "(vattn.sglang.dummy_init)."]
+    for arm in (off, on):
+        write_jsonl(arm.accuracy_records("gpqa"), blind[:1])
+    assert sum("gpqa questions got the same answer" in line for line in accuracy_md(off, on, "off", "on", "x")) == 0
