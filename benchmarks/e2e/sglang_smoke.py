@@ -5,9 +5,9 @@
 Each arm's server is the recipe's own command and env (default recipes/h200-sglang-qwen3-hd256.yaml, resolved
 by `pipeline plan`'s code), so what this checks is what `pipeline run` of that recipe would start: sglang 0.5.17
 through `python -m vattn.sglang.launch`, CUDA graphs on, STANDALONE speculative decoding with 4 draft tokens.
-Every prompt is asked --repeats times on each server, pass after pass: pass 2 against pass 1 is the A/A of one
-server. Per arm it writes DIR/<arm>.server.log and DIR/<arm>.json (outputs with the chosen tokens' logprobs, the
-vattn path counters from the log), then DIR/smoke.json: both arms' counters, whether CUDA graphs were captured,
+Every prompt is asked --repeats times on each server, pass after pass, the radix cache flushed before each: pass
+2 against pass 1 is the A/A of one server. Per arm it writes DIR/<arm>.server.log and DIR/<arm>.json (outputs with
+the chosen tokens' logprobs, the vattn path counters from the log), then DIR/smoke.json: both arms' counters, whether CUDA graphs were captured,
 greedy-output identity (the first differing token of each pair, by the model's tokenizer) and the logprob drift
 over each pair's shared tokens (analysis.outputs), off vs on and within each server. No aiperf: the requests are
 plain OpenAI chat completions, half of them with a long random prefix so that target verify reads thousands of
@@ -104,8 +104,14 @@ def run_arm(arm: str, args, texts: list[str]) -> dict:
 
         t1 = time.time()
         passes = []
+        flushed = []
         with ThreadPoolExecutor(args.concurrency) as pool:
             for _ in range(args.repeats):
+                # the radix cache emptied first, so that a later pass prefills as the first did (on cached
+                # prefixes its extend takes other kernels, and the A/A would measure that too)
+                with urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"),
+                                            timeout=60) as r:
+                    flushed.append(r.status == 200)
                 passes.append(list(pool.map(ask, texts)))
         served = time.time() - t1
         time.sleep(5)  # one counter interval and more: the last line covers every forward
@@ -122,7 +128,7 @@ def run_arm(arm: str, args, texts: list[str]) -> dict:
     result = {"arm": arm, "env": {k: v for k, v in server_env.items() if k.startswith("VATTN")},
               "dummy_init": args.dummy_init or "the recipe's",
               # one output for every prompt: a model that ignores its context, whose identity proves nothing
-              "distinct_outputs": [len({r["output"] for r in p}) for p in passes],
+              "distinct_outputs": [len({r["output"] for r in p}) for p in passes], "cache_flushed": flushed,
               "startup_s": round(started, 1), "serve_s": round(served, 1),
               "counters": parse_log(text), "cuda_graph_lines": [ln[-160:] for ln in text.splitlines()
                                                                  if "cuda graph" in ln.lower()][:6],
