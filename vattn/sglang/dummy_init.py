@@ -4,8 +4,8 @@ sglang's `--load-format dummy` fills every floating parameter, norm weights incl
 uniform(-1e-3, 1e-3), with one seed for every parameter (so all layers of a shape get the same values).
 Activations then shrink by ~1e-3 at each projection, attention adds almost nothing to the residual
 stream, and the model answers every prompt alike: on an H200 with sglang 0.5.17, 16 different prompts
-gave one output and one logprob (-8.3177) per token, in both arms and whatever the kernel (session 41,
-benchmarks/e2e/h200-sglang-smoke/). Such a model serves the load's shapes well enough for timing, but
+gave one output and one logprob (-8.3177) per token, in both arms and whatever the kernel
+(benchmarks/e2e/h200-sglang-smoke/smoke-lossy-sglang-init.json). Such a model serves the load's shapes well enough for timing, but
 greedy-output identity and logprob drift between arms can then show no kernel change at all.
 
 `scaled` initialises like a trained network's starting point instead: each matrix (and embedding) from
