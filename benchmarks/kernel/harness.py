@@ -431,10 +431,11 @@ def parse_named_defines(text: str, flag: str, *, allow_none: bool = False) -> di
 
 
 def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_rounds: int, default_out: str,
-               header: str, measure) -> int:
+               header: str, measure, sustained: bool = False) -> int:
     """The command line of a probe that times variants round by round in turns (layer_gap, tail_plans): --shapes,
     --rounds, --replays, --out and --dry-run; measure(shapes, device, rounds, replays) -> records, each stamped
-    with the command, the device, the date and the read ceiling, written to --out as a JSON list."""
+    with the command, the device, the date and the read ceiling, written to --out as a JSON list. sustained: the
+    probe also takes --sustained SECONDS and --rest SECONDS, passed on as measure(..., sustained=(seconds, rest))."""
     import argparse
     import json
 
@@ -448,10 +449,24 @@ def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_roun
     ap.add_argument("--out", default=default_out, help=f"JSON list of records (default {default_out})")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU under TRITON_INTERPRET=1 on a tiny shape: checks the plumbing; its times mean nothing")
+    if sustained:
+        ap.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                        help="time each variant under SECONDS of back-to-back replays (the median of the second half, "
+                             "as benchmarks.kernel.sustained does) instead of a short burst (default 0: the burst)")
+        ap.add_argument("--rest", type=float, default=3.0, metavar="SECONDS",
+                        help="with --sustained: idle seconds before each variant's load (default 3)")
     a = ap.parse_args(argv)
     for field, value in (("--rounds", a.rounds), ("--replays", a.replays)):
         if value < 1:
             ap.error(f"{field}: got {value}; allowed: a positive integer")
+    extra = {}
+    if sustained:
+        for field, value in (("--sustained", a.sustained), ("--rest", a.rest)):
+            if value < 0:
+                ap.error(f"{field}: got {value}; allowed: seconds >= 0")
+        if a.sustained and a.dry_run:
+            ap.error("--sustained: needs a CUDA GPU (NVML's clock and energy), not --dry-run")
+        extra["sustained"] = (a.sustained, a.rest)
     if a.dry_run:
         from vattn.workspace import interpreting
 
@@ -472,7 +487,7 @@ def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_roun
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     command = f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
     records = [stamp(dict(r, command=command), where, date, ceiling)
-               for r in measure(shapes, device, a.rounds, a.replays)]
+               for r in measure(shapes, device, a.rounds, a.replays, **extra)]
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     print(f"wrote {len(records)} records to {a.out}")

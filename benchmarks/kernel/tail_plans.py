@@ -68,7 +68,10 @@ def _pieces(lists) -> str:
     return f"{n} pieces, largest {max(lens)} tiles"
 
 
-def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
+def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[float, float] = (0.0, 0.0)) -> list[dict]:
+    """sustained: (seconds, rest); with seconds > 0 each round's time is the layer's under that much back-to-back
+    load after `rest` idle seconds (the power cap's figure, benchmarks.kernel.sustained), and each record also
+    keeps the SM clock and joules a layer of every round."""
     import torch
 
     import vattn
@@ -102,10 +105,22 @@ def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
             use(name)
             vattn.attention(*b.attention_args(0), plan=pl, out=b.out)
             errs[name] = harness.check(b.out, ref)
+        seconds, rest = sustained
+        if seconds:
+            from benchmarks.kernel.sustained import Gpu, measure_one
+
+            gpu, graph = Gpu(), harness.capture(layer)  # the graph reads the plan's tensors, which use() rewrites
+        loads = {name: [] for name in plans}
+
         def timer(name):
             def time_layer():
                 use(name)
-                return harness.timed_graph(layer, replays, device) / b.replicas
+                if not seconds:
+                    return harness.timed_graph(layer, replays, device) / b.replicas
+                load = measure_one(gpu, graph, b.replicas, seconds, rest, replays)
+                loads[name].append(dict(sm_mhz=load["sm_mhz"], mj=load["mj_per_call"],
+                                        power_capped_share=load["power_capped_share"], burst_us=load["burst_us"]))
+                return load["sustained_us"]
             return time_layer
 
         us = harness.time_in_rounds({name: timer(name) for name in plans}, rounds)
@@ -114,7 +129,8 @@ def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
             rel_err, nan = errs[name]
             records.append(dict(shape=shape.name, plan=name, pieces=_pieces(plans[name]), us=statistics.median(values),
                                 rounds=values, faster_rounds=faster.get(name), rel_err=rel_err, nan=nan,
-                                replicas=b.replicas, replays=replays))
+                                replicas=b.replicas, replays=replays, sustained_s=seconds or None,
+                                loads=loads[name] or None))
             print(f"{shape.name:28s} {name:13s} {_pieces(plans[name]):28s} rel_err {rel_err:.1e} "
                   + " ".join(f"{v:8.1f}" for v in values)
                   + (f"  faster than balanced in {faster[name][0]} of {faster[name][1]} rounds" if name in faster else ""),
@@ -125,7 +141,8 @@ def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
 def main(argv=None) -> int:
     return harness.rounds_cli(argv, module="benchmarks.kernel.tail_plans", doc=__doc__, default_shapes=DEFAULT_SHAPES,
                               default_rounds=5, default_out="tail-plans.json",
-                              header=f"{'shape':28s} {'plan':13s} {'pieces':28s} us a layer, round by round", measure=measure)
+                              header=f"{'shape':28s} {'plan':13s} {'pieces':28s} us a layer, round by round", measure=measure,
+                              sustained=True)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ valid plan (every sequence's KV once, in KV order) with the cap and launch order
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
+from benchmarks.kernel import tail_plans
 from benchmarks.kernel.tail_plans import _need, plan_lists, tail_cap
 from vattn.planner import KV_TILE, plan_python
 
@@ -58,3 +60,15 @@ def test_need_is_non_increasing_in_the_cap():
     needs = [_need(tiles, c, O) for c in range(1, 400)]
     assert all(a >= b for a, b in zip(needs, needs[1:]))
     assert tail_cap(tiles, 1, 132, O) == next(c for c in range(O, 3_000) if _need(tiles, c, O) <= 132)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sustained", "-1"], r"--sustained: got -1.0; allowed: seconds >= 0"),
+    (["--sustained", "3", "--rest", "-2"], r"--rest: got -2.0; allowed: seconds >= 0"),
+    (["--sustained", "3", "--dry-run"], r"--sustained: needs a CUDA GPU"),
+])
+def test_sustained_input_errors_name_the_field(args, message, capsys, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(SystemExit):
+        tail_plans.main(args)
+    assert re.search(message, capsys.readouterr().err)
