@@ -14,6 +14,12 @@ plain OpenAI chat completions, half of them with a long random prefix so that ta
 KV tokens. With the recipes' dummy weights, sglang's own initialisation answers every prompt alike (each
 arm's `distinct_outputs` says so), and then identity and drift cannot show a kernel change: `--dummy-init
 scaled` gives both servers weights whose answers depend on the prompt (vattn.sglang.dummy_init).
+
+    python3 benchmarks/e2e/sglang_smoke.py --across DIR_A DIR_B --out DIR
+
+starts nothing: it compares two smoke runs of one recipe (first passes), each arm's server against the same
+arm's server of the other run (the A/A across server launches, which a kernel change must beat) and off of one
+against on of the other, into DIR/across.json.
 """
 from __future__ import annotations
 
@@ -151,7 +157,32 @@ def compare(a: list[dict], b: list[dict], tok) -> dict:
             "logprobs": drift_summary(logprob_drift(*frame))}
 
 
-def main() -> int:
+def across(run_a: Path, run_b: Path, tok) -> dict:
+    """Two smoke runs of one recipe, first passes: each arm against the same arm of the other run (the A/A across
+    server launches), and each run's off against the other's on."""
+    passes = {(run, arm): json.loads((run / f"{arm}.json").read_text())["passes"][0]
+              for run in (run_a, run_b) for arm in ("off", "on")}
+    pairs = {"off A vs off B": (("a", "off"), ("b", "off")), "on A vs on B": (("a", "on"), ("b", "on")),
+             "off A vs on B": (("a", "off"), ("b", "on")), "off B vs on A": (("b", "off"), ("a", "on"))}
+    runs = {"a": run_a, "b": run_b}
+    return {"runs": {"A": str(run_a), "B": str(run_b)},
+            **{name: compare(passes[runs[x[0]], x[1]], passes[runs[y[0]], y[1]], tok) for name, (x, y) in pairs.items()}}
+
+
+def _print_comparison(name: str, cmp: dict) -> None:
+    lp = cmp["logprobs"]
+    print(f"{name}: greedy outputs identical {cmp['identical']}/{cmp['pairs']} (first differing tokens "
+          f"{cmp['first_differing_token']}); logprobs moved {lp['moved']} of {lp['shared']} shared tokens, "
+          f"largest change {lp['max_abs']:.3g}")
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(REPO / "recipes/data/tokenizer/tokenizer.json"))
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--recipe", type=Path, default=RECIPE, help="an sglang recipe: each arm's server command and env")
@@ -166,15 +197,27 @@ def main() -> int:
                     help="--vattn-dummy-init for both servers (scaled: weights whose answers depend on the prompt, "
                          "so that a kernel change can show; vattn.sglang.dummy_init)")
     ap.add_argument("--startup-timeout", type=float, default=420)
-    args = ap.parse_args()
+    ap.add_argument("--across", type=Path, nargs=2, metavar=("DIR_A", "DIR_B"),
+                    help="start nothing: compare two earlier smoke runs' servers into --out/across.json")
+    args = ap.parse_args(argv)
+    if args.across:
+        for run in args.across:
+            for arm in ("off", "on"):
+                if not (run / f"{arm}.json").is_file():
+                    ap.error(f"--across: {run} has no {arm}.json; allowed: the --out folder of a finished smoke run")
+        result = across(*args.across, _tokenizer())
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "across.json").write_text(json.dumps(result, indent=1))
+        for name, cmp in result.items():
+            if name != "runs":
+                _print_comparison(name, cmp)
+        return 0
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: allowed 1 or more (2 or more also gives each server's A/A)")
     args.out.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.prompts, args.long_tokens)
     arms = [run_arm("on", args, texts), run_arm("off", args, texts)]
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(REPO / "recipes/data/tokenizer/tokenizer.json"))
+    tok = _tokenizer()
     on, off = (a["passes"] for a in arms)
     summary = {"recipe": str(args.recipe), "off_vs_on": compare(off[0], on[0], tok),
                "a_a": {a["arm"]: compare(a["passes"][0], a["passes"][1], tok) for a in arms if len(a["passes"]) > 1},
@@ -187,10 +230,7 @@ def main() -> int:
               f"of {len(texts)} prompts a pass; start {a['startup_s']} s, serve {a['serve_s']} s, "
               f"base {c.get('base_backend')}, vattn {c.get('vattn')}, base {c.get('base')}")
     for name, cmp in [("off vs on", summary["off_vs_on"]), *((f"A/A {k}", v) for k, v in summary["a_a"].items())]:
-        lp = cmp["logprobs"]
-        print(f"{name}: greedy outputs identical {cmp['identical']}/{cmp['pairs']} (first differing tokens "
-              f"{cmp['first_differing_token']}); logprobs moved {lp['moved']} of {lp['shared']} shared tokens, "
-              f"largest change {lp['max_abs']:.3g}")
+        _print_comparison(name, cmp)
     return 0
 
 
