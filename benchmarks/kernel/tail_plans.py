@@ -75,7 +75,7 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
     import torch
 
     import vattn
-    from benchmarks.kernel.bench import _workspace
+    from benchmarks.kernel.bench import _backend_name, _workspace
     from vattn.planner import FIELDS
 
     batches = harness.BatchCache(device)
@@ -127,7 +127,8 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
         faster = harness.rounds_faster(us)
         for name, values in us.items():
             rel_err, nan = errs[name]
-            records.append(dict(shape=shape.name, plan=name, pieces=_pieces(plans[name]), us=statistics.median(values),
+            records.append(dict(shape=shape.name, backend=_backend_name(ws, b), plan=name, pieces=_pieces(plans[name]),
+                                us=statistics.median(values),
                                 rounds=values, faster_rounds=faster.get(name), rel_err=rel_err, nan=nan,
                                 replicas=b.replicas, replays=replays, sustained_s=seconds or None,
                                 loads=loads[name] or None))
