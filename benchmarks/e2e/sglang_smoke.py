@@ -160,13 +160,13 @@ def compare(a: list[dict], b: list[dict], tok) -> dict:
 def across(run_a: Path, run_b: Path, tok) -> dict:
     """Two smoke runs of one recipe, first passes: each arm against the same arm of the other run (the A/A across
     server launches), and each run's off against the other's on."""
-    passes = {(run, arm): json.loads((run / f"{arm}.json").read_text())["passes"][0]
-              for run in (run_a, run_b) for arm in ("off", "on")}
-    pairs = {"off A vs off B": (("a", "off"), ("b", "off")), "on A vs on B": (("a", "on"), ("b", "on")),
-             "off A vs on B": (("a", "off"), ("b", "on")), "off B vs on A": (("b", "off"), ("a", "on"))}
-    runs = {"a": run_a, "b": run_b}
-    return {"runs": {"A": str(run_a), "B": str(run_b)},
-            **{name: compare(passes[runs[x[0]], x[1]], passes[runs[y[0]], y[1]], tok) for name, (x, y) in pairs.items()}}
+    runs = {"A": run_a, "B": run_b}
+    passes = {(tag, arm): json.loads((run / f"{arm}.json").read_text())["passes"][0]
+              for tag, run in runs.items() for arm in ("off", "on")}
+    pairs = {"off A vs off B": (("A", "off"), ("B", "off")), "on A vs on B": (("A", "on"), ("B", "on")),
+             "off A vs on B": (("A", "off"), ("B", "on")), "off B vs on A": (("B", "off"), ("A", "on"))}
+    return {"runs": {tag: str(run) for tag, run in runs.items()},
+            **{name: compare(passes[x], passes[y], tok) for name, (x, y) in pairs.items()}}
 
 
 def _print_comparison(name: str, cmp: dict) -> None:
