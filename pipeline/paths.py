@@ -67,6 +67,15 @@ CONFIGS_DIR = REPO_ROOT / "configs"              # presets a recipe lists under 
 MODEL_PRESETS_DIR = CONFIGS_DIR / "models"       # the emulator's model-shape presets
 
 
+def configs_missing_hint() -> str:
+    """What to add to an unknown-preset error when configs/ is not beside the installed packages (a non-editable
+    install: the presets ship with the repository, not in the wheel); "" otherwise."""
+    if CONFIGS_DIR.is_dir():
+        return ""
+    return (f" ({CONFIGS_DIR} does not exist: the presets live in the repository's configs/, so install from a "
+            f"checkout with `pip install -e .`)")
+
+
 def preset_file(name: str, folder: Path) -> Path:
     """<folder>/<name>.yaml: presets are named without the suffix (folder: CONFIGS_DIR, MODEL_PRESETS_DIR)."""
     return folder / f"{name}.yaml"

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.paths import HARDWARE_PROFILES_DIR, MODEL_PRESETS_DIR, preset_file
+from pipeline.paths import HARDWARE_PROFILES_DIR, MODEL_PRESETS_DIR, configs_missing_hint, preset_file
 from vattn.contract import HEAD_DIMS, PAGE_SIZES
 
 DEFAULT_PRESET = "qwen3.5-397b-a17b-tp2"
@@ -163,7 +163,8 @@ def load_preset(name_or_path: str) -> dict[str, Any]:
         path = preset_file(name_or_path, MODEL_PRESETS_DIR)
     if not path.is_file():
         known = sorted(p.stem for p in MODEL_PRESETS_DIR.glob("*.yaml"))
-        raise ConfigError(f"model_preset: {name_or_path!r} not found (looked for {path}); known presets: {known}")
+        raise ConfigError(f"model_preset: {name_or_path!r} not found (looked for {path}); known presets: {known}"
+                          + configs_missing_hint())
     data = yaml.safe_load(path.read_text()) or {}
     unknown = sorted(set(data) - set(SHAPE_FIELDS))
     if not isinstance(data, dict) or unknown:

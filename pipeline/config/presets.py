@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.config.base import RecipeError
-from pipeline.paths import CONFIGS_DIR, preset_file
+from pipeline.paths import CONFIGS_DIR, configs_missing_hint, preset_file
 
 
 def deep_merge(base: dict, top: dict) -> dict:
@@ -57,7 +57,7 @@ def merged_recipe_dict(path: Path) -> dict:
         preset_path = preset_file(name, CONFIGS_DIR)
         if not preset_path.is_file():
             known = sorted(str(p.relative_to(CONFIGS_DIR))[:-5] for p in CONFIGS_DIR.rglob("*.yaml"))
-            raise RecipeError(f"presets[{i}]: unknown preset {name!r}; available: {known}")
+            raise RecipeError(f"presets[{i}]: unknown preset {name!r}; available: {known}{configs_missing_hint()}")
         merged = deep_merge(merged, read_yaml(preset_path, f"presets[{i}]"))
     merged = deep_merge(merged, raw)
     if isinstance(merged.get("arms"), dict):

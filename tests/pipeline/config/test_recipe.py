@@ -64,6 +64,24 @@ def test_unknown_preset_lists_the_available_ones(write_recipe):
         load_recipe(write_recipe(presets=["servers/nope"]))
 
 
+def test_unknown_preset_without_a_configs_folder_says_to_install_from_the_checkout(tmp_path, write_recipe, monkeypatch):
+    # a non-editable install: configs/ (the presets) is not beside the installed packages
+    import pipeline.config.emulator as emulator
+    import pipeline.config.presets as presets
+    import pipeline.paths as paths
+
+    missing = tmp_path / "site-packages" / "configs"
+    for module in (paths, presets):
+        monkeypatch.setattr(module, "CONFIGS_DIR", missing)
+    monkeypatch.setattr(emulator, "MODEL_PRESETS_DIR", missing / "models")
+    with pytest.raises(RecipeError, match=r"available: \[\] \(.*configs does not exist: .*`pip install -e \.`\)"):
+        load_recipe(write_recipe(presets=["servers/nope"]))
+    with pytest.raises(emulator.ConfigError, match=r"known presets: \[\] \(.*`pip install -e \.`\)"):
+        emulator.load_preset("qwen3.5-397b-a17b-tp2")
+    monkeypatch.setattr(paths, "CONFIGS_DIR", tmp_path)  # a folder that exists: no hint
+    assert paths.configs_missing_hint() == ""
+
+
 def test_presets_merge_under_the_recipe(tmp_path, write_recipe, monkeypatch):
     import pipeline.config.presets as presets
 
