@@ -78,11 +78,17 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
     from benchmarks.kernel.bench import _backend_name, _workspace
     from vattn.planner import FIELDS
 
+    seconds, rest = sustained
+    if seconds:
+        from benchmarks.kernel.sustained import Gpu, measure_one
+
+        gpu = Gpu()
     batches = harness.BatchCache(device)
     records = []
     for shape in shapes:
         b = batches.get(shape)
         ws = _workspace(shape, b, None)
+        backend = _backend_name(ws, b)
         pl = vattn.plan(b.seq_lens, b.cu, num_kv_heads=shape.num_kv_heads, page_size=shape.page_size,
                         mode="balanced", workspace=ws)
         torch.cuda.synchronize() if device == "cuda" else None
@@ -105,11 +111,8 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
             use(name)
             vattn.attention(*b.attention_args(0), plan=pl, out=b.out)
             errs[name] = harness.check(b.out, ref)
-        seconds, rest = sustained
         if seconds:
-            from benchmarks.kernel.sustained import Gpu, measure_one
-
-            gpu, graph = Gpu(), harness.capture(layer)  # the graph reads the plan's tensors, which use() rewrites
+            graph = harness.capture(layer)  # the graph reads the plan's tensors, which use() rewrites
         loads = {name: [] for name in plans}
 
         def timer(name):
@@ -127,7 +130,7 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
         faster = harness.rounds_faster(us)
         for name, values in us.items():
             rel_err, nan = errs[name]
-            records.append(dict(shape=shape.name, backend=_backend_name(ws, b), plan=name, pieces=_pieces(plans[name]),
+            records.append(dict(shape=shape.name, backend=backend, plan=name, pieces=_pieces(plans[name]),
                                 us=statistics.median(values),
                                 rounds=values, faster_rounds=faster.get(name), rel_err=rel_err, nan=nan,
                                 replicas=b.replicas, replays=replays, sustained_s=seconds or None,
