@@ -93,7 +93,7 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     """Split the batch's KV ranges into pieces (one program per piece and KV head).
 
     seq_lens: [B] int32, KV length incl. the new tokens; cu_seqlens_q: [B+1] int32.
-    num_kv_heads, page_size: must match the workspace. mode: "balanced" | "length_aware" | "fixed".
+    num_kv_heads, page_size: must match the workspace. mode: one of vattn.planner.PLANNERS.
     max_seq_len: optional, a bound on seq_lens that the caller knows on the host (an engine does). When every
     sequence then fits in one piece of a balanced plan, an eager attention() on a backend that writes whole
     sequences itself launches no reduce; a CUDA-graph capture always keeps it. A bound below the real
@@ -147,9 +147,10 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
 
 
 def _single_pieces(ws: Workspace, mode: str, max_seq_len: int | None) -> bool:
-    """Whether a plan of lengths <= max_seq_len has one piece a sequence: balanced never cuts a sequence of up
-    to its piece overhead in tiles (its cap is at least that; planner._split_balanced, plan_gpu's MIN_CAP)."""
-    return max_seq_len is not None and mode == "balanced" and max_seq_len <= ws.piece_overhead * KV_TILE
+    """Whether a plan of lengths <= max_seq_len has one piece a sequence: balanced (and balanced_tails) never cuts a
+    sequence of up to its piece overhead in tiles (its cap is at least that; planner._split_balanced, plan_gpu's MIN_CAP)."""
+    return (max_seq_len is not None and mode in ("balanced", "balanced_tails")
+            and max_seq_len <= ws.piece_overhead * KV_TILE)
 
 
 def _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode) -> tuple:

@@ -109,6 +109,10 @@ def _build(raw: dict, source: str) -> tuple[HardwareProfile, dict | None]:
             hopper = VattnModel(**raw["vattn_hopper"])
         except TypeError as e:
             raise ValueError(f"{source}.vattn_hopper: {e}") from None
+    for key, model in (("vattn", vattn), ("vattn_hopper", hopper)):
+        if isinstance(getattr(model, "plan_us", None), dict) and set(model.plan_us) != set(PLANNERS):
+            raise ValueError(f"{source}.{key}.plan_us: got planners {', '.join(model.plan_us)}; a figure per "
+                             f"planner needs exactly {', '.join(PLANNERS)} (or one figure for all)")
     baselines = {}
     for name, entries in _need(raw, "baselines", source).items():
         try:
@@ -287,21 +291,25 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
     wave = _wave_bytes_per_us(v, path, rows, kv_dtype, page_size)  # bytes/us with every slot busy
     token_bytes = cta_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
     latency = v.piece_latency_us * wave / slots  # a prologue costs its slot's fair share of time
-    runs, reduce_bytes = [], 0
-    batch = zip(splits, seq_lens, q_lens)
-    if planner == "balanced":  # its work_order: split sequences' pieces launch first
-        batch = sorted(batch, key=lambda x: x[0][0] == 1)
-    for (pieces, seg), L, q in batch:
+    runs, reduce_bytes = [], 0  # runs: (launched in the first group, (bytes a program, programs))
+    for (pieces, seg), L, q in zip(splits, seq_lens, q_lens):
         if not pieces:
             continue
         out_bytes = q * gqa * head_dim * 2  # one program's output rows
         part_bytes = q * gqa * (head_dim * o_bytes + 4)  # O + fp32 lse, written by main and read by reduce
         extra = latency + (part_bytes if pieces > 1 else out_bytes)
         seg_tokens = seg * KV_TILE
+        last_tokens = L - (pieces - 1) * seg_tokens
         if pieces > 1:
             reduce_bytes += hkv * (pieces * part_bytes + out_bytes)
-            runs.append((seg_tokens * token_bytes + extra, pieces - 1))
-        runs.append(((L - (pieces - 1) * seg_tokens) * token_bytes + extra, 1))
+            runs.append((True, (seg_tokens * token_bytes + extra, pieces - 1)))
+        # the plan's work_order (vattn.planner): balanced launches split sequences' pieces first,
+        # balanced_tails every piece over half the cap
+        first = pieces > 1 if planner == "balanced" else 2 * -(-last_tokens // KV_TILE) > seg
+        runs.append((first, (last_tokens * token_bytes + extra, 1)))
+    if planner in ("balanced", "balanced_tails"):
+        runs.sort(key=lambda r: not r[0])
+    runs = [r for _, r in runs]
     sms = prof.sms if v.slot_sharing == "sm" else None
     makespan = _makespan_us(runs, hkv, slots, wave, v.slot_boost, sms) if runs else 0.0
     most_pieces = max((pieces for pieces, _ in splits), default=0)

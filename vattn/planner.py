@@ -11,7 +11,8 @@ A plan is a fixed-size work list, W = max_work_items(B, Hkv, SLOTS):
     num_items[1]         number of real items
     work_order[W]        launch order: program w of the main grid runs item work_order[w]; -1 past
                          num_items. fixed, length_aware: w itself. balanced: the pieces of split
-                         sequences (k >= 2) first, then the single pieces, each group in row order
+                         sequences (k >= 2) first, then the single pieces, each group in row order.
+                         balanced_tails: the held pieces (over half the cap) first, then the packed ones
 
 Every planner first reduces a sequence to (pieces k, segment tiles s): piece p covers KV positions
 p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE) (whole segments, the last one short). A sequence with L = 0 or
@@ -30,7 +31,16 @@ Packing launches more programs than slots, so the main grid runs the split seque
 one-wave plan fits this budget, so the cap is never above the one-wave cap (sum ceil(tiles/c) <=
 SLOTS/Hkv), and equals it when no sequence is at most half the cap. Without packed sequences balanced
 equals length_aware whenever SEG_MAX does not bind, and beats it when one long request would need
-more than SEG_MAX pieces. Why not stream-K
+more than SEG_MAX pieces.
+
+balanced_tails is balanced with the last piece of a split sequence packed as a short sequence is, when it
+is at most c/2 tiles: balanced gives every piece a slot of its one wave, so a batch of equal sequences
+leaves slots idle and its largest piece is the one-wave cap (16 x 35k at 132 slots: 8 pieces of 69
+tiles on 128 slots). With the short last pieces packed a smaller cap fits (8 pieces of 68 and a 3-tile
+tail each, the 16 tails on the 4 spare slots behind the full pieces); the launch order runs every piece
+over half the cap first. Measured on an H100 (benchmarks/NOTES.md P114): 1.4-2.2% faster layers on four
+of six shapes on the Triton kernel, 0-1% on the Hopper kernel, none slower; a planner of its own until
+the H200 confirms it. Why not stream-K
 chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
 pieces has a smaller largest piece than the one-wave cap. (A Hopper build whose CTAs ran runs of stream-K
@@ -39,8 +49,8 @@ dropped: the cost model (processor sharing) ran it ~1% slower on the agentic bat
 pieces of unequal size across sequences leave a tail of few programs.
 
 Bounds (they define W = max(B, SLOTS/Hkv) + B): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces;
-length_aware <= max(n_nonempty, SLOTS/Hkv); balanced <= max(n_nonempty, SLOTS/Hkv) + n_packed (a slot
-holds one split piece or several packed ones). balanced has no per-sequence cap: one long sequence
+length_aware <= max(n_nonempty, SLOTS/Hkv); balanced and balanced_tails <= max(n_nonempty, SLOTS/Hkv) +
+n_packed (a slot holds one held piece or several packed ones; a sequence has at most one packed piece). balanced has no per-sequence cap: one long sequence
 may get up to SLOTS/Hkv pieces, so the reduce must loop over a sequence's rows (not assume <= 64).
 """
 from __future__ import annotations
@@ -49,7 +59,7 @@ import functools
 from dataclasses import dataclass
 
 # The planner names, everywhere (API, cost model, switch, bench). Their order is the plan kernel's MODE id.
-PLANNERS = ("fixed", "length_aware", "balanced")
+PLANNERS = ("fixed", "length_aware", "balanced", "balanced_tails")
 DEFAULT_PLANNER = "balanced"
 KV_TILE = 64  # tokens per KV tile: every piece starts on a tile boundary
 SEG_MAX = 64  # most pieces per sequence for fixed and length_aware (the MI355X reference's cap)
@@ -165,7 +175,26 @@ def _slot_need(live: list[int], cap: int, o: int) -> int:
     return held - (-packed // (cap + o))
 
 
-def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> list[tuple[int, int]]:
+def _last_piece(t: int, cap: int) -> int:
+    """Tiles of the last piece of a sequence of t tiles cut at cap."""
+    return t - (-(-t // cap) - 1) * cap
+
+
+def _slot_need_tails(live: list[int], cap: int, o: int) -> int:
+    """_slot_need with the last piece of every sequence packed when it is at most cap/2 tiles (a short
+    sequence is its own last piece). Non-increasing in cap as well: a last piece moves from held to packed
+    as the cap grows, and where the piece count drops the new last piece is held."""
+    held = packed = 0
+    for t in live:
+        last = _last_piece(t, cap)
+        small = 2 * last <= cap
+        held += -(-t // cap) - small
+        packed += (last + o) * small
+    return held - (-packed // (cap + o))
+
+
+def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int, overhead: int,
+                    need=_slot_need) -> list[tuple[int, int]]:
     live = [t for t in tiles if t]
     if not live:
         return [(0, 0)] * len(tiles)
@@ -175,12 +204,17 @@ def _split_balanced(tiles: list[int], num_kv_heads: int, slots: int, overhead: i
     total, longest, n = sum(live), max(live), len(live)
     lo = max(1, _cdiv(total, budget) - overhead)
     hi = longest if budget <= n else min(longest, max(_cdiv(total, budget), _cdiv(total, budget - n)))
-    cap = max(_smallest(lo, max(hi, lo), lambda c: _slot_need(live, c, overhead) <= budget), overhead)
+    cap = max(_smallest(lo, max(hi, lo), lambda c: need(live, c, overhead) <= budget), overhead)
     return [(_cdiv(t, cap), cap) if t else (0, 0) for t in tiles]
 
 
-# (tiles, num_kv_heads, slots, overhead) -> per sequence (pieces, segment tiles); only balanced weighs overhead
-_SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced}
+def _split_balanced_tails(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> list[tuple[int, int]]:
+    return _split_balanced(tiles, num_kv_heads, slots, overhead, need=_slot_need_tails)
+
+
+# (tiles, num_kv_heads, slots, overhead) -> per sequence (pieces, segment tiles); only the balanced ones weigh overhead
+_SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced,
+              "balanced_tails": _split_balanced_tails}
 
 
 def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
@@ -227,6 +261,9 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
     order = list(range(n))
     if mode == "balanced":  # split sequences' pieces first; the packed single pieces run behind them
         order = [w for w in order if splits[seq[w]][0] > 1] + [w for w in order if splits[seq[w]][0] == 1]
+    elif mode == "balanced_tails":  # the held pieces first; the packed ones run behind them
+        held = [2 * _cdiv(end[w] - start[w], KV_TILE) > splits[seq[w]][1] for w in order]
+        order = [w for w in order if held[w]] + [w for w in order if not held[w]]
     pad = width - n
     return PlanLists(
         work_seq=seq + [-1] * pad,
@@ -281,7 +318,7 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         if MODE == 1:
             lo = tl.maximum(lo, (longest + SEG_CAP - 1) // SEG_CAP)
             hi = tl.maximum(hi, lo)
-        if MODE == 2:
+        if MODE >= 2:
             lo = tl.maximum(lo - OVERHEAD, 1)
         # NCAND-ary search instead of bisection: each round tests NCAND caps at once (one [BLOCK_B, NCAND]
         # tile) and keeps the gap between the last infeasible and the first feasible one, so the span
@@ -299,13 +336,18 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
                 small = (2 * t2 <= c2) & (t2 > 0)
                 packed = tl.sum(tl.where(small, tiles[:, None] + OVERHEAD, 0), 0)
                 need = tl.sum(tl.where(small, 0, held), 0) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
+            elif MODE == 3:  # _slot_need_tails: every last piece of <= cap/2 tiles packed
+                last = tiles[:, None] - (held - 1) * caps[None, :]  # int32: an empty sequence's is cap (not small)
+                small = (2 * last <= caps[None, :]) & (tiles[:, None] > 0)
+                packed = tl.sum(tl.where(small, last + OVERHEAD, 0), 0)
+                need = tl.sum(held - small.to(tl.int32), 0) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
             else:
                 need = tl.sum(held, 0)
             fits = (need <= cap_budget) | (caps >= hi)  # monotone in the cap: a prefix fails, the rest fits
             new_lo = tl.max(tl.where(fits, lo - 1, caps), 0) + 1
             hi = tl.min(tl.where(fits, caps, hi), 0)
             lo = new_lo
-        if MODE == 2:
+        if MODE >= 2:
             hi = tl.maximum(hi, MIN_CAP)
         seg = tl.zeros_like(tiles) + hi
     seg = tl.maximum(seg, 1)  # sequences without tiles get no pieces; keep the division defined
@@ -323,11 +365,15 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     # built from the scan's output alone, so the tile takes one converted vector and the per-sequence
     # arithmetic above is not recomputed in the tile's layout. The item's length is gathered from memory.
     # balanced's launch order places a split sequence's item among the split items by their running count
-    # in row order, a single one among the rest after the n_split split ones. Blocks past n_items only
-    # pad. --
+    # in row order, a single one among the rest after the n_first split ones; balanced_tails's the same
+    # with the held items (over half the cap) first. Blocks past n_items only pad. --
     key = ((ends << 16) | (offs + 1))[:, None]  # padded b: ends == n_items > w
-    n_split = tl.sum(tl.where(pieces > 1, pieces, 0), 0)
-    split_seen = n_items * 0  # split items before the current block
+    if MODE == 3:
+        small_last = ((2 * (tiles - (pieces - 1) * seg) <= seg) & (tiles > 0)).to(tl.int32)
+        n_first = tl.sum(pieces - small_last, 0)
+    else:
+        n_first = tl.sum(tl.where(pieces > 1, pieces, 0), 0)
+    first_seen = n_items * 0  # first-group items before the current block
     for w0 in range(0, n_items, BLOCK_W):
         w = w0 + tl.arange(0, BLOCK_W)
         found = tl.max(tl.where(key <= ((w << 16) | 0xFFFF)[None, :], key, 0), 0)  # the last such b's key
@@ -346,11 +392,14 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         tl.store(work_start + w, tl.where(real, start, 0), mask=m)
         tl.store(work_end + w, tl.where(real, end, 0), mask=m)
         tl.store(work_part + w, tl.where(real, w, -1), mask=m)
-        if MODE == 2:  # a permutation of 0..n_items-1 (scattered), then -1 past it
-            split = (real & (length > seg_tokens)).to(tl.int32)  # more than one piece: tiles > hi
-            split_before = split_seen + tl.cumsum(split, 0) - split
-            split_seen += tl.sum(split, 0)
-            slot = tl.where(split > 0, split_before, n_split + w - split_before)
+        if MODE >= 2:  # a permutation of 0..n_items-1 (scattered), then -1 past it
+            if MODE == 2:  # more than one piece: tiles > hi
+                first_group = (real & (length > seg_tokens)).to(tl.int32)
+            else:  # held: more than half the cap
+                first_group = (real & (2 * ((end - start + TILE - 1) // TILE) > hi)).to(tl.int32)
+            before = first_seen + tl.cumsum(first_group, 0) - first_group
+            first_seen += tl.sum(first_group, 0)
+            slot = tl.where(first_group > 0, before, n_first + w - before)
             tl.store(work_order + slot, w, mask=real)
             tl.store(work_order + w, -1, mask=m & (w >= n_items))
         else:

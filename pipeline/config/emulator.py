@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from pipeline.paths import HARDWARE_PROFILES_DIR, MODEL_PRESETS_DIR, configs_missing_hint, preset_file
 from vattn.contract import HEAD_DIMS, PAGE_SIZES
+from vattn.planner import DEFAULT_PLANNER, PLANNERS
 
 DEFAULT_PRESET = "qwen3.5-397b-a17b-tp2"
 # Fields a model preset may set (the model's shape and its speculative head); a preset file with
@@ -216,7 +217,8 @@ def make_parser() -> argparse.ArgumentParser:
         description="OpenAI-compatible serving emulator: continuous batching, chunked prefill, prefix cache, "
                     "speculative decoding; each cycle sleeps for modelled time (attention from vattn's cost "
                     "model). Arm from env (vattn/switch.py): VATTN=0 baseline kernel + fixed split; VATTN=1 or "
-                    "unset vattn with VATTN_PLAN (fixed | length_aware | balanced, default balanced).")
+                    "unset vattn with VATTN_PLAN (one of "
+                    f"{' | '.join(PLANNERS)}, default {DEFAULT_PLANNER}).")
     parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of config fields (flags override it).")
     for name, field in EmulatorConfig.model_fields.items():
         flag = "--" + name.replace("_", "-")

@@ -78,12 +78,14 @@ def test_h200_flashinfer_bf16():
 
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "h200-vattn.json"
+# the planners that bench measured; balanced_tails has no H200 rows yet (benchmarks/NOTES.md, step 8)
+BENCH_PLANNERS = ("fixed", "length_aware", "balanced")
 
 
 def bench_records():
     """The default-config vattn rows of the committed H200 bench (BENCHMARKS.md's table)."""
     rows = [r for r in json.loads(BENCH.read_text()) if r.get("default_config") and r["impl"] == "vattn"]
-    assert len(rows) == 64 and {r["planner"] for r in rows} == set(PLANNERS)  # runs B-F and I
+    assert len(rows) == 64 and {r["planner"] for r in rows} == set(BENCH_PLANNERS)  # runs B-F and I
     return rows
 
 
@@ -97,7 +99,7 @@ def bench_batch(r):
     return lens, [int(r["q_len"])] * len(lens)
 
 
-@pytest.mark.parametrize("planner", PLANNERS)
+@pytest.mark.parametrize("planner", BENCH_PLANNERS)
 def test_h200_vattn_fits_the_bench(planner):
     # every default-config row of benchmarks/h200-vattn.json within 15%, planned with the occupancy the
     # compiled kernel had (programs_per_sm), as the emulator plans with the workspace's

@@ -4,7 +4,8 @@ import random
 import pytest
 
 from vattn.planner import (
-    KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, slot_budget,
+    KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, plan_splits,
+    slot_budget,
 )
 from vattn.planner import _smallest_cap  # the one-wave cap, which balanced's is held against
 
@@ -249,6 +250,70 @@ def test_balanced_is_the_min_max_packed_wave_plan(o):
         assert p.work_order[:p.num_items[0]] == split + [w for w in range(p.num_items[0]) if w not in split]
 
 
+def slot_need_tails(tiles, cap, o):
+    """slot_need with the last piece of every sequence packed when it is at most cap/2 tiles."""
+    held = packed = 0
+    for t in tiles:
+        pieces = -(-t // cap)
+        last = t - (pieces - 1) * cap
+        held += pieces - (2 * last <= cap)
+        packed += (last + o) if 2 * last <= cap else 0
+    return held + -(-packed // (cap + o))
+
+
+@pytest.mark.parametrize("o", [PIECE_OVERHEAD_TILES, 8])
+def test_balanced_tails_is_the_min_max_packed_wave_plan(o):
+    for lens, qs, hkv, slots in CASES:
+        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced_tails", overhead=o)
+        by_seq = pieces_by_seq(p, len(lens))
+        live = [b for b in by_seq if by_seq[b]]
+        if not live:
+            continue
+        budget = max(slot_budget(hkv, slots), len(live))
+        tiles = [-(-lens[b] // KV_TILE) for b in live]
+        # the cap the planner chose (one for the batch); below, checked to be the smallest that fits
+        (cap,) = {seg for k, seg in plan_splits(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced_tails",
+                                                  overhead=o) if k}
+        for b in live:
+            assert all(tiles_of(a, e) == cap for a, e in by_seq[b][:-1]) and tiles_of(*by_seq[b][-1]) <= cap
+        assert slot_need_tails(tiles, cap, o) <= budget
+        if cap > o:
+            assert slot_need_tails(tiles, cap - 1, o) > budget
+        # never a larger cap than balanced's, which fits this budget too (a packed last piece takes no more
+        # slot time than a held one)
+        assert cap <= max(seg for _, seg in plan_splits(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced",
+                                                        overhead=o))
+        # launch order: the pieces over half the cap, then the rest, each in row order
+        n = p.num_items[0]
+        held = [w for w in range(n) if 2 * tiles_of(p.work_start[w], p.work_end[w]) > cap]
+        assert p.work_order[:n] == held + [w for w in range(n) if w not in held]
+
+
+def test_balanced_tails_packs_equal_sequences_last_pieces_behind_the_full_ones():
+    lens = [35_000] * 16  # 547 tiles: balanced's one-wave cap is 69 (8 pieces, 128 slots of 132)
+    p = plan_python(lens, [4] * 16, num_kv_heads=1, slots=132, mode="balanced_tails", overhead=8)
+    n = p.num_items[0]
+    tiles = [tiles_of(s, e) for _, s, e in p.pieces()]
+    assert n == 144 and max(tiles) == 68 and sorted(tiles).count(3) == 16
+    assert [tiles[w] for w in p.work_order[:128]] == [68] * 128  # the full pieces launch first
+    assert slot_need_tails([547] * 16, 68, 8) == 131 and slot_need_tails([547] * 16, 67, 8) == 133
+    base = plan_python(lens, [4] * 16, num_kv_heads=1, slots=132, mode="balanced", overhead=8)
+    assert base.num_items[0] == 128 and max(tiles_of(s, e) for _, s, e in base.pieces()) == 69
+
+
+def test_balanced_tails_need_is_non_increasing_in_the_cap():
+    # the GPU's k-ary search relies on it
+    from vattn.planner import _slot_need_tails
+
+    rng = random.Random(0)
+    for _ in range(20):
+        tiles = [rng.choice([rng.randint(1, 40), rng.randint(1, 2_000)]) for _ in range(rng.randint(1, 64))]
+        o = rng.choice([PIECE_OVERHEAD_TILES, 8])
+        needs = [_slot_need_tails(tiles, c, o) for c in range(1, 2_100)]
+        assert all(a >= b for a, b in zip(needs, needs[1:])), tiles
+        assert needs == [slot_need_tails(tiles, c, o) for c in range(1, 2_100)]
+
+
 def test_planner_makespans_ordered():
     # Largest piece (tiles): balanced <= length_aware <= fixed, whenever the batch fits one wave.
     for lens, qs, hkv, slots in CASES:
@@ -328,7 +393,8 @@ from test_planner import CASES, GPU_EDGE_CASES, GPU_SEARCH_CASES, run_gpu
 from vattn.planner import PLANNERS
 cases = GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6]
 out = {m: [run_gpu(*case, m) for case in cases] for m in PLANNERS}
-out["balanced-o8"] = [run_gpu(*case, "balanced", overhead=8) for case in cases]
+for m in ("balanced", "balanced_tails"):
+    out[f"{m}-o8"] = [run_gpu(*case, m, overhead=8) for case in cases]
 print(json.dumps(out))
 """
 
@@ -348,7 +414,7 @@ def test_plan_gpu_equals_python_under_interpreter():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
-    for mode, overhead in [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [("balanced", 8)]:
+    for mode, overhead in [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [("balanced", 8), ("balanced_tails", 8)]:
         key = mode if overhead == PIECE_OVERHEAD_TILES else f"{mode}-o{overhead}"
         for case, plan in zip(GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6], got[key]):
             lens, qs, hkv, slots = case
@@ -387,7 +453,8 @@ def cuda_available():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode, overhead", [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [("balanced", 8)])
+@pytest.mark.parametrize("mode, overhead", [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS]
+                         + [("balanced", 8), ("balanced_tails", 8)])
 def test_plan_gpu_equals_python_on_cuda(mode, overhead):
     rng = random.Random(7)
     cases = GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES

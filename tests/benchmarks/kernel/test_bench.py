@@ -25,7 +25,7 @@ def test_sglang_triton_is_the_baseline_when_sglang_imports(monkeypatch):
 
 
 def test_bench_cli_rejects_an_unknown_planner():
-    with pytest.raises(SystemExit, match=r"--planners: got 'lean'; allowed: balanced, length_aware, fixed"):
+    with pytest.raises(SystemExit, match=r"--planners: got 'lean'; allowed: balanced, balanced_tails, length_aware, fixed"):
         bench.main(["--planners", "lean", "--shapes", "16x35k"])
 
 
@@ -41,7 +41,7 @@ def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_
     records = json.loads(out.read_text())
     vattn_rows = [r for r in records if r["impl"] == "vattn"]
     assert {(r["shape"], r["planner"]) for r in vattn_rows} == {
-        (s, p) for s in ("tiny-fp8", "tiny-fp16-page1") for p in ("balanced", "length_aware", "fixed")}
+        (s, p) for s in ("tiny-fp8", "tiny-fp16-page1") for p in bench.PLANNER_ORDER}
     assert all(r["rel_err"] < 5e-3 and r["nan"] is False and r["device"] == "cpu-interpreter" for r in vattn_rows)
     assert {r["backend"] for r in vattn_rows} == {"triton"}  # the backend that ran the timed main kernel
     # the paged-gather ceiling, once per shape, on every planner's row (its dry-run time means nothing)
