@@ -506,14 +506,17 @@ def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str, overhea
     block_b = 1 << max(batch - 1, 0).bit_length()
     # A one-program launch on a tiny problem, bound by the latency of its serial instructions. Each thread
     # holds a whole column of the [BLOCK_B, *] tiles (at most 64 rows: warps split the batch axis past 64),
-    # so reductions over the batch are adds in registers; one warp (no barriers) while the batch fits it.
-    # BLOCK_W: items a step, sized to ~2048 tile values (fewer steps over the ~SLOTS items); NCAND: caps a
-    # search round, ~8 tile values a thread (the bracket spans a few caps, so one round is the rule).
-    num_warps = 1 if block_b <= 32 else 2 if block_b <= 64 else 4 if block_b <= 256 else 8
-    warps_on_b = min(num_warps, max(1, block_b // 64))
-    block_w = max(32 * (num_warps // warps_on_b), min(256, 2048 // block_b))
+    # so reductions over the batch are adds in registers. NCAND: caps a search round (the bracket spans a
+    # few caps, so one round is the rule); BLOCK_W: items a step. Up to 64 sequences, the fastest of 9-13
+    # launch shapes timed on an H100 for 16, 32 and 64 (benchmarks/NOTES.md P115: 0.1-1.1 us below one or
+    # two warps, the more items the more); past 64 ~8 tile values a thread, as first written.
+    if block_b <= 32:
+        num_warps, ncand = (2, 32) if block_b <= 16 else (4, 16)
+        block_w = min(256, 2048 // block_b)
+    else:
+        num_warps, ncand = 4 if block_b <= 256 else 8, 8
+        block_w = max(32 * (num_warps // min(num_warps, max(1, block_b // 64))), min(256, 2048 // block_b))
     scalars = (batch, width, slot_budget(num_kv_heads, slots), nseg)
     return scalars, dict(
-        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=block_w,
-        NCAND=max(8, min(32, 256 * num_warps // block_b)), TILE=KV_TILE, SEG_CAP=SEG_MAX, MIN_CAP=overhead,
-        OVERHEAD=overhead, num_warps=num_warps)
+        MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=block_w, NCAND=ncand, TILE=KV_TILE, SEG_CAP=SEG_MAX,
+        MIN_CAP=overhead, OVERHEAD=overhead, num_warps=num_warps)

@@ -1,64 +1,112 @@
-"""The plan kernel alone, by the width of its cap search (NCAND: caps tested a round), on the bench's batches.
+"""The plan kernel alone, by its launch shape (warps, NCAND caps a search round, BLOCK_W items a step) and planner,
+on the bench's batches.
 
-    python -m benchmarks.kernel.plan_search --shapes 16x35k,host-64x24 --out plan-search.json
+    python -m benchmarks.kernel.plan_search --shapes 16x35k,host-64x24 --launch "1:8:64,2:32:128" --out plan-search.json
 
-Each width's plan is checked against plan_python (balanced, one CTA per SM on 132 SMs, piece overhead 8: the
-Hopper backend's), then timed as a graph of 20 launches (us a launch, median of 20 replays). The search's
-result is the same at any width; only the number of rounds and the work of each change.
+Each launch shape's plan is checked against plan_python, then timed as a graph of 20 launches (us a launch, the
+median of 20 replays), the shapes taking turns round by round. `default` is vattn.planner's own choice for the
+batch size. --backends plans as each backend does on a 132-SM Hopper: `hopper` one CTA an SM and the e4m3 piece
+overhead (8 tiles), `triton` two programs an SM and the Triton kernel's overhead. The plan is the same at any
+launch shape; only the time differs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 from benchmarks.kernel import harness
 from benchmarks.kernel.shapes import select
+from vattn.planner import PIECE_OVERHEAD_TILES, PLANNERS
 
-WIDTHS = (8, 16, 32, 64, 128)
 LAUNCHES = 20
-SLOTS, OVERHEAD = 132, 8
+BACKENDS = {"hopper": (132, 8), "triton": (264, PIECE_OVERHEAD_TILES)}  # (slots, piece overhead in tiles)
 
 
-def run_shape(shape, device: str) -> dict:
+def parse_launch(text: str) -> list[str]:
+    """'default' and 'WARPS:NCAND:BLOCK_W' entries, comma-separated; default first if not named."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(":")
+        if item != "default" and (len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts)
+                                  or any(int(p) & (int(p) - 1) for p in parts)):
+            raise SystemExit(f"--launch: got {item!r}; allowed: default or WARPS:NCAND:BLOCK_W, each a power of two")
+        out.append(item)
+    return (["default"] if "default" not in out else []) + out
+
+
+def run_shape(shape, device: str, backend: str, planners, launches, rounds: int) -> list[dict]:
     import torch
 
     from vattn import launcher
     from vattn.planner import FIELDS, _plan_kernel, max_work_items, plan_launch_args, plan_python
 
+    slots, overhead = BACKENDS[backend]
     b = harness.BatchCache(device).get(shape)
-    width = max_work_items(shape.batch, shape.num_kv_heads, SLOTS)
+    width = max_work_items(shape.batch, shape.num_kv_heads, slots)
     sizes = {f: width for f in FIELDS} | {"seq_part_start": shape.batch + 1, "num_items": 1}
     out = {f: torch.empty(n, dtype=torch.int32, device=device) for f, n in sizes.items()}
-    args, constexprs = plan_launch_args(b.seq_lens, b.cu, out, num_kv_heads=shape.num_kv_heads, slots=SLOTS,
-                                        mode="balanced", overhead=OVERHEAD)
-    want = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=SLOTS,
-                       mode="balanced", overhead=OVERHEAD)
     kernel = launcher.kernel(_plan_kernel())
-    rec = dict(shape=shape.name, batch=shape.batch, default_ncand=constexprs["NCAND"])
-    for ncand in WIDTHS:
-        kw = dict(constexprs, NCAND=ncand)
-        launch = lambda: kernel.launch((1, 1, 1), args, kw)
-        launch()
-        rec[f"matches_plan_python_ncand{ncand}"] = all(out[f].tolist() == getattr(want, f) for f in FIELDS)
-        rec[f"plan_us_ncand{ncand}"] = harness.timed_graph(lambda: [launch() for _ in range(LAUNCHES)], 20,
-                                                           device) / LAUNCHES
-    return rec
+    records = []
+    for mode in planners:
+        args, default = plan_launch_args(b.seq_lens, b.cu, out, num_kv_heads=shape.num_kv_heads, slots=slots,
+                                         mode=mode, overhead=overhead)
+        want = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=slots,
+                           mode=mode, overhead=overhead)
+        shapes = {}
+        for name in launches:
+            warps, ncand, block_w = (default[k] for k in ("num_warps", "NCAND", "BLOCK_W")) if name == "default" \
+                else map(int, name.split(":"))
+            shapes[name] = dict(default, num_warps=warps, NCAND=ncand, BLOCK_W=block_w)
+
+        def timer(kw):
+            def time_it():
+                return harness.timed_graph(lambda: [kernel.launch((1, 1, 1), args, kw) for _ in range(LAUNCHES)],
+                                           20, device) / LAUNCHES
+            return time_it
+
+        matches = {}
+        for name, kw in shapes.items():
+            kernel.launch((1, 1, 1), args, kw)
+            matches[name] = all(out[f].tolist() == getattr(want, f) for f in FIELDS)
+        times = harness.time_in_rounds({name: timer(kw) for name, kw in shapes.items()}, rounds)
+        for name, kw in shapes.items():
+            records.append(dict(shape=shape.name, batch=shape.batch, backend=backend, slots=slots, overhead=overhead,
+                                planner=mode, launch=name, num_warps=kw["num_warps"], ncand=kw["NCAND"],
+                                block_w=kw["BLOCK_W"], items=want.num_items[0], matches_plan_python=matches[name],
+                                us=statistics.median(times[name]), rounds=times[name]))
+    return records
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="16x35k,host-64x24")
+    ap.add_argument("--planners", default="balanced", help=f"comma-separated, of {', '.join(PLANNERS)}")
+    ap.add_argument("--backends", default="hopper", help=f"comma-separated, of {', '.join(BACKENDS)}")
+    ap.add_argument("--launch", default="default", help="comma-separated launch shapes WARPS:NCAND:BLOCK_W; "
+                    "default (vattn's own choice) is always timed")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the launch shapes in turns (default 2)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu under TRITON_INTERPRET=1 checks the plans only")
     ap.add_argument("--out", default="plan-search.json")
     a = ap.parse_args(argv)
-    records = [run_shape(shape, a.device) for shape in select(a.shapes)]
+    planners = [p for p in a.planners.split(",") if p]
+    backends = [b for b in a.backends.split(",") if b]
+    for field, values, allowed in (("--planners", planners, PLANNERS), ("--backends", backends, tuple(BACKENDS))):
+        for v in values:
+            if v not in allowed:
+                raise SystemExit(f"{field}: got {v!r}; allowed: {', '.join(allowed)}")
+    if a.rounds < 1:
+        raise SystemExit(f"--rounds: got {a.rounds}; allowed: a positive integer")
+    launches = parse_launch(a.launch)
+    records = [r for backend in backends for shape in select(a.shapes)
+               for r in run_shape(shape, a.device, backend, planners, launches, a.rounds)]
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
-    for r in records:  # us a launch by width; a plan that differs from plan_python is marked
-        cells = [f"{n}:{r[f'plan_us_ncand{n}']:.2f}" + ("" if r[f"matches_plan_python_ncand{n}"] else "(WRONG)")
-                 for n in WIDTHS]
-        print(f"{r['shape']:20s} " + " ".join(cells))
-    return 0 if all(v for r in records for k, v in r.items() if k.startswith("matches")) else 1
+    for r in records:  # a plan that differs from plan_python is marked
+        print(f"{r['shape']:20s} {r['backend']:6s} {r['planner']:14s} {r['launch']:9s} warps {r['num_warps']} "
+              f"NCAND {r['ncand']:2d} BLOCK_W {r['block_w']:3d} items {r['items']:4d} "
+              + " ".join(f"{t:6.2f}" for t in r["rounds"]) + ("" if r["matches_plan_python"] else "  WRONG"))
+    return 0 if all(r["matches_plan_python"] for r in records) else 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""benchmarks.kernel.plan_search on the CPU: every search width's plan is checked against plan_python."""
+"""benchmarks.kernel.plan_search on the CPU: every launch shape's plan is checked against plan_python."""
 
 import json
 import os
@@ -8,19 +8,31 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.kernel.plan_search import parse_launch
+
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_every_width_plans_like_plan_python_under_interpreter(tmp_path):
+def test_every_launch_shape_plans_like_plan_python_under_interpreter(tmp_path):
     pytest.importorskip("triton")
     out = tmp_path / "plan-search.json"
     # a fresh process: TRITON_INTERPRET must be set before triton is first imported
     proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.plan_search", "--shapes", "host-64x24",
-                           "--device", "cpu", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, TRITON_INTERPRET="1"))
+                           "--planners", "balanced,balanced_tails", "--backends", "hopper,triton",
+                           "--launch", "2:8:64,4:16:128", "--rounds", "1", "--device", "cpu", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TRITON_INTERPRET="1"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (rec,) = json.loads(out.read_text())
-    widths = [k.removeprefix("matches_plan_python_ncand") for k in rec if k.startswith("matches_")]
-    assert widths == ["8", "16", "32", "64", "128"]
-    assert all(rec[f"matches_plan_python_ncand{w}"] for w in widths)
-    assert rec["default_ncand"] == 8  # host-64x24: a batch of 64 on 2 warps
+    records = json.loads(out.read_text())
+    assert [(r["backend"], r["planner"], r["launch"]) for r in records] == [
+        (b, p, s) for b in ("hopper", "triton") for p in ("balanced", "balanced_tails")
+        for s in ("default", "2:8:64", "4:16:128")]
+    assert all(r["matches_plan_python"] and len(r["rounds"]) == 1 for r in records)
+    # host-64x24: a batch of 64 plans on 4 warps, 8 caps a round, 128 items a step
+    assert {(r["num_warps"], r["ncand"], r["block_w"]) for r in records if r["launch"] == "default"} == {(4, 8, 128)}
+
+
+@pytest.mark.parametrize("text", ["2:8", "3:8:64", "2:8:x", "0:8:64"])
+def test_a_bad_launch_shape_names_the_flag_and_what_is_allowed(text):
+    with pytest.raises(SystemExit, match=r"--launch: got .*; allowed: default or WARPS:NCAND:BLOCK_W"):
+        parse_launch(text)
