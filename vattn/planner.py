@@ -38,9 +38,9 @@ is at most c/2 tiles: balanced gives every piece a slot of its one wave, so a ba
 leaves slots idle and its largest piece is the one-wave cap (16 x 35k at 132 slots: 8 pieces of 69
 tiles on 128 slots). With the short last pieces packed a smaller cap fits (8 pieces of 68 and a 3-tile
 tail each, the 16 tails on the 4 spare slots behind the full pieces); the launch order runs every piece
-over half the cap first. Measured on an H100 (benchmarks/NOTES.md P114): 1.4-2.2% faster layers on four
-of six shapes on the Triton kernel, 0-1% on the Hopper kernel, none slower; a planner of its own until
-the H200 confirms it. Why not stream-K
+over half the cap first. On an H200 (benchmarks/NOTES.md P114) its layers ran 0.7-5% faster in a burst
+on every batch whose plan it changes, on both kernels, but 16x119k ran 0.7% slower under sustained load
+(more programs, each with its fixed cost, where energy sets the time): opt-in, not the default. Why not stream-K
 chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
 pieces has a smaller largest piece than the one-wave cap. (A Hopper build whose CTAs ran runs of stream-K
