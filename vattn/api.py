@@ -147,8 +147,9 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
 
 
 def _single_pieces(ws: Workspace, mode: str, max_seq_len: int | None) -> bool:
-    """Whether a plan of lengths <= max_seq_len has one piece a sequence: balanced (and balanced_tails) never cuts a
-    sequence of up to its piece overhead in tiles (its cap is at least that; planner._split_balanced, plan_gpu's MIN_CAP)."""
+    """Whether a plan of lengths <= max_seq_len has one piece a sequence: balanced and balanced_tails never cut a
+    sequence of up to their piece overhead in tiles (the cap is at least that; planner._split_balanced, plan_gpu's
+    MIN_CAP)."""
     return (max_seq_len is not None and mode in ("balanced", "balanced_tails")
             and max_seq_len <= ws.piece_overhead * KV_TILE)
 

@@ -50,8 +50,9 @@ pieces of unequal size across sequences leave a tail of few programs.
 
 Bounds (they define W = max(B, SLOTS/Hkv) + B): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces;
 length_aware <= max(n_nonempty, SLOTS/Hkv); balanced and balanced_tails <= max(n_nonempty, SLOTS/Hkv) +
-n_packed (a slot holds one held piece or several packed ones; a sequence has at most one packed piece). balanced has no per-sequence cap: one long sequence
-may get up to SLOTS/Hkv pieces, so the reduce must loop over a sequence's rows (not assume <= 64).
+n_packed (a slot holds one held piece or several packed ones; a sequence has at most one packed piece).
+balanced has no per-sequence cap: one long sequence may get up to SLOTS/Hkv pieces, so the reduce must
+loop over a sequence's rows (not assume <= 64).
 """
 from __future__ import annotations
 

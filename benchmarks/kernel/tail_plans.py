@@ -103,8 +103,8 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
 def main(argv=None) -> int:
     return harness.rounds_cli(argv, module="benchmarks.kernel.tail_plans", doc=__doc__, default_shapes=DEFAULT_SHAPES,
                               default_rounds=5, default_out="tail-plans.json",
-                              header=f"{'shape':28s} {'plan':14s} {'pieces':28s} us a layer, round by round", measure=measure,
-                              sustained=True)
+                              header=f"{'shape':28s} {'plan':14s} {'pieces':28s} us a layer, round by round",
+                              measure=measure, sustained=True)
 
 
 if __name__ == "__main__":

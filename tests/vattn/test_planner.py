@@ -223,16 +223,21 @@ def slot_need(tiles, cap, o):
     return held + -(-packed // (cap + o))
 
 
-@pytest.mark.parametrize("o", [PIECE_OVERHEAD_TILES, 8])  # the Triton kernel's overhead, the Hopper kernel's
-def test_balanced_is_the_min_max_packed_wave_plan(o):
+def live_plans(mode, o):
+    """For each CASES batch with a live sequence: (its plan, pieces by sequence, the live sequences, the slot
+    budget, their tiles)."""
     for lens, qs, hkv, slots in CASES:
-        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced", overhead=o)
+        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode=mode, overhead=o)
         by_seq = pieces_by_seq(p, len(lens))
         live = [b for b in by_seq if by_seq[b]]
-        if not live:
-            continue
-        budget = max(slot_budget(hkv, slots), len(live))
-        tiles = [-(-lens[b] // KV_TILE) for b in live]
+        if live:
+            yield (lens, qs, hkv, slots), p, by_seq, live, max(slot_budget(hkv, slots), len(live)), \
+                [-(-lens[b] // KV_TILE) for b in live]
+
+
+@pytest.mark.parametrize("o", [PIECE_OVERHEAD_TILES, 8])  # the Triton kernel's overhead, the Hopper kernel's
+def test_balanced_is_the_min_max_packed_wave_plan(o):
+    for _, p, by_seq, live, budget, tiles in live_plans("balanced", o):
         cap = max(tiles_of(a, e) for b in live for a, e in by_seq[b])
         for b in live:  # whole cap-sized segments, the last one short
             assert all(tiles_of(a, e) == cap for a, e in by_seq[b][:-1])
@@ -263,14 +268,7 @@ def slot_need_tails(tiles, cap, o):
 
 @pytest.mark.parametrize("o", [PIECE_OVERHEAD_TILES, 8])
 def test_balanced_tails_is_the_min_max_packed_wave_plan(o):
-    for lens, qs, hkv, slots in CASES:
-        p = plan_python(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced_tails", overhead=o)
-        by_seq = pieces_by_seq(p, len(lens))
-        live = [b for b in by_seq if by_seq[b]]
-        if not live:
-            continue
-        budget = max(slot_budget(hkv, slots), len(live))
-        tiles = [-(-lens[b] // KV_TILE) for b in live]
+    for (lens, qs, hkv, slots), p, by_seq, live, budget, tiles in live_plans("balanced_tails", o):
         # the cap the planner chose (one for the batch); below, checked to be the smallest that fits
         (cap,) = {seg for k, seg in plan_splits(lens, qs, num_kv_heads=hkv, slots=slots, mode="balanced_tails",
                                                   overhead=o) if k}

@@ -4,16 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.kernel import bench, peers
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_sglang_triton_is_the_baseline_when_sglang_imports(monkeypatch):
@@ -30,14 +24,11 @@ def test_bench_cli_rejects_an_unknown_planner():
 
 
 @pytest.mark.slow
-def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_path):
+def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_path, interpreted):
     """The whole bench path (BatchCache, planners, graphs stand-in, reference check, peers) on tiny shapes under
     Triton's interpreter, in a subprocess (TRITON_INTERPRET must be set before triton is imported)."""
     out = tmp_path / "dry.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.bench", "--dry-run", "--peers", "sdpa",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    interpreted("-m", "benchmarks.kernel.bench", "--dry-run", "--peers", "sdpa", "--out", str(out))
     records = json.loads(out.read_text())
     vattn_rows = [r for r in records if r["impl"] == "vattn"]
     assert {(r["shape"], r["planner"]) for r in vattn_rows} == {
@@ -51,14 +42,11 @@ def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_
 
 
 @pytest.mark.slow
-def test_host_overhead_dry_run_times_every_part(tmp_path):
+def test_host_overhead_dry_run_times_every_part(tmp_path, interpreted):
     """--host-overhead's plumbing on a CPU under Triton's interpreter (its times mean nothing there)."""
     out = tmp_path / "host.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.bench", "--host-overhead", "--dry-run",
-                           "--planners", "balanced", "--host-calls", "2", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = interpreted("-m", "benchmarks.kernel.bench", "--host-overhead", "--dry-run", "--planners", "balanced",
+                       "--host-calls", "2", "--out", str(out))
     records = json.loads(out.read_text())
     # each shape with vattn's Triton kernels launched natively once bound, then by Triton's launcher
     assert [(r["shape"], r["launcher"]) for r in records] == [

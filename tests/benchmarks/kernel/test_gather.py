@@ -4,14 +4,9 @@ attention kernel must (every row < L of every page of K and V, through the repli
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
 
 # TRITON_INTERPRET must be set before triton is first imported: the kernel runs in a fresh process. It prints,
 # per shape, the kernel's sums and the same sums computed by torch from the pages the table names
@@ -44,12 +39,8 @@ print(json.dumps(out))
 """
 
 
-def test_the_gather_ceiling_reads_each_sequences_rows_through_its_page_table():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_the_gather_ceiling_reads_each_sequences_rows_through_its_page_table(interpreted):
+    proc = interpreted("-c", SCRIPT)
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(res) == {"tiny-fp8", "tiny-fp16-page1", "gather-chunks", "gather-chunks-3"}
     assert res["gather-chunks"]["chunks"] == 3  # 300 tokens: 19 pages of 16, over programs of 8 pages

@@ -4,18 +4,12 @@ CLI's input errors (the timing itself needs a GPU)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.kernel import layer_gap
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_each_chain_puts_its_kernel_between_one_replicas_attention_and_the_next(monkeypatch):
@@ -53,13 +47,9 @@ def test_each_chain_puts_its_kernel_between_one_replicas_attention_and_the_next(
 
 
 @pytest.mark.slow
-def test_dry_run_writes_a_record_per_chain_with_each_rounds_time(tmp_path):
+def test_dry_run_writes_a_record_per_chain_with_each_rounds_time(tmp_path, interpreted):
     out = tmp_path / "gap.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.layer_gap", "--dry-run", "--rounds", "2",
-                           "--replays", "1", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    interpreted("-m", "benchmarks.kernel.layer_gap", "--dry-run", "--rounds", "2", "--replays", "1", "--out", str(out))
     records = json.loads(out.read_text())
     assert [(r["shape"], r["variant"]) for r in records] == [("tiny-fp8", v) for v in layer_gap.VARIANTS]
     assert all(len(r["rounds"]) == 2 and r["us"] == statistics.median(r["rounds"]) and r["us"] > 0

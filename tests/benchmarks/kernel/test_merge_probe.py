@@ -4,12 +4,7 @@ reduce, on the same partials, both equal the float64 merge (so the probe times a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
 
 # TRITON_INTERPRET must be set before triton is first imported: the merge runs in a fresh process
 SCRIPT = r"""
@@ -21,10 +16,8 @@ print(json.dumps(recs))
 """
 
 
-def test_probe_and_reduce_merge_the_partials_as_float64_does():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_probe_and_reduce_merge_the_partials_as_float64_does(interpreted):
+    res = interpreted("-c", SCRIPT)
     recs = json.loads(res.stdout.strip().splitlines()[-1])
     assert [(r["sequences"], r["pieces"]) for r in recs] == [(1, 8), (3, 4)]
     for r in recs:  # bf16 outputs: ~2^-9 relative rounding

@@ -1,28 +1,17 @@
 """benchmarks.kernel.plan_search on the CPU: every launch shape's plan is checked against plan_python."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.kernel.plan_search import parse_launch
 
-REPO = Path(__file__).resolve().parents[3]
 
-
-def test_every_launch_shape_plans_like_plan_python_under_interpreter(tmp_path):
-    pytest.importorskip("triton")
+def test_every_launch_shape_plans_like_plan_python_under_interpreter(tmp_path, interpreted):
     out = tmp_path / "plan-search.json"
-    # a fresh process: TRITON_INTERPRET must be set before triton is first imported
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.plan_search", "--shapes", "host-64x24",
-                           "--planners", "balanced,balanced_tails", "--backends", "hopper,triton",
-                           "--launch", "2:8:64,4:16:128", "--rounds", "1", "--device", "cpu", "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, TRITON_INTERPRET="1"))
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    interpreted("-m", "benchmarks.kernel.plan_search", "--shapes", "host-64x24", "--planners", "balanced,balanced_tails",
+                "--backends", "hopper,triton", "--launch", "2:8:64,4:16:128", "--rounds", "1", "--device", "cpu",
+                "--out", str(out))
     records = json.loads(out.read_text())
     assert [(r["backend"], r["planner"], r["launch"]) for r in records] == [
         (b, p, s) for b in ("hopper", "triton") for p in ("balanced", "balanced_tails")

@@ -4,12 +4,8 @@ balanced_tails, tested in tests/vattn/test_planner.py)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -28,14 +24,9 @@ def test_sustained_input_errors_name_the_field(args, message, capsys, monkeypatc
     assert re.search(message, capsys.readouterr().err)
 
 
-def test_dry_run_times_both_planners_and_checks_them_against_the_reference(tmp_path):
-    root = Path(__file__).resolve().parents[3]
+def test_dry_run_times_both_planners_and_checks_them_against_the_reference(tmp_path, interpreted):
     out = tmp_path / "tails.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernel.tail_plans", "--dry-run", "--rounds", "2",
-                           "--replays", "1", "--out", str(out)], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    interpreted("-m", "benchmarks.kernel.tail_plans", "--dry-run", "--rounds", "2", "--replays", "1", "--out", str(out))
     records = json.loads(out.read_text())
     assert [r["plan"] for r in records] == list(tail_plans.PLANS)
     assert all(len(r["rounds"]) == 2 and r["us"] == statistics.median(r["rounds"]) and r["rel_err"] < 2e-2
