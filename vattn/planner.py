@@ -40,8 +40,9 @@ tiles on 128 slots). With the short last pieces packed a smaller cap fits (8 pie
 tail each, the 16 tails on the 4 spare slots behind the full pieces); the launch order runs every piece
 over half the cap first. On an H200 (benchmarks/NOTES.md P114) its layers ran 0.7-5% faster in a burst
 on every batch whose plan it changes, on both kernels, but 16x119k ran 0.7% slower under sustained load
-(more programs, each with its fixed cost, where energy sets the time): opt-in, not the default. Why not stream-K
-chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
+(more programs, each with its fixed cost, where energy sets the time): opt-in, not the default.
+
+Why not stream-K chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
 pieces has a smaller largest piece than the one-wave cap. (A Hopper build whose CTAs ran runs of stream-K
 items was 19-23% slower on the H200: benchmarks/NOTES.md P29, P30.) An even split inside each sequence was tried and
@@ -510,7 +511,7 @@ def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str, overhea
     # so reductions over the batch are adds in registers. NCAND: caps a search round (the bracket spans a
     # few caps, so one round is the rule); BLOCK_W: items a step. Up to 64 sequences, the fastest of 9-13
     # launch shapes timed on an H100 for 16, 32 and 64 (benchmarks/NOTES.md P115: 0.1-1.1 us below one or
-    # two warps, the more items the more); past 64 ~8 tile values a thread, as first written.
+    # two warps, the more items the more); past 64 as first written (~8 tile values a thread).
     if block_b <= 32:
         num_warps, ncand = (2, 32) if block_b <= 16 else (4, 16)
         block_w = min(256, 2048 // block_b)
