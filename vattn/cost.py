@@ -29,7 +29,7 @@ from pathlib import Path
 from vattn import switch
 from vattn.hopper import backend as hopper_backend
 from vattn.hopper.backend import covers_shape, group_split, kv_heads_per_cta, piece_overhead_tiles
-from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, plan_splits
+from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, held, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
 PHASES = ("verify", "decode", "any")  # decode: every live sequence has q_len 1; any: one fit for both
@@ -305,7 +305,7 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
             runs.append((True, (seg_tokens * token_bytes + extra, pieces - 1)))
         # the plan's work_order (vattn.planner): balanced launches split sequences' pieces first,
         # balanced_tails every piece over half the cap
-        first = pieces > 1 if planner == "balanced" else 2 * -(-last_tokens // KV_TILE) > seg
+        first = pieces > 1 if planner == "balanced" else held(-(-last_tokens // KV_TILE), seg)
         runs.append((first, (last_tokens * token_bytes + extra, 1)))
     if planner in ("balanced", "balanced_tails"):
         runs.sort(key=lambda r: not r[0])

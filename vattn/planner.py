@@ -177,6 +177,12 @@ def _slot_need(live: list[int], cap: int, o: int) -> int:
     return held - (-packed // (cap + o))
 
 
+def held(tiles: int, cap: int) -> bool:
+    """Whether a piece of `tiles` holds a slot of its own under cap (more than half of it) rather than being
+    packed: the rule of the balanced planners' slot budget and launch order (the cost model's too)."""
+    return 2 * tiles > cap
+
+
 def _last_piece(t: int, cap: int) -> int:
     """Tiles of the last piece of a sequence of t tiles cut at cap."""
     return t - (-(-t // cap) - 1) * cap
@@ -264,8 +270,8 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
     if mode == "balanced":  # split sequences' pieces first; the packed single pieces run behind them
         order = [w for w in order if splits[seq[w]][0] > 1] + [w for w in order if splits[seq[w]][0] == 1]
     elif mode == "balanced_tails":  # the held pieces first; the packed ones run behind them
-        held = [2 * _cdiv(end[w] - start[w], KV_TILE) > splits[seq[w]][1] for w in order]
-        order = [w for w in order if held[w]] + [w for w in order if not held[w]]
+        first = [held(_cdiv(end[w] - start[w], KV_TILE), splits[seq[w]][1]) for w in order]
+        order = [w for w in order if first[w]] + [w for w in order if not first[w]]
     pad = width - n
     return PlanLists(
         work_seq=seq + [-1] * pad,

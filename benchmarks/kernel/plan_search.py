@@ -53,11 +53,9 @@ def run_shape(shape, device: str, backend: str, planners, launches, rounds: int)
                                          mode=mode, overhead=overhead)
         want = plan_python(list(shape.seq_lens), list(shape.q_lens), num_kv_heads=shape.num_kv_heads, slots=slots,
                            mode=mode, overhead=overhead)
-        shapes = {}
-        for name in launches:
-            warps, ncand, block_w = (default[k] for k in ("num_warps", "NCAND", "BLOCK_W")) if name == "default" \
-                else map(int, name.split(":"))
-            shapes[name] = dict(default, num_warps=warps, NCAND=ncand, BLOCK_W=block_w)
+        shapes = {name: default if name == "default"
+                  else dict(default, **dict(zip(("num_warps", "NCAND", "BLOCK_W"), map(int, name.split(":")))))
+                  for name in launches}
 
         def timer(kw):
             def time_it():
