@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from benchmarks.kernel import gather, harness, peers
 from benchmarks.kernel.configs import CONFIG_FIELDS, best_of_sweep, for_shape, label, parse_config, sweep_configs
 from benchmarks.kernel.harness import Batch, BatchCache
-from benchmarks.kernel.report import format_table, markdown_table
+from benchmarks.kernel.report import format_table, markdown_table, rounds_table
 from benchmarks.kernel.shapes import FLASHINFER_BEST_US, FLASHINFER_FP8_US, Shape, host_shapes, select, tiny_shapes
 from vattn import switch
 from vattn.planner import DEFAULT_PLANNER, PLANNERS
@@ -184,6 +184,19 @@ def _run_one(shape, planners, batches, replays, config, check, impl=None) -> lis
     return recs
 
 
+def _run_rounds(shape, planners, batches, replays, config, check, rounds: int) -> list[dict]:
+    """vattn's planners on one shape, `rounds` times in turns (harness.alternating_rounds: the order reversed every
+    other round, so that a board heating over the run weighs on each planner alike); with rounds > 1 each record
+    carries its round."""
+    if rounds == 1:
+        return _run_one(shape, planners, batches, replays, config, check)
+    records = []
+    for i, mode in enumerate(harness.alternating_rounds(list(planners), rounds)):
+        for r in _run_one(shape, [mode], batches, replays, config, check):
+            records.append(dict(r, round=i // len(planners)))
+    return records
+
+
 def _run_peers(shape, names, batches: BatchCache, replays, skipped: dict) -> list[dict]:
     """The peers on the batch vattn just ran (same pool, page tables, Q and descales)."""
     if not names:
@@ -261,7 +274,7 @@ def _run(a) -> int:
         config = best_of_sweep(records) or config
         print(f"--use-sweep-best: {config}", flush=True)
     for shape in shapes:
-        new = _run_one(shape, planners, batches, a.replays, for_shape(config, shape), not a.no_check)
+        new = _run_rounds(shape, planners, batches, a.replays, for_shape(config, shape), not a.no_check, a.rounds)
         new += _run_peers(shape, names, batches, a.replays, skipped)
         records += new
         for r in new:
@@ -272,6 +285,8 @@ def _run(a) -> int:
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     print("\n" + format_table(records))
+    if a.rounds > 1:
+        print("\n" + rounds_table(records))
     note += "".join(f"\npeer {why}; skipped" for why in skipped.values())
     print(f"\n{note}\nwrote {len(records)} records to {a.out}")
     return 0
@@ -324,10 +339,13 @@ def _dry_run(a) -> int:
     names, skipped, batches = _parse_peers(a.peers), {}, BatchCache("cpu")
     config = parse_config(a.config)
     records = [harness.stamp(r, "cpu-interpreter", "dry-run", 1.0) for s in tiny_shapes()
-               for r in _run_one(s, planners, batches, 1, config, True) + _run_peers(s, names, batches, 1, skipped)]
+               for r in _run_rounds(s, planners, batches, 1, config, True, a.rounds)
+               + _run_peers(s, names, batches, 1, skipped)]
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     print(format_table(records))
+    if a.rounds > 1:
+        print("\n" + rounds_table(records))
     return 1 if any("error" in r and not r["error"].startswith("skipped:") for r in records) else 0
 
 
@@ -411,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--planners", default=",".join(PLANNER_ORDER),
                     help=f"comma-separated subset of {','.join(PLANNER_ORDER)}")
     ap.add_argument("--replays", type=int, default=30, help="timed graph replays per measurement (median)")
+    ap.add_argument("--rounds", type=int, default=1, help="time vattn's planners this many rounds per shape, in "
+                    "turns (the order reversed every other round); each record carries its round, and a table of "
+                    "medians and of the rounds each planner beat the first follows (default 1)")
     ap.add_argument("--config", default=None, help=f"main-kernel config {CONFIG_FIELDS}")
     ap.add_argument("--sweep", default="", help="shapes to sweep main-kernel configs on (balanced planner) "
                     "before the main run, e.g. 16x35k")
@@ -442,7 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = build_parser().parse_args(argv)
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.rounds < 1:
+        ap.error(f"--rounds: got {a.rounds}; allowed: a positive integer")
     if a.peer_table:
         return _print_peer_table(a.peer_table, a.runs)
     if a.markdown:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
+
+from benchmarks.kernel.harness import rounds_faster
+
 
 def _impl(r: dict) -> str:
     """vattn's rows name the backend that ran the main kernel where it is not the Triton path."""
@@ -43,4 +47,25 @@ def markdown_table(records: list[dict]) -> str:
                    f"{r['tbps']:.2f} | {100 * r['tbps'] / r['read_ceiling_tbps']:.0f} | {fi or '-'} | "
                    f"{speedup} | {r['rel_err']:.1e} | "
                    f"{r.get('run', r.get('date', ''))} |")
+    return "\n".join(out)
+
+
+def rounds_table(records: list[dict]) -> str:
+    """`bench --rounds`: per shape and planner, the median over rounds of the call (us) and of the layer, and in
+    how many rounds each planner after the first beat the first, the pairing that holds while the board drifts."""
+    timed = [r for r in records if "round" in r and "error" not in r]
+    out = ["| shape | planner | rounds | us, median | layer us, median | call faster than the first | "
+           "layer faster |", "|" + "---|" * 7]
+    for shape in dict.fromkeys(r["shape"] for r in timed):
+        mine = [r for r in timed if r["shape"] == shape]
+        us, layer = {}, {}
+        for r in sorted(mine, key=lambda r: r["round"]):
+            us.setdefault(r["planner"], []).append(r["us"])
+            layer.setdefault(r["planner"], []).append(r["layer_us"])
+        faster, layer_faster = rounds_faster(us), rounds_faster(layer)
+        for planner in us:
+            won = [f"{faster[planner][0]} of {faster[planner][1]}", f"{layer_faster[planner][0]} of "
+                   f"{layer_faster[planner][1]}"] if planner in faster else ["-", "-"]
+            out.append(f"| {shape} | {planner} | {len(us[planner])} | {statistics.median(us[planner]):.1f} | "
+                       f"{statistics.median(layer[planner]):.1f} | " + " | ".join(won) + " |")
     return "\n".join(out)

@@ -42,6 +42,23 @@ def test_dry_run_writes_checked_records_for_every_planner_and_the_sdpa_peer(tmp_
 
 
 @pytest.mark.slow
+def test_dry_run_rounds_time_the_planners_in_turns(tmp_path, interpreted):
+    out = tmp_path / "rounds.json"
+    proc = interpreted("-m", "benchmarks.kernel.bench", "--dry-run", "--rounds", "3", "--planners",
+                       "balanced,balanced_tails", "--out", str(out))
+    rows = [(r["planner"], r["round"]) for r in json.loads(out.read_text()) if r["shape"] == "tiny-fp8"]
+    assert rows == [("balanced", 0), ("balanced_tails", 0), ("balanced_tails", 1), ("balanced", 1),
+                    ("balanced", 2), ("balanced_tails", 2)]
+    assert "| tiny-fp8 | balanced_tails | 3 |" in proc.stdout
+
+
+def test_bench_cli_rejects_rounds_below_one(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0", "--shapes", "16x35k"])
+    assert "--rounds: got 0; allowed: a positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_host_overhead_dry_run_times_every_part(tmp_path, interpreted):
     """--host-overhead's plumbing on a CPU under Triton's interpreter (its times mean nothing there)."""
     out = tmp_path / "host.json"
