@@ -454,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prebuild", default=None, metavar="DIR", help="compile the Hopper kernels the shapes' "
                     "VATTN_HOPPER=1 calls take into DIR (any machine with nvcc; point VATTN_CACHE at it) and exit")
     ap.add_argument("--markdown", default=None, metavar="JSON", help="print a markdown table of a bench JSON's "
-                    "rows (those marked default_config when any are) and exit")
+                    "rows (those marked default_config when any are), then --rounds' table where rows carry rounds, "
+                    "and exit")
     ap.add_argument("--peer-table", default=None, metavar="JSON", help="print issue 8's vattn-vs-peers markdown "
                     "table of bench JSONs run with --peers (comma-separated paths), and exit")
     ap.add_argument("--runs", default="", help="with --peer-table: keep the records whose `run` label starts with "
@@ -471,7 +472,10 @@ def main(argv=None) -> int:
         return _print_peer_table(a.peer_table, a.runs)
     if a.markdown:
         with open(a.markdown) as f:
-            print(markdown_table(json.load(f)))
+            records = json.load(f)
+        print(markdown_table(records))
+        if any("round" in r for r in records):
+            print("\n" + rounds_table(records))
         return 0
     if a.prebuild:
         return _prebuild(a)

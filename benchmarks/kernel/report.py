@@ -51,21 +51,23 @@ def markdown_table(records: list[dict]) -> str:
 
 
 def rounds_table(records: list[dict]) -> str:
-    """`bench --rounds`: per shape and planner, the median over rounds of the call (us) and of the layer, and in
-    how many rounds each planner after the first beat the first, the pairing that holds while the board drifts."""
+    """`bench --rounds`: per shape, main-kernel path and planner, the median over rounds of the call (us) and of the
+    layer, and in how many rounds each planner after the first beat the first, the pairing that holds while the
+    board drifts."""
     timed = [r for r in records if "round" in r and "error" not in r]
-    out = ["| shape | planner | rounds | us, median | layer us, median | call faster than the first | "
-           "layer faster |", "|" + "---|" * 7]
-    for shape in dict.fromkeys(r["shape"] for r in timed):
-        mine = [r for r in timed if r["shape"] == shape]
+    out = ["| shape | path | planner | rounds | us, median | layer us, median | call faster than the first | "
+           "layer faster |", "|" + "---|" * 8]
+    for shape, path in dict.fromkeys((r["shape"], r.get("backend", "-")) for r in timed):
         us, layer = {}, {}
-        for r in sorted(mine, key=lambda r: r["round"]):
+        for r in sorted((r for r in timed if (r["shape"], r.get("backend", "-")) == (shape, path)),
+                        key=lambda r: r["round"]):
             us.setdefault(r["planner"], []).append(r["us"])
             layer.setdefault(r["planner"], []).append(r["layer_us"])
         faster, layer_faster = rounds_faster(us), rounds_faster(layer)
-        for planner in us:
-            won = [f"{faster[planner][0]} of {faster[planner][1]}", f"{layer_faster[planner][0]} of "
-                   f"{layer_faster[planner][1]}"] if planner in faster else ["-", "-"]
-            out.append(f"| {shape} | {planner} | {len(us[planner])} | {statistics.median(us[planner]):.1f} | "
+        for planner, times in us.items():
+            won = ["-", "-"]
+            if planner in faster:
+                won = ["{} of {}".format(*faster[planner]), "{} of {}".format(*layer_faster[planner])]
+            out.append(f"| {shape} | {path} | {planner} | {len(times)} | {statistics.median(times):.1f} | "
                        f"{statistics.median(layer[planner]):.1f} | " + " | ".join(won) + " |")
     return "\n".join(out)

@@ -49,7 +49,7 @@ def test_dry_run_rounds_time_the_planners_in_turns(tmp_path, interpreted):
     rows = [(r["planner"], r["round"]) for r in json.loads(out.read_text()) if r["shape"] == "tiny-fp8"]
     assert rows == [("balanced", 0), ("balanced_tails", 0), ("balanced_tails", 1), ("balanced", 1),
                     ("balanced", 2), ("balanced_tails", 2)]
-    assert "| tiny-fp8 | balanced_tails | 3 |" in proc.stdout
+    assert "| tiny-fp8 | triton | balanced_tails | 3 |" in proc.stdout
 
 
 def test_bench_cli_rejects_rounds_below_one(capsys):

@@ -24,13 +24,15 @@ def test_tables_name_the_backend_that_ran_vattns_main_kernel_where_it_is_not_tri
 
 def test_rounds_table_gives_medians_and_the_rounds_each_planner_beat_the_first():
     def row(planner, rnd, us, layer):
-        return dict(shape="16x119k", planner=planner, round=rnd, us=us, layer_us=layer)
+        return dict(shape="16x119k", backend="hopper_sm90", planner=planner, round=rnd, us=us, layer_us=layer)
     # tails beat balanced's call in rounds 0 and 2, lost round 1; its layer won round 1 only
     records = [row("balanced", 0, 270.0, 300.0), row("balanced_tails", 0, 265.0, 301.0),
                row("balanced_tails", 1, 280.0, 290.0), row("balanced", 1, 275.0, 295.0),
                row("balanced", 2, 268.0, 296.0), row("balanced_tails", 2, 262.0, 299.0),
-               dict(shape="16x119k", impl="flashinfer", planner="-", us=466.0)]  # a peer: no round, not counted
+               dict(shape="16x119k", impl="flashinfer", planner="-", us=466.0),  # a peer: no round, not counted
+               dict(row("balanced", 0, 390.0, 388.0), backend="triton")]  # the other path: a row of its own
     lines = rounds_table(records).splitlines()
-    assert lines[2] == "| 16x119k | balanced | 3 | 270.0 | 296.0 | - | - |"
-    assert lines[3] == "| 16x119k | balanced_tails | 3 | 265.0 | 299.0 | 2 of 3 | 1 of 3 |"
-    assert len(lines) == 4
+    assert lines[2] == "| 16x119k | hopper_sm90 | balanced | 3 | 270.0 | 296.0 | - | - |"
+    assert lines[3] == "| 16x119k | hopper_sm90 | balanced_tails | 3 | 265.0 | 299.0 | 2 of 3 | 1 of 3 |"
+    assert lines[4] == "| 16x119k | triton | balanced | 1 | 390.0 | 388.0 | - | - |"
+    assert len(lines) == 5
