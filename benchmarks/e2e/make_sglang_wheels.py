@@ -68,8 +68,8 @@ def repack_kernel(wheel: Path, dest: Path) -> None:
         (dest / f"{FA3_PART}{i // PART_BYTES:02d}").write_bytes(fa3[i:i + PART_BYTES])
 
 
-def pack(files: list[Path]) -> None:
-    """Largest first into the first folder with room (p1, p2, ...): few calls, each under its limit."""
+def pack(files: list[Path], out: Path = OUT) -> None:
+    """Largest first into the first folder of out with room (p1, p2, ...): few calls, each under its limit."""
     folders: list[int] = []
     for f in sorted(files, key=lambda p: -p.stat().st_size):
         size = f.stat().st_size
@@ -78,8 +78,8 @@ def pack(files: list[Path]) -> None:
             folders.append(0)
             slot = len(folders) - 1
         folders[slot] += size
-        (OUT / f"p{slot + 1}").mkdir(exist_ok=True)
-        f.rename(OUT / f"p{slot + 1}" / f.name)
+        (out / f"p{slot + 1}").mkdir(exist_ok=True)
+        f.rename(out / f"p{slot + 1}" / f.name)
 
 
 def sha256(path: Path) -> str:
@@ -90,11 +90,11 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_sums() -> None:
-    files = sorted(p for p in OUT.rglob("*") if p.is_file())
-    SUMS.write_text("# sha256 of every file in .whl-sglang/ (benchmarks/e2e/make_sglang_wheels.py)\n"
-                    + "".join(f"{sha256(p)}  {p.relative_to(OUT)}\n" for p in files))
-    for d in sorted(OUT.iterdir()):
+def write_sums(out: Path = OUT, sums: Path = SUMS, maker: str = "benchmarks/e2e/make_sglang_wheels.py") -> None:
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    sums.write_text(f"# sha256 of every file in {out.name}/ ({maker})\n"
+                    + "".join(f"{sha256(p)}  {p.relative_to(out)}\n" for p in files))
+    for d in sorted(out.iterdir()):
         print(f"{d.name}: {sum(p.stat().st_size for p in d.iterdir()) / 2**20:.1f} MiB, {len(list(d.iterdir()))} files")
 
 
@@ -116,13 +116,13 @@ def repack() -> int:
     return 0
 
 
-def check() -> int:
+def check(out: Path = OUT, sums: Path = SUMS) -> int:
     bad = []
-    for line in SUMS.read_text().splitlines():
+    for line in sums.read_text().splitlines():
         if line.startswith("#") or not line.strip():
             continue
         digest, name = line.split()
-        path = OUT / name
+        path = out / name
         if not path.is_file() or sha256(path) != digest:
             bad.append(name)
     print("all files match" if not bad else f"missing or different: {', '.join(bad)}")
