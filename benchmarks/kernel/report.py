@@ -57,12 +57,12 @@ def rounds_table(records: list[dict]) -> str:
     timed = [r for r in records if "round" in r and "error" not in r]
     out = ["| shape | path | planner | rounds | us, median | layer us, median | call faster than the first | "
            "layer faster |", "|" + "---|" * 8]
-    for shape, path in dict.fromkeys((r["shape"], r.get("backend", "-")) for r in timed):
-        us, layer = {}, {}
-        for r in sorted((r for r in timed if (r["shape"], r.get("backend", "-")) == (shape, path)),
-                        key=lambda r: r["round"]):
-            us.setdefault(r["planner"], []).append(r["us"])
-            layer.setdefault(r["planner"], []).append(r["layer_us"])
+    groups: dict = {}  # (shape, path) -> ({planner: call us by round}, {planner: layer us by round})
+    for r in sorted(timed, key=lambda r: r["round"]):  # stable: the shapes keep the run's order
+        us, layer = groups.setdefault((r["shape"], r.get("backend", "-")), ({}, {}))
+        us.setdefault(r["planner"], []).append(r["us"])
+        layer.setdefault(r["planner"], []).append(r["layer_us"])
+    for (shape, path), (us, layer) in groups.items():
         faster, layer_faster = rounds_faster(us), rounds_faster(layer)
         for planner, times in us.items():
             won = ["-", "-"]
