@@ -515,12 +515,14 @@ def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str, overhea
     # A one-program launch on a tiny problem, bound by the latency of its serial instructions. Each thread
     # holds a whole column of the [BLOCK_B, *] tiles (at most 64 rows: warps split the batch axis past 64),
     # so reductions over the batch are adds in registers. NCAND: caps a search round (the bracket spans a
-    # few caps, so one round is the rule); BLOCK_W: items a step. Up to 64 sequences, the fastest of 9-13
-    # launch shapes timed on an H100 for 16, 32 and 64 (benchmarks/NOTES.md P115: 0.1-1.1 us below one or
-    # two warps, the more items the more); past 64 as first written (~8 tile values a thread).
+    # few caps, so one round is the rule); BLOCK_W: items a step, each step a serial max over the batch, so
+    # the fewer steps the better while the tile fits. Up to 32 sequences, the fastest of 11-17 launch
+    # shapes timed on an H100 for 4, 16, 20 and 32 (benchmarks/NOTES.md P116: 0.1-0.7 us below P115's, most
+    # where the items outgrew one step of 128); 64 as P115's sweep chose; past 64 as first written (~8 tile
+    # values a thread).
     if block_b <= 32:
-        num_warps, ncand = (2, 32) if block_b <= 16 else (4, 16)
-        block_w = min(256, 2048 // block_b)
+        num_warps = 4
+        ncand, block_w = (32, 256) if block_b <= 16 else (16, 128)
     else:
         num_warps, ncand = 4 if block_b <= 256 else 8, 8
         block_w = max(32 * (num_warps // min(num_warps, max(1, block_b // 64))), min(256, 2048 // block_b))
