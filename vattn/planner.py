@@ -516,10 +516,10 @@ def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str, overhea
     # holds a whole column of the [BLOCK_B, *] tiles (at most 64 rows: warps split the batch axis past 64),
     # so reductions over the batch are adds in registers. NCAND: caps a search round (the bracket spans a
     # few caps, so one round is the rule); BLOCK_W: items a step, each step a serial max over the batch, so
-    # the fewer steps the better while the tile fits. Up to 32 sequences, the fastest of 11-17 launch
-    # shapes timed on an H100 for 4, 16, 20 and 32 (benchmarks/NOTES.md P116: 0.1-0.7 us below P115's, most
-    # where the items outgrew one step of 128); 64 as P115's sweep chose; past 64 as first written (~8 tile
-    # values a thread).
+    # the fewer steps the better while the tile fits. Up to 32 sequences, the best overall of 13 launch
+    # shapes timed on an H100 for 1, 4, 16, 20 and 32 sequences, both planners and both backends' slot
+    # counts (benchmarks/NOTES.md P116: 0.1-0.7 us a plan below P115's rule, most where the items outgrew
+    # one step); 64 as P115's sweep chose; past 64 as first written (~8 tile values a thread).
     if block_b <= 32:
         num_warps = 4
         ncand, block_w = (32, 256) if block_b <= 16 else (16, 128)

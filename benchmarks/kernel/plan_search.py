@@ -12,8 +12,11 @@ launch shape; only the time differs.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import shlex
 import statistics
+import sys
 
 from benchmarks.kernel import harness
 from benchmarks.kernel.shapes import select
@@ -98,6 +101,14 @@ def main(argv=None) -> int:
     launches = parse_launch(a.launch)
     records = [r for backend in backends for shape in select(a.shapes)
                for r in run_shape(shape, a.device, backend, planners, launches, a.rounds)]
+    import torch
+
+    # where, when and how: a committed sweep is read long after the machine is gone
+    device = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.device} (Triton's interpreter)"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    command = shlex.join(["python", "-m", "benchmarks.kernel.plan_search", *(sys.argv[1:] if argv is None else argv)])
+    for r in records:
+        r.update(device=device, date=date, command=command)
     with open(a.out, "w") as f:
         json.dump(records, f, indent=1)
     for r in records:  # a plan that differs from plan_python is marked

@@ -17,6 +17,8 @@ def test_every_launch_shape_plans_like_plan_python_under_interpreter(tmp_path, i
         (b, p, s) for b in ("hopper", "triton") for p in ("balanced", "balanced_tails")
         for s in ("default", "2:8:64", "4:16:128")]
     assert all(r["matches_plan_python"] and len(r["rounds"]) == 1 for r in records)
+    assert {r["device"] for r in records} == {"cpu (Triton's interpreter)"}
+    assert all(r["command"].endswith(f"--device cpu --out {out}") and r["date"].endswith("Z") for r in records)
     # host-64x24: a batch of 64 plans on 4 warps, 8 caps a round, 128 items a step
     assert {(r["num_warps"], r["ncand"], r["block_w"]) for r in records if r["launch"] == "default"} == {(4, 8, 128)}
 
