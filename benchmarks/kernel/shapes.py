@@ -186,8 +186,13 @@ FLASHINFER_FP8_US = {"16x35k": 207, "16x70k": 385, "16x35k-gqa8": 204, "4x35k": 
 FLASHINFER_BEST_US = {"16x35k": 161, "bs20-agentic-2.32M": 595}
 
 
+# Named selections across the sets. peer-table: issue 18's one-run peer table, KERNEL.md's 17 shapes with the
+# tiny batches and long among short beside its uniform twin (BENCHMARKS.md's peer-table command).
+SELECTIONS = {"peer-table": "main,variants,host-64x24,host-64x128,long-among-short,long-among-short-uniform"}
+
+
 def select(names: str) -> list[Shape]:
-    """'main', 'variants', 'grid', 'skew', 'all', or comma-separated shape names from any set."""
+    """A set's name ('main', 'variants', ...), 'all', a SELECTIONS name, or shape names, comma-separated."""
     every = {s.name: s for fn in SHAPE_SETS.values() for s in fn()}
     out: list[Shape] = []
     for item in names.split(","):
@@ -196,9 +201,11 @@ def select(names: str) -> list[Shape]:
             out += [s for fn in SHAPE_SETS.values() for s in fn()]
         elif item in SHAPE_SETS:
             out += SHAPE_SETS[item]()
+        elif item in SELECTIONS:
+            out += select(SELECTIONS[item])
         elif item in every:
             out.append(every[item])
         else:
-            raise ValueError(f"--shapes: got {item!r}; allowed: {', '.join(SHAPE_SETS)}, all, or one of "
-                             f"{', '.join(sorted(every))}")
+            raise ValueError(f"--shapes: got {item!r}; allowed: {', '.join([*SHAPE_SETS, *SELECTIONS])}, all, "
+                             f"or one of {', '.join(sorted(every))}")
     return out

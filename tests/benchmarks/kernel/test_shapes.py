@@ -18,8 +18,15 @@ def test_shape_bytes_and_selection():
     s = select("16x35k")[0]
     assert s.kv_bytes == 16 * 35_000 * 1 * 256 * 2 * 1  # fp8: one byte per element, K and V
     assert select("16x35k-bf16")[0].kv_bytes == 2 * s.kv_bytes
-    with pytest.raises(ValueError, match=r"--shapes: got 'nope'; allowed: main, variants, grid, skew, host, paired, all"):
+    with pytest.raises(ValueError, match=r"--shapes: got 'nope'; allowed: main, variants, grid, skew, host, paired, "
+                                         r"peer-table, all"):
         select("nope")
+
+
+def test_peer_table_selection_is_kernel_md_shapes_with_tiny_and_skewed_batches():
+    names = [s.name for s in select("peer-table")]
+    assert names[:17] == [s.name for s in select("main,variants")]  # KERNEL.md's 17
+    assert names[17:] == ["host-64x24", "host-64x128", "long-among-short", "long-among-short-uniform"]
 
 
 def test_long_among_short_and_its_uniform_twin():
