@@ -382,6 +382,12 @@ def shape_fields(shape: Shape, impl: str, planner: str) -> dict:
                 kv_dtype=shape.kv_dtype, impl=impl, planner=planner)
 
 
+def provenance(module: str, argv=None) -> tuple[str, str]:
+    """When (UTC) and by which command a run's records were taken: a committed JSON outlives the machine."""
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return date, f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
 def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:
     """The fields every record ends with: where and when it was measured, and that run's read ceiling."""
     r.update(device=device, date=date, read_ceiling_tbps=ceiling)
@@ -484,8 +490,7 @@ def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_roun
             ap.error(str(exc))
         device, where, ceiling = "cuda", torch.cuda.get_device_name(), read_ceiling_tbps()
     print(header, flush=True)
-    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    command = f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    date, command = provenance(module, argv)
     records = [stamp(dict(r, command=command), where, date, ceiling)
                for r in measure(shapes, device, a.rounds, a.replays, **extra)]
     with open(a.out, "w") as f:

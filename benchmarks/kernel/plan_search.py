@@ -12,11 +12,8 @@ launch shape; only the time differs.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import shlex
 import statistics
-import sys
 
 from benchmarks.kernel import harness
 from benchmarks.kernel.shapes import select
@@ -103,10 +100,8 @@ def main(argv=None) -> int:
                for r in run_shape(shape, a.device, backend, planners, launches, a.rounds)]
     import torch
 
-    # where, when and how: a committed sweep is read long after the machine is gone
     device = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.device} (Triton's interpreter)"
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    command = shlex.join(["python", "-m", "benchmarks.kernel.plan_search", *(sys.argv[1:] if argv is None else argv)])
+    date, command = harness.provenance("benchmarks.kernel.plan_search", argv)
     for r in records:
         r.update(device=device, date=date, command=command)
     with open(a.out, "w") as f:
