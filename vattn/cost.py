@@ -7,9 +7,9 @@ compute term that grows with the packed query rows (q_len x GQA). A program with
 up to slot_boost faster (slot_sharing "sm"), or, in the older device-level form, a lone program takes
 up to slot_boost x its fair share. Programs past one wave wait for a free slot in launch order.
 Total = plan (per planner) + launches + makespan + reduce (fixed + per piece of the most-split
-sequence). The H200 profile is fitted to benchmarks/h200-vattn.json; `python -m
-benchmarks.kernel.cost_check --check-cycles RUN_DIR` compares it with a kernel-in-the-loop run's
-measured calls.
+sequence + per sequence of its grid). The H200 profile is fitted to the bench's H200 records in benchmarks/
+(`python -m benchmarks.kernel.fit_cost`); `python -m benchmarks.kernel.cost_check --check-cycles RUN_DIR`
+compares it with a kernel-in-the-loop run's measured calls.
 
 vattn_hopper: vattn with VATTN_HOPPER=1. The calls its kernels cover (vattn.hopper.backend.covers_shape) run
 the same model with the profile's `vattn_hopper` figures, planned as that backend plans (one CTA per SM, its
@@ -53,7 +53,9 @@ class VattnModel:
     dot_tflops: dict[str, float] = field(default_factory=dict)
     slot_sharing: str = "device"  # "device" | "sm": what programs share (see _makespan_us)
     reduce_piece_us: float = 0.0  # per partial of the most-split sequence (the reduce loops over them)
-    reduce_seq_us: float = 0.0  # per split sequence x KV head (the reduce's programs: Hopper's reduce skips whole ones)
+    # per sequence x KV head of the reduce's grid: the split ones on the Hopper path (its reduce skips whole ones),
+    # every live one on the Triton path (its grid spans the batch; vattn.kernel.launch_reduce)
+    reduce_seq_us: float = 0.0
     # Without dot_tflops every path is bytes-bound at its path_tbps (the Hopper kernels' paths: they always compute
     # 64 packed rows, so their rows cost the same on every batch)
 
@@ -229,16 +231,20 @@ def _makespan_us(runs: list[tuple[float, int]], copies: int, slots: int, wave: f
 
 def kernel_path(q_lens, gqa: int, kv_dtype: str, head_dim: int, qk: str = "split") -> tuple[str, int]:
     """(path, packed rows) the main kernel compiles for this batch: vattn.kernel.default_config's rule
-    (rows padded to a power of two >= 16; split-Q fp8 Q.K^T from 64 rows with an fp8 cache, the same in
-    the K-major formulation at 16 rows and hd256, else an fp8 cache is widened to fp16 in registers; a
-    16-bit cache is used as stored). qk="e4m3" (VATTN_QK) makes the split-Q paths one-pass: fp8x1..."""
+    (rows padded to a power of two >= 16; split-Q fp8 Q.K^T from 64 rows with an fp8 cache, its loop's row
+    offsets hoisted at exactly 64 rows and not beyond (fp8x2_wide), the same in the K-major formulation at 16
+    rows and hd256, else an fp8 cache is widened to fp16 in registers, that loop's row offsets hoisted at 16 rows
+    and head_dim <= 128 (fp8to16_hoisted); a 16-bit cache is used as stored). qk="e4m3" (VATTN_QK) makes the
+    split-Q paths one-pass: fp8x1..."""
     rows = max(16, 1 << (max(max(q_lens, default=1), 1) * gqa - 1).bit_length())
     if kv_dtype != "fp8":
         return "bf16", rows
     passes = "fp8x1" if qk == switch.LOSSY_QK else "fp8x2"
     if rows == 16 and head_dim == 256:
         return f"{passes}_kmajor", rows
-    return (passes if rows >= 64 else "fp8to16"), rows
+    if rows < 64:
+        return ("fp8to16_hoisted" if rows == 16 and head_dim <= 128 else "fp8to16"), rows
+    return (passes if rows == 64 else f"{passes}_wide"), rows
 
 
 def hopper_path(kv_dtype: str, head_dim: int, page_size: int, qk: str = "split") -> tuple[str, int]:
@@ -313,9 +319,9 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
     sms = prof.sms if v.slot_sharing == "sm" else None
     makespan = _makespan_us(runs, hkv, slots, wave, v.slot_boost, sms) if runs else 0.0
     most_pieces = max((pieces for pieces, _ in splits), default=0)
-    split_seqs = hkv * sum(1 for pieces, _ in splits if pieces > 1)
+    reduced_seqs = hkv * sum(1 for pieces, _ in splits if pieces > (1 if hopper else 0))
     reduce_us = (v.reduce_fixed_us + reduce_bytes / (v.reduce_tbps * 1e6) + v.reduce_piece_us * most_pieces
-                 + v.reduce_seq_us * split_seqs)
+                 + v.reduce_seq_us * reduced_seqs)
     return _plan_us(v, planner) + 3 * v.launch_us + makespan + reduce_us
 
 

@@ -78,15 +78,76 @@ def test_h200_flashinfer_bf16():
 
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "h200-vattn.json"
-# the planners that bench measured in these runs; balanced_tails' H200 rows are in TAILS below
-BENCH_PLANNERS = ("fixed", "length_aware", "balanced")
+_BA = ("2026-12-04 session 27 run BA (8a78fd7 + an L2 evict-first hint on the Triton main kernel's K and V loads, "
+       "removed after; round {}, hint off")
+# the runs the profile's vattn figures were fitted to (`python -m benchmarks.kernel.fit_cost --model vattn ...`, the
+# profile's header): the Triton path since its 64-row loop was hoisted (2026-12-01), on three machines
+TRITON_RECORDS = ((BENCH.parent / "h200-hopper-k8.json", "2026-12-01 final: Triton path"),
+                  (BENCH.parent / "h200-hopper-k8.json", "2026-12-01 session 9: the Triton path on the same shapes"),
+                  (BENCH, _BA.format(1)), (BENCH, _BA.format(2)),
+                  (BENCH, "2026-12-05 session 38 run BX (the tree after 3e7a4dc with VATTN_QK: Triton path, "
+                          "VATTN_QK=split)"))
+TINY = "host-64x24"  # left out of that fit: the profile's header says why
 
 
-def bench_records():
-    """The default-config vattn rows of the committed H200 bench (BENCHMARKS.md's table)."""
+def triton_row(r) -> bool:
+    """A balanced call that the Triton path served in its accurate mode."""
+    return (r.get("impl") == "vattn" and r.get("planner") == "balanced" and r.get("backend") == "triton"
+            and r.get("qk", "split") == "split")
+
+
+def predict_triton_row(r, planner="balanced"):
+    """The model's call for a bench row, planned with the occupancy its kernel had (programs_per_sm), as the
+    emulator plans with the compiled kernel's."""
+    from benchmarks.kernel.shapes import select
+
+    s = select(r["shape"])[0]
+    assert s.total_kv_tokens == r["total_kv_tokens"]
+    return predict_attention_us(list(s.seq_lens), list(s.q_lens), impl="vattn", planner=planner,
+                                profile=replace(H200, slots_per_sm=r["programs_per_sm"]), num_kv_heads=s.num_kv_heads,
+                                head_dim=s.head_dim, gqa=s.gqa, kv_dtype=s.kv_dtype, page_size=s.page_size)
+
+
+def test_h200_vattn_fits_its_triton_rows():
+    # the fit's 31 rows (13 shapes) within 5%, their rms within 3% (the profile's: 4.3%, 2.3%)
+    rows = [r for path, run in TRITON_RECORDS for r in json.loads(path.read_text())
+            if r.get("run", "").startswith(run) and triton_row(r) and r["shape"] != TINY]
+    assert len(rows) == 31
+    errors = {(r["run"][:40], r["shape"]): predict_triton_row(r) / r["us"] - 1 for r in rows}
+    assert max(map(abs, errors.values())) <= 0.05, errors
+    assert (sum(e * e for e in errors.values()) / len(errors)) ** 0.5 <= 0.03
+
+
+def test_h200_vattn_fits_every_triton_path_run_since():
+    """Every balanced call of the Triton path's own runs since its loop was hoisted (2026-12-01), fitted or not
+    (16x35k at page 1 in 19 runs, q8, bf16, long among short, the tiny batch) within 10%. The Triton calls
+    of VATTN_HOPPER=1 runs are left out: that backend's workspace planned them."""
+    rows = [r for path in sorted(BENCH.parent.glob("h200-*.json")) for r in json.loads(path.read_text())
+            if triton_row(r) and r.get("date", "") >= "2026-12-01" and "VATTN_HOPPER=1" not in r.get("run", "")]
+    assert len(rows) >= 70 and len({r["shape"] for r in rows}) >= 15
+    bad = [(r["run"][:40], r["shape"], round(predict_triton_row(r), 1), round(r["us"], 1))
+           for r in rows if not within(predict_triton_row(r), r["us"], 0.10)]
+    assert not bad, bad
+
+
+def test_h200_vattn_orders_the_planners_as_measured():
+    """fixed and length_aware were last timed on the Triton kernel before its loop was hoisted (runs B, E and F,
+    2026-11-29), beside balanced in each invocation: the model's ratio of each to balanced is within 7% of the
+    measured, but on bs20 agentic under fixed, measured 2.95x balanced, which the model puts at 2.3x (as the
+    profile before it did): slower by far either way."""
     rows = [r for r in json.loads(BENCH.read_text()) if r.get("default_config") and r["impl"] == "vattn"]
-    assert len(rows) == 64 and {r["planner"] for r in rows} == set(BENCH_PLANNERS)  # runs B-F and I
-    return rows
+    balanced = {(r["run"], r["shape"]): r for r in rows if r["planner"] == "balanced"}
+    ratios = {}
+    for r in rows:
+        if r["planner"] != "balanced":
+            b = balanced[r["run"], r["shape"]]
+            ratios[r["shape"], r["planner"]] = (predict_triton_row(r, r["planner"]) / predict_triton_row(b),
+                                                r["us"] / b["us"])
+    assert len(ratios) == 34
+    far = ratios.pop(("bs20-agentic-2.32M", "fixed"))
+    assert far[1] > 2.9 and far[0] > 2.2
+    bad = {k: (round(m, 3), round(g, 3)) for k, (m, g) in ratios.items() if not within(m, g, 0.07)}
+    assert not bad, bad
 
 
 def bench_batch(r):
@@ -97,22 +158,6 @@ def bench_batch(r):
         rng = random.Random(7)
         return lens, [rng.randint(1, 4) for _ in lens]
     return lens, [int(r["q_len"])] * len(lens)
-
-
-@pytest.mark.parametrize("planner", BENCH_PLANNERS)
-def test_h200_vattn_fits_the_bench(planner):
-    # every default-config row of benchmarks/h200-vattn.json within 15%, planned with the occupancy the
-    # compiled kernel had (programs_per_sm), as the emulator plans with the workspace's
-    bad = []
-    for r in (r for r in bench_records() if r["planner"] == planner):
-        lens, qs = bench_batch(r)
-        prof = replace(H200, slots_per_sm=r["programs_per_sm"])
-        got = predict_attention_us(lens, qs, impl="vattn", planner=planner, profile=prof, num_kv_heads=r["num_kv_heads"],
-                                   head_dim=r["head_dim"], gqa=r["gqa"], kv_dtype=r["kv_dtype"],
-                                   page_size=r["page_size"])
-        if not within(got, r["us"]):
-            bad.append((r["shape"], round(got, 1), round(r["us"], 1)))
-    assert not bad, bad
 
 
 # the runs the profile's vattn_hopper figures were fitted to (`python -m benchmarks.kernel.fit_cost --run ...`): the
@@ -247,16 +292,18 @@ def test_the_lossy_qk_mode_has_its_own_kernel_paths():
 
 def test_h200_kernel_paths_follow_the_default_config():
     # vattn.kernel.default_config: split-Q fp8 from 64 packed rows (K-major at 16 rows and hd256), fp8
-    # widened otherwise, bf16 as stored
+    # widened otherwise, bf16 as stored; the loops whose row offsets it hoists are paths of their own
     from vattn.kernel import default_config
 
     for q_lens, gqa, kv, hd, want in (([4] * 3, 16, "fp8", 256, ("fp8x2", 64)), ([4, 1], 8, "fp8", 256, ("fp8to16", 32)),
-                                      ([1], 16, "fp8", 256, ("fp8x2_kmajor", 16)), ([1], 4, "fp8", 128, ("fp8to16", 16)),
-                                      ([4], 4, "fp8", 128, ("fp8to16", 16)), ([8], 16, "fp8", 256, ("fp8x2", 128)),
+                                      ([1], 16, "fp8", 256, ("fp8x2_kmajor", 16)),
+                                      ([1], 4, "fp8", 128, ("fp8to16_hoisted", 16)),
+                                      ([4], 4, "fp8", 128, ("fp8to16_hoisted", 16)), ([8], 16, "fp8", 256, ("fp8x2_wide", 128)),
                                       ([4], 16, "bf16", 256, ("bf16", 64))):
         assert kernel_path(q_lens, gqa, kv, hd) == want
         cfg = default_config(hd, max(q_lens) * gqa, kv == "fp8")
         assert (cfg.qk_fp8 == 2, cfg.kmajor) == (want[0].startswith("fp8x2"), want[0] == "fp8x2_kmajor")
+        assert cfg.hoist_rows == (want[0] in ("fp8x2", "fp8to16_hoisted"))  # the hoisted loops have their own paths
     # GQA8 q4 reads fewer bytes per row than GQA16 q4 but is slower per byte (BENCHMARKS.md: 1.45 vs 1.90 TB/s)
     gqa8 = predict([35_000] * 16, 4, dict(HD256, gqa=8))
     assert gqa8 > predict([35_000] * 16, 4, HD256)
@@ -374,8 +421,8 @@ def test_profile_errors(tmp_path):
     nopath = tmp_path / "nopath.yaml"
     nopath.write_text(text.replace("    bf16: 436.0", ""))
     with pytest.raises(ValueError, match=r"kernel path: bf16 \(64 rows, bf16 cache\) has no path_tbps/dot_tflops "
-                                         r"in the profile; it knows \['fp8to16', 'fp8x1', 'fp8x1_kmajor', 'fp8x2', "
-                                         r"'fp8x2_kmajor'\]"):
+                                         r"in the profile; it knows \['fp8to16', 'fp8to16_hoisted', 'fp8x1', "
+                                         r"'fp8x1_kmajor', 'fp8x1_wide', 'fp8x2', 'fp8x2_kmajor', 'fp8x2_wide'\]"):
         predict([10], 4, dict(HD256, kv_dtype="bf16"), profile=load_profile(str(nopath)))
     broken = tmp_path / "broken.yaml"
     broken.write_text(text.replace("baseline: flashinfer", "baseline: fa3"))
