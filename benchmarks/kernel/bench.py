@@ -16,7 +16,6 @@ Bandwidth = KV bytes (sum L x Hkv x D x 2 x bytes per element) / time. The measu
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import multiprocessing
 import os
@@ -226,14 +225,16 @@ def _parse_planners(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """Where and when a run measured, and its read ceiling: stamped on every record."""
+    """Where, when and by which command a run measured, and its read ceiling: stamped on every record."""
 
     device: str
     date: str
     ceiling: float
+    command: str = ""
 
     def stamp(self, r: dict) -> dict:
-        return harness.stamp(r, self.device, self.date, self.ceiling)
+        return harness.stamp(dict(r, command=self.command) if self.command else r, self.device, self.date,
+                             self.ceiling)
 
     def print_row(self, r: dict) -> None:
         print(format_table([self.stamp(r)]).splitlines()[-1], flush=True)
@@ -251,15 +252,15 @@ def _sweep(a, batches: BatchCache, info: RunInfo) -> list[dict]:
     return records
 
 
-def _run(a) -> int:
+def _run(a, argv=None) -> int:
     """The measurement on a CUDA device: sweep (if asked), then every shape with vattn and the peers."""
     planners, shapes, names = _parse_planners(a.planners), select(a.shapes or "main,variants"), _parse_peers(a.peers)
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("python -m benchmarks.kernel.bench needs a CUDA GPU (torch.cuda.is_available() is False)")
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    info = RunInfo(torch.cuda.get_device_name(), date, harness.read_ceiling_tbps())
+    date, command = harness.provenance("benchmarks.kernel.bench", argv)
+    info = RunInfo(torch.cuda.get_device_name(), date, harness.read_ceiling_tbps(), command)
     print(f"device {info.device}; read ceiling {info.ceiling:.2f} TB/s; {date}", flush=True)
     note = f"peers: {', '.join(names)}" if names else ""
     if not names:
@@ -483,7 +484,7 @@ def main(argv=None) -> int:
         return _host_overhead(a)
     if a.dry_run:
         return _dry_run(a)
-    return _run(a)
+    return _run(a, argv)
 
 
 if __name__ == "__main__":

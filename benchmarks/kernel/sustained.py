@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 
 from benchmarks.kernel import harness
@@ -134,9 +133,8 @@ def main(argv=None) -> int:
     from vattn.hopper import backend as hopper_backend
 
     own_build = hopper_backend.main_build
-    gpu, date = Gpu(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    gpu, (date, command) = Gpu(), harness.provenance("benchmarks.kernel.sustained", argv)
     where, ceiling = torch.cuda.get_device_name(), harness.read_ceiling_tbps()
-    command = "python -m benchmarks.kernel.sustained " + " ".join(sys.argv[1:] if argv is None else argv)
     batches, records = harness.BatchCache("cuda"), []
     print(f"{'shape':24s} {'build':10s} {'burst us':>9s} {'sust. us':>9s} {'x':>6s} {'TB/s':>6s} {'MHz':>5s} "
           f"{'capped':>6s} {'mJ/call':>8s} rel_err", flush=True)

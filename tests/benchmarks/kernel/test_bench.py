@@ -52,6 +52,15 @@ def test_dry_run_rounds_time_the_planners_in_turns(tmp_path, interpreted):
     assert "| tiny-fp8 | triton | balanced_tails | 3 |" in proc.stdout
 
 
+def test_a_run_stamps_where_when_and_how_on_every_record():
+    # a committed JSON outlives the machine: each record says its device, date, read ceiling and command
+    info = bench.RunInfo("NVIDIA H200", "2026-12-06T18:30:00Z", 4.55,
+                         "python -m benchmarks.kernel.bench --shapes 16x35k")
+    assert info.stamp({"shape": "16x35k", "us": 86.0}) == {
+        "shape": "16x35k", "us": 86.0, "command": "python -m benchmarks.kernel.bench --shapes 16x35k",
+        "device": "NVIDIA H200", "date": "2026-12-06T18:30:00Z", "read_ceiling_tbps": 4.55}
+
+
 def test_bench_cli_rejects_rounds_below_one(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0", "--shapes", "16x35k"])
