@@ -81,7 +81,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "h200-vattn.json"
 _BA = ("2026-12-04 session 27 run BA (8a78fd7 + an L2 evict-first hint on the Triton main kernel's K and V loads, "
        "removed after; round {}, hint off")
 # the runs the profile's vattn figures were fitted to (`python -m benchmarks.kernel.fit_cost --model vattn ...`, the
-# profile's header): the Triton path since its 64-row loop was hoisted (2026-12-01), on three machines
+# profile's header): the Triton path since its loops were hoisted (2026-12-01), runs of three days
 TRITON_RECORDS = ((BENCH.parent / "h200-hopper-k8.json", "2026-12-01 final: Triton path"),
                   (BENCH.parent / "h200-hopper-k8.json", "2026-12-01 session 9: the Triton path on the same shapes"),
                   (BENCH, _BA.format(1)), (BENCH, _BA.format(2)),
