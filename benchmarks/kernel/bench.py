@@ -230,11 +230,10 @@ class RunInfo:
     device: str
     date: str
     ceiling: float
-    command: str = ""
+    command: str
 
     def stamp(self, r: dict) -> dict:
-        return harness.stamp(dict(r, command=self.command) if self.command else r, self.device, self.date,
-                             self.ceiling)
+        return harness.stamp(dict(r, command=self.command), self.device, self.date, self.ceiling)
 
     def print_row(self, r: dict) -> None:
         print(format_table([self.stamp(r)]).splitlines()[-1], flush=True)
