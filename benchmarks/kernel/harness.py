@@ -439,9 +439,10 @@ def parse_named_defines(text: str, flag: str, *, allow_none: bool = False) -> di
 def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_rounds: int, default_out: str,
                header: str, measure, sustained: bool = False) -> int:
     """The command line of a probe that times variants round by round in turns (layer_gap, tail_plans): --shapes,
-    --rounds, --replays, --out and --dry-run; measure(shapes, device, rounds, replays) -> records, each stamped
-    with the command, the device, the date and the read ceiling, written to --out as a JSON list. sustained: the
-    probe also takes --sustained SECONDS and --rest SECONDS, passed on as measure(..., sustained=(seconds, rest))."""
+    --rounds, --replays, --out and --dry-run; measure(shapes, device, rounds, replays) yields records, each stamped
+    with the command, the device, the date and the read ceiling, and --out rewritten as a JSON list after each, so
+    a run cut short keeps what it measured. sustained: the probe also takes --sustained SECONDS and --rest SECONDS,
+    passed on as measure(..., sustained=(seconds, rest))."""
     import argparse
     import json
 
@@ -491,9 +492,10 @@ def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_roun
         device, where, ceiling = "cuda", torch.cuda.get_device_name(), read_ceiling_tbps()
     print(header, flush=True)
     date, command = provenance(module, argv)
-    records = [stamp(dict(r, command=command), where, date, ceiling)
-               for r in measure(shapes, device, a.rounds, a.replays, **extra)]
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
+    records = []
+    for r in measure(shapes, device, a.rounds, a.replays, **extra):
+        records.append(stamp(dict(r, command=command), where, date, ceiling))
+        with open(a.out, "w") as f:
+            json.dump(records, f, indent=1)
     print(f"wrote {len(records)} records to {a.out}")
     return 0

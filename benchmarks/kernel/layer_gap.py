@@ -44,20 +44,18 @@ def chains(shape, b, tick=None) -> dict:
     return dict(zip(VARIANTS, (chain(lambda: None), chain(lambda: tick.add_(1)), chain(plan))))
 
 
-def measure(shapes, device: str, rounds: int, replays: int) -> list[dict]:
-    """One record per (shape, variant): us a replica in each round (the variants in turns), and their median."""
+def measure(shapes, device: str, rounds: int, replays: int):
+    """Yields one record per (shape, variant): us a replica in each round (the variants in turns), and their median."""
     batches = harness.BatchCache(device)
-    records = []
     for shape in shapes:
         b = batches.get(shape)
         fns = chains(shape, b)
         us = harness.time_in_rounds({name: (lambda fn=fn: harness.timed_graph(fn, replays, device) / b.replicas)
                                      for name, fn in fns.items()}, rounds)
         for name, values in us.items():
-            records.append(dict(shape=shape.name, variant=name, us=statistics.median(values), rounds=values,
-                                replicas=b.replicas, replays=replays))
             print(f"{shape.name:28s} {name:26s} " + " ".join(f"{v:8.1f}" for v in values), flush=True)
-    return records
+            yield dict(shape=shape.name, variant=name, us=statistics.median(values), rounds=values,
+                       replicas=b.replicas, replays=replays)
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ def _pieces(lists) -> str:
     return f"{n} pieces, largest {max(lens)} tiles"
 
 
-def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[float, float] = (0.0, 0.0)) -> list[dict]:
+def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[float, float] = (0.0, 0.0)):
     """sustained: (seconds, rest); with seconds > 0 each round's time is the layer's under that much back-to-back
     load after `rest` idle seconds (the power cap's figure, benchmarks.kernel.sustained), and each record also
     keeps the SM clock and joules a layer of every round."""
@@ -42,7 +42,6 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
 
         gpu = Gpu()
     batches = harness.BatchCache(device)
-    records = []
     for shape in shapes:
         b = batches.get(shape)
         ws = _workspace(shape, b, None)
@@ -88,16 +87,14 @@ def measure(shapes, device: str, rounds: int, replays: int, sustained: tuple[flo
         faster = harness.rounds_faster(us)
         for name, values in us.items():
             rel_err, nan = errs[name]
-            records.append(dict(shape=shape.name, backend=backend, plan=name, pieces=_pieces(plans[name]),
-                                us=statistics.median(values),
-                                rounds=values, faster_rounds=faster.get(name), rel_err=rel_err, nan=nan,
-                                replicas=b.replicas, replays=replays, sustained_s=seconds or None,
-                                loads=loads[name] or None))
             print(f"{shape.name:28s} {name:14s} {_pieces(plans[name]):28s} rel_err {rel_err:.1e} "
                   + " ".join(f"{v:8.1f}" for v in values)
                   + (f"  faster than balanced in {faster[name][0]} of {faster[name][1]} rounds" if name in faster else ""),
                   flush=True)
-    return records
+            yield dict(shape=shape.name, backend=backend, plan=name, pieces=_pieces(plans[name]),
+                       us=statistics.median(values), rounds=values, faster_rounds=faster.get(name), rel_err=rel_err,
+                       nan=nan, replicas=b.replicas, replays=replays, sustained_s=seconds or None,
+                       loads=loads[name] or None)
 
 
 def main(argv=None) -> int:

@@ -32,3 +32,24 @@ def test_dry_run_times_both_planners_and_checks_them_against_the_reference(tmp_p
     assert all(len(r["rounds"]) == 2 and r["us"] == statistics.median(r["rounds"]) and r["rel_err"] < 2e-2
                and not r["nan"] and re.fullmatch(r"\d+ pieces, largest \d+ tiles", r["pieces"]) for r in records)
     assert records[0]["faster_rounds"] is None and records[1]["faster_rounds"][1] == 2
+
+
+def test_a_run_cut_short_keeps_the_records_it_measured(tmp_path, monkeypatch):
+    """The probes rewrite --out after every record, so one killed mid-run (the GPU host's 10-minute limit on a
+    command) keeps each shape it finished, stamped as a whole run's are."""
+    from benchmarks.kernel import harness
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def measure(shapes, device, rounds, replays, sustained):
+        yield dict(shape="finished", us=1.0)
+        raise RuntimeError("killed mid-shape")
+
+    out = tmp_path / "cut.json"
+    with pytest.raises(RuntimeError, match="killed mid-shape"):
+        harness.rounds_cli(["--dry-run", "--out", str(out)], module="benchmarks.kernel.tail_plans",
+                           doc=tail_plans.__doc__, default_shapes="16x35k", default_rounds=1,
+                           default_out="unused.json", header="", measure=measure, sustained=True)
+    [record] = json.loads(out.read_text())
+    assert record["shape"] == "finished" and record["device"] == "cpu-interpreter"
+    assert record["command"] == f"python -m benchmarks.kernel.tail_plans --dry-run --out {out}"
