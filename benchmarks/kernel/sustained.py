@@ -156,8 +156,8 @@ def main(argv=None) -> int:
                 print(f"{shape.name:24s} {name:10s} {r['burst_us']:9.1f} {r['sustained_us']:9.1f} "
                       f"{r['sustained_us'] / r['burst_us']:6.3f} {r['sustained_tbps']:6.2f} {r['sm_mhz']:5.0f} "
                       f"{r['power_capped_share']:6.2f} {r['mj_per_call']:8.3f} {rel_err:.1e}", flush=True)
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
+                with open(a.out, "w") as f:  # after every record: a run cut short keeps what it measured
+                    json.dump(records, f, indent=1)
     print(f"wrote {len(records)} records to {a.out}")
     return 0
 
