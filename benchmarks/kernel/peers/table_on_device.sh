@@ -1,8 +1,10 @@
 # Issue 18's one-run peer table on the offline GPU host, one step a `run` call: the same command every call,
 #   bash benchmarks/kernel/peers/table_on_device.sh
-# each call carrying runs/vc (the Hopper cubins: `python -m benchmarks.kernel.bench --shapes peer-table --prebuild
-# runs/vc` on the CPU box) and the next wheel folder (.whl-sglang/p1..p6, .whl-peers/p1..p4), within the warm
-# machine's idle release of the last call, since what a call carried stays only while the machine is warm.
+# each call carrying the next wheel folder (.whl-sglang/p6, p1..p5, then .whl-peers/p1..p4), within the warm
+# machine's idle release of the last call, since what a call carried stays only while the machine is warm. The first
+# call also carries runs/vc (the Hopper cubins: `python -m benchmarks.kernel.bench --shapes peer-table --prebuild
+# runs/vc` on the CPU box), which the script keeps in /tmp/vc; with the tree (14 MB) only p6 leaves room for it
+# under a call's 64 MiB.
 # A call installs what has arrived. The first call to find everything in builds FlashInfer's and XQA's JIT
 # modules; the next times vattn and every peer on the peer-table shapes in one invocation, twice (runs A and B,
 # BENCHMARKS.md's peer-table command), into $OUT, and prints run A's table.
