@@ -279,11 +279,10 @@ def _run(a, argv=None) -> int:
         records += new
         for r in new:
             info.print_row(r)
-        with open(a.out, "w") as f:  # after every shape: a run cut short keeps what it measured
-            json.dump([info.stamp(r) for r in records], f, indent=1)
+        # after every shape: a run cut short keeps what it measured
+        harness.save_records(a.out, [info.stamp(r) for r in records])
     records = [info.stamp(r) for r in records]
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
+    harness.save_records(a.out, records)
     print("\n" + format_table(records))
     if a.rounds > 1:
         print("\n" + rounds_table(records))

@@ -12,7 +12,9 @@ timings mean nothing and only the plumbing is checked). torch and triton load in
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -388,6 +390,15 @@ def provenance(module: str, argv=None) -> tuple[str, str]:
     return date, f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
 
 
+def save_records(path: str, records: list[dict]) -> None:
+    """Writes records to path as a JSON list, whole or not at all (a temporary file renamed over it): the probes
+    save after every record or shape, so a run killed mid-write keeps the last complete list."""
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1)
+    os.replace(tmp, path)
+
+
 def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:
     """The fields every record ends with: where and when it was measured, and that run's read ceiling."""
     r.update(device=device, date=date, read_ceiling_tbps=ceiling)
@@ -444,7 +455,6 @@ def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_roun
     a run cut short keeps what it measured. sustained: the probe also takes --sustained SECONDS and --rest SECONDS,
     passed on as measure(..., sustained=(seconds, rest))."""
     import argparse
-    import json
 
     from benchmarks.kernel.shapes import select, tiny_shapes
 
@@ -495,7 +505,6 @@ def rounds_cli(argv, *, module: str, doc: str, default_shapes: str, default_roun
     records = []
     for r in measure(shapes, device, a.rounds, a.replays, **extra):
         records.append(stamp(dict(r, command=command), where, date, ceiling))
-        with open(a.out, "w") as f:
-            json.dump(records, f, indent=1)
+        save_records(a.out, records)
     print(f"wrote {len(records)} records to {a.out}")
     return 0

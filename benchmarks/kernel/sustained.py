@@ -14,7 +14,6 @@ measurement defines added to the backend's own, e.g. the lossy `q1:K8_QPARTS=1`)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -156,8 +155,7 @@ def main(argv=None) -> int:
                 print(f"{shape.name:24s} {name:10s} {r['burst_us']:9.1f} {r['sustained_us']:9.1f} "
                       f"{r['sustained_us'] / r['burst_us']:6.3f} {r['sustained_tbps']:6.2f} {r['sm_mhz']:5.0f} "
                       f"{r['power_capped_share']:6.2f} {r['mj_per_call']:8.3f} {rel_err:.1e}", flush=True)
-                with open(a.out, "w") as f:  # after every record: a run cut short keeps what it measured
-                    json.dump(records, f, indent=1)
+                harness.save_records(a.out, records)  # after every record: a run cut short keeps what it measured
     print(f"wrote {len(records)} records to {a.out}")
     return 0
 
