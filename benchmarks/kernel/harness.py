@@ -394,9 +394,13 @@ def save_records(path: str, records: list[dict]) -> None:
     """Writes records to path as a JSON list, whole or not at all (a temporary file renamed over it): the probes
     save after every record or shape, so a run killed mid-write keeps the last complete list."""
     tmp = f"{path}.partial"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(records, f, indent=1)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:

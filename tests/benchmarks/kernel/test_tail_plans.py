@@ -53,3 +53,16 @@ def test_a_run_cut_short_keeps_the_records_it_measured(tmp_path, monkeypatch):
     [record] = json.loads(out.read_text())
     assert record["shape"] == "finished" and record["device"] == "cpu-interpreter"
     assert record["command"] == f"python -m benchmarks.kernel.tail_plans --dry-run --out {out}"
+
+
+def test_a_failed_save_leaves_the_last_whole_list(tmp_path):
+    """harness.save_records writes whole or not at all: a record that cannot be written (here one JSON cannot
+    encode; on the GPU host, a kill mid-write) leaves --out as the previous save left it."""
+    from benchmarks.kernel import harness
+
+    out = tmp_path / "records.json"
+    harness.save_records(str(out), [dict(shape="16x35k", us=88.0)])
+    with pytest.raises(TypeError):
+        harness.save_records(str(out), [dict(shape="16x35k", us=88.0), dict(shape="16x119k", us=object())])
+    assert json.loads(out.read_text()) == [dict(shape="16x35k", us=88.0)]
+    assert [p.name for p in tmp_path.iterdir()] == ["records.json"]
