@@ -269,20 +269,17 @@ def _run(a, argv=None) -> int:
         peers.prewarm(shapes, names)
     batches, skipped = BatchCache("cuda"), {}
     config = parse_config(a.config)
-    records = _sweep(a, batches, info)
+    records = [info.stamp(r) for r in _sweep(a, batches, info)]
     if a.use_sweep_best:
         config = best_of_sweep(records) or config
         print(f"--use-sweep-best: {config}", flush=True)
     for shape in shapes:
         new = _run_rounds(shape, planners, batches, a.replays, for_shape(config, shape), not a.no_check, a.rounds)
-        new += _run_peers(shape, names, batches, a.replays, skipped)
+        new = [info.stamp(r) for r in new + _run_peers(shape, names, batches, a.replays, skipped)]
         records += new
         for r in new:
             info.print_row(r)
-        # after every shape: a run cut short keeps what it measured
-        harness.save_records(a.out, [info.stamp(r) for r in records])
-    records = [info.stamp(r) for r in records]
-    harness.save_records(a.out, records)
+        harness.save_records(a.out, records)  # after every shape: a run cut short keeps what it measured
     print("\n" + format_table(records))
     if a.rounds > 1:
         print("\n" + rounds_table(records))
