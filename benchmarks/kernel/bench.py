@@ -319,8 +319,7 @@ def _host_overhead(a) -> int:
         print(f"{r['shape']:>16s} {r['planner']:>12s} {r['launcher']:>8s} " + " ".join(
             f"{r[c]:13.1f}" if c in r else f"{'-':>13s}" for c in cols) + f" {python}  {r['backend']}"
               + ("  (no reduce)" if r["reduce_skipped"] else ""), flush=True)
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
+    harness.save_records(a.out, records)
     print(f"wrote {len(records)} records to {a.out}")
     return 0
 
@@ -337,8 +336,7 @@ def _dry_run(a) -> int:
     records = [harness.stamp(r, "cpu-interpreter", "dry-run", 1.0) for s in tiny_shapes()
                for r in _run_rounds(s, planners, batches, 1, config, True, a.rounds)
                + _run_peers(s, names, batches, 1, skipped)]
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
+    harness.save_records(a.out, records)
     print(format_table(records))
     if a.rounds > 1:
         print("\n" + rounds_table(records))

@@ -12,7 +12,6 @@ launch shape; only the time differs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 from benchmarks.kernel import harness
@@ -76,6 +75,13 @@ def run_shape(shape, device: str, backend: str, planners, launches, rounds: int)
     return records
 
 
+def print_record(r: dict) -> None:
+    """One line a launch shape: its rounds' times, and WRONG where its plan differs from plan_python."""
+    print(f"{r['shape']:20s} {r['backend']:6s} {r['planner']:14s} {r['launch']:9s} warps {r['num_warps']} "
+          f"NCAND {r['ncand']:2d} BLOCK_W {r['block_w']:3d} items {r['items']:4d} "
+          + " ".join(f"{t:6.2f}" for t in r["rounds"]) + ("" if r["matches_plan_python"] else "  WRONG"), flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="16x35k,host-64x24")
@@ -96,20 +102,19 @@ def main(argv=None) -> int:
     if a.rounds < 1:
         raise SystemExit(f"--rounds: got {a.rounds}; allowed: a positive integer")
     launches = parse_launch(a.launch)
-    records = [r for backend in backends for shape in select(a.shapes)
-               for r in run_shape(shape, a.device, backend, planners, launches, a.rounds)]
     import torch
 
     device = torch.cuda.get_device_name() if a.device == "cuda" else f"{a.device} (Triton's interpreter)"
     date, command = harness.provenance("benchmarks.kernel.plan_search", argv)
-    for r in records:
-        r.update(device=device, date=date, command=command)
-    with open(a.out, "w") as f:
-        json.dump(records, f, indent=1)
-    for r in records:  # a plan that differs from plan_python is marked
-        print(f"{r['shape']:20s} {r['backend']:6s} {r['planner']:14s} {r['launch']:9s} warps {r['num_warps']} "
-              f"NCAND {r['ncand']:2d} BLOCK_W {r['block_w']:3d} items {r['items']:4d} "
-              + " ".join(f"{t:6.2f}" for t in r["rounds"]) + ("" if r["matches_plan_python"] else "  WRONG"))
+    records = []
+    for backend in backends:
+        for shape in select(a.shapes):
+            shape_records = run_shape(shape, a.device, backend, planners, launches, a.rounds)
+            for r in shape_records:
+                r.update(device=device, date=date, command=command)
+                print_record(r)
+            records += shape_records
+            harness.save_records(a.out, records)  # after every shape: a run cut short keeps what it measured
     return 0 if all(r["matches_plan_python"] for r in records) else 1
 
 
