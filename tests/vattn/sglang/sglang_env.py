@@ -39,6 +39,16 @@ def import_sglang():
     import sglang  # noqa: F401
 
 
+def require_sglang() -> None:
+    """import_sglang, or skip the calling test module: CI installs sglang, a bare checkout may lack it."""
+    import pytest
+
+    try:
+        import_sglang()
+    except ImportError as exc:
+        pytest.skip(f"sglang is not importable: {exc}", allow_module_level=True)
+
+
 def _stub_package(root: str, fixed: dict | None = None) -> None:
     """Make `root` and its submodules importable as MagicMock namespaces (fixed: module -> attrs)."""
     import importlib.abc

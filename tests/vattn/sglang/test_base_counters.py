@@ -14,10 +14,7 @@ sys.path.insert(0, str(HERE))
 
 import sglang_env  # noqa: E402
 
-try:
-    sglang_env.import_sglang()
-except ImportError as exc:  # pragma: no cover - CI installs it
-    pytest.skip(f"sglang is not importable: {exc}", allow_module_level=True)
+sglang_env.require_sglang()
 
 from vattn.sglang import base as base_choice  # noqa: E402
 from vattn.sglang import counters, options  # noqa: E402

@@ -27,10 +27,7 @@ sys.path.insert(0, str(HERE))
 
 import sglang_env  # noqa: E402
 
-try:
-    sglang_env.import_sglang()
-except ImportError as exc:  # pragma: no cover - CI installs it (see .ci/run)
-    pytest.skip(f"sglang is not importable: {exc}", allow_module_level=True)
+sglang_env.require_sglang()
 
 from vattn.sglang import counters, gate  # noqa: E402
 
