@@ -106,7 +106,9 @@ def run_eval(args: argparse.Namespace) -> int:
         field = first["loc"][-1] if first["loc"] else None
         msg = first["msg"].removeprefix("Value error, ")
         if isinstance(field, str):   # a field's own check; else a cross-field rule naming it
-            msg = f"{flag_of(field)}: {msg} (got {first.get('input')!r})"
+            got = first.get("input")
+            got = str(got) if isinstance(got, Path) else got
+            msg = f"{flag_of(field)}: {msg} (got {got!r})"
         print(f"pipeline eval: error: {_flags_in(msg)}", file=sys.stderr)
         return 1
     except (DataError, ResumeError, NoAnswerError) as e:   # already one line that names the fix

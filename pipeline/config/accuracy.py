@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TaskName = Literal["gsm8k", "gpqa_diamond"]
 TASK_NAMES: tuple[str, ...] = ("gsm8k", "gpqa_diamond")
@@ -19,6 +19,7 @@ TASK_NAMES: tuple[str, ...] = ("gsm8k", "gpqa_diamond")
 _DEFAULT_REPEATS = {"gsm8k": 1, "gpqa_diamond": 8}
 _DEFAULT_MAX_TOKENS = {"gsm8k": 2048, "gpqa_diamond": 8192}
 _DEFAULT_SHOTS = {"gsm8k": 5, "gpqa_diamond": 0}
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # what pipeline.accuracy.data.read_rows reads
 
 
 class TaskSpec(BaseModel):
@@ -80,6 +81,19 @@ class TaskSpec(BaseModel):
         default_factory=dict,
         description="Extra fields merged into every chat request, e.g. "
                     "{chat_template_kwargs: {enable_thinking: false}}.")
+
+    @field_validator("data", "shots_data")
+    @classmethod
+    def _local_file(cls, v: Path | None) -> Path | None:
+        # checked here, not when the accuracy stage reads it: that stage runs after each arm's load
+        if v is None:
+            return None
+        if not v.is_file():
+            raise ValueError(f"no such file{' (it is a directory)' if v.is_dir() else ''}; allowed: a local "
+                             f"{', '.join(DATA_SUFFIXES)} file, or leave the field out to load from the HF hub")
+        if v.suffix.lower() not in DATA_SUFFIXES:
+            raise ValueError(f"unsupported file type '{v.suffix}'; allowed: {', '.join(DATA_SUFFIXES)}")
+        return v
 
     @model_validator(mode="after")
     def _fill_task_defaults(self) -> "TaskSpec":

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from pipeline.accuracy import gpqa, gsm8k, synthetic
-from pipeline.accuracy.data import DataError
+from pipeline.accuracy.data import DataError, read_rows
 from pipeline.config.accuracy import AccuracySpec, TaskSpec
 
 DATA = Path(__file__).resolve().parents[3] / "recipes" / "data" / "accuracy"
@@ -79,10 +79,24 @@ def test_cli_flag_error_is_one_line(tmp_path):
                            "or equal to 1 (got 0)\n")
 
 
+def test_a_task_names_a_missing_or_unreadable_data_file_before_anything_runs(tmp_path):
+    """The recipe (and `pipeline eval`) reject the file when validated: the accuracy stage reads it only after
+    an arm's load has run."""
+
+    txt = tmp_path / "x.txt"
+    txt.write_text("a,b\n")
+    for field, value, why in (("data", tmp_path / "nope.jsonl", r"no such file; allowed: a local \.jsonl"),
+                              ("data", tmp_path, r"no such file \(it is a directory\)"),
+                              ("shots_data", tmp_path / "nope.jsonl", "no such file"),
+                              ("data", txt, r"unsupported file type '\.txt'; allowed: \.jsonl, \.json, \.csv")):
+        with pytest.raises(ValidationError, match=rf"{field}\n  Value error, {why}"):
+            TaskSpec(name="gsm8k", **{field: value})
+
+
 def test_local_file_errors(tmp_path):
-    spec = TaskSpec(name="gsm8k", data=tmp_path / "nope.jsonl")
+    """A file gone or broken by the time the stage reads it still gets one line naming it."""
     with pytest.raises(DataError, match=r"^w: file not found: .*nope.jsonl$"):
-        gsm8k.load(spec, "w")
+        read_rows(tmp_path / "nope.jsonl", "w")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"Question": "q", "answer": "#### 1"}) + "\n")
     with pytest.raises(DataError, match=r"w: row 0 of .*bad.jsonl lacks field\(s\) \['question'\]"):
@@ -90,7 +104,7 @@ def test_local_file_errors(tmp_path):
     txt = tmp_path / "x.txt"
     txt.write_text("a,b\n")
     with pytest.raises(DataError, match=r"w: unsupported file type '.txt' .*; use .jsonl, .json, .csv or .parquet"):
-        gpqa.load(TaskSpec(name="gpqa_diamond", data=txt), "w")
+        read_rows(txt, "w")
 
 
 def test_shots_without_split_come_from_first_rows_and_are_excluded(tmp_path):

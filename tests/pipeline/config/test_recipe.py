@@ -49,6 +49,12 @@ def test_missing_trace_dir(write_recipe):
         load_recipe(write_recipe(load={"trace": "no/such/traces", "benchmark_duration_s": 10, "timeout_s": 120}))
 
 
+def test_missing_accuracy_data_file(write_recipe):
+    """Named by validate, not by the accuracy stage after the first arm's load."""
+    with pytest.raises(RecipeError, match=r"accuracy.tasks.0.data: no such file; allowed: .* \(found '.*/no/gsm8k.jsonl'\)"):
+        load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "data": "no/gsm8k.jsonl"}]}))
+
+
 def test_placement_errors(write_recipe):
     with pytest.raises(RecipeError, match=r"hosts.local.gpus: \[0\] has 1 GPU\(s\); placement needs 2 "
                                           r"\(concurrent, gpus_per_arm=1\)"):
