@@ -251,6 +251,10 @@ def cli_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
             print(f"error: --arms: expected two arm names like 'off on', got {arms!r}", file=sys.stderr)
             return 2
         pair = (str(parts[0]), str(parts[1]))
+    if out and Path(out).is_dir():
+        print(f"error: --out: {out!r} is a directory; give the report's file path (e.g. {Path(out) / 'report.md'})",
+              file=sys.stderr)
+        return 2
     try:
         path = write_report(Path(run_dirs[0]), Path(out) if out else None,
                             compare=Path(run_dirs[1]) if len(run_dirs) == 2 else None, arms=pair)

@@ -59,6 +59,8 @@ def _stage_entry(manifest: dict[str, Any], arm_run: str, stage: str) -> dict[str
 
 def read_manifest(root: Path) -> dict[str, Any]:
     paths = RunPaths(Path(root))
+    if paths.root.is_file():
+        raise AnalysisError(f"run dir {root}: a file, not a run directory (the folder `pipeline run` wrote)")
     if not paths.root.is_dir():
         raise AnalysisError(f"run dir {root}: no such directory")
     if not paths.manifest.is_file() and not paths.arms_dir.is_dir():

@@ -28,6 +28,12 @@ def read_yaml(path: Path, what: str) -> dict:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise RecipeError(f"{what}: file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise RecipeError(f"{what}: {str(path)!r} is a directory; give a YAML file") from None
+    except PermissionError:
+        raise RecipeError(f"{what}: {str(path)!r} is not readable (permission denied)") from None
+    except UnicodeDecodeError:
+        raise RecipeError(f"{what}: {str(path)!r} is not a text file (not UTF-8); give a YAML file") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"{what}: {path} is not valid YAML: {e}") from None
     if not isinstance(data, dict):

@@ -165,6 +165,12 @@ def test_cli_argument_errors(run, capsys):
     assert cli_report([str(run)], arms=["off", "on", "x"]) == 2
     assert "got ['off', 'on', 'x']" in capsys.readouterr().err
     assert cli_report([str(run), str(run), str(run)]) == 2
+    capsys.readouterr()
+    assert cli_report([str(run)], out=str(run)) == 2  # a folder given as --out: say so, write nothing
+    assert f"--out: '{run}' is a directory; give the report's file path (e.g. {run / 'report.md'})" in (
+        capsys.readouterr().err) and not (run / "report.md").exists()
+    assert cli_report([str(run / "manifest.json")]) == 2
+    assert "manifest.json: a file, not a run directory" in capsys.readouterr().err
     with pytest.raises(ReportError, match=r"no arm 'base' \(arms with exports: off, on\); pick one with --arms"):
         write_report(run, arms=("base", "on"), n_boot=N_BOOT)
 

@@ -43,6 +43,15 @@ def test_unknown_field_is_named(write_recipe):
                                        "durration_s": 5}))
 
 
+def test_a_recipe_path_that_is_not_a_yaml_file_is_one_line(tmp_path):
+    with pytest.raises(RecipeError, match=r"^recipe: '.*' is a directory; give a YAML file$"):
+        load_recipe(tmp_path)
+    binary = tmp_path / "r.yaml"
+    binary.write_bytes(b"\xf0\x28\x8c\x28")
+    with pytest.raises(RecipeError, match=r"^recipe: '.*r.yaml' is not a text file \(not UTF-8\); give a YAML file$"):
+        load_recipe(binary)
+
+
 def test_missing_trace_dir(write_recipe):
     with pytest.raises(RecipeError, match=r"load.trace: directory '.*/no/such/traces' does not exist; generate one "
                                           r"with `python -m pipeline.tracegen traces"):
