@@ -3,15 +3,26 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A new temporary file next to `path`, created as open() creates files (0666 less the umask): mkstemp's
+    would be 0600, and run dirs on a shared file system (Slurm hosts) are read by colleagues."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -33,7 +44,7 @@ def write_json_exclusive(path: Path, obj: Any) -> None:
     replaces an existing file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
