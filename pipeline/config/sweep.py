@@ -45,13 +45,26 @@ class SweepSpec(Strict):
     def _axes(cls, m):
         if m is None:
             return m
+        if not m:
+            raise ValueError("no axes; give at least one, e.g. {conc: {c8: {load: {concurrency: 8}}}}")
         for axis, values in m.items():
             if not values:
                 raise ValueError(f"axis {axis!r} has no values; give at least one, e.g. {{c8: {{load: "
                                  f"{{concurrency: 8}}}}}}")
             for name in values:
-                _check_name(f"matrix.{axis}", name)
+                _check_name(f"axis {axis!r}: ", name)
         return m
+
+    @field_validator("points")
+    @classmethod
+    def _points(cls, p):
+        if p is None:
+            return p
+        if not p:
+            raise ValueError("no points; give at least one, e.g. {c8: {load: {concurrency: 8}}}")
+        for name in p:
+            _check_name("", name)
+        return p
 
     @model_validator(mode="after")
     def _one_of(self):
@@ -59,16 +72,14 @@ class SweepSpec(Strict):
             raise ValueError("set exactly one of matrix (axes crossed into points) or points (an explicit "
                              f"list); found matrix={'set' if self.matrix else None}, "
                              f"points={'set' if self.points else None}")
-        for name in self.points or {}:
-            _check_name("points", name)
         return self
 
 
-def _check_name(field: str, name: str) -> None:
+def _check_name(where: str, name: str) -> None:
     import re
 
     if not re.match(_NAME, str(name)):
-        raise ValueError(f"{field}: point name {name!r} may hold only letters, digits, '.', '_' and '-' "
+        raise ValueError(f"{where}point name {name!r} may hold only letters, digits, '.', '_' and '-' "
                          f"(it names the point's run dir)")
 
 
@@ -77,12 +88,17 @@ def point_overlays(spec: SweepSpec) -> dict[str, dict]:
     if spec.points is not None:
         return dict(spec.points)
     axes = list(spec.matrix.values())
-    out = {}
+    out, combos = {}, {}
     for combo in itertools.product(*(list(a.items()) for a in axes)):
         overlay: dict = {}
         for _, ov in combo:
             overlay = deep_merge(overlay, ov)
-        out["-".join(str(n) for n, _ in combo)] = overlay
+        names = tuple(str(n) for n, _ in combo)
+        point = "-".join(names)
+        if point in out:  # value names that hold '-' can join into the same point name
+            raise RecipeError(f"matrix: the combinations {list(combos[point])} and {list(names)} both name point "
+                              f"{point!r}; rename a value so that no two join alike")
+        out[point], combos[point] = overlay, names
     return out
 
 
@@ -102,9 +118,13 @@ def point_recipes(spec: SweepSpec, sweep_file: Path) -> dict[str, dict]:
     """{point: recipe dict}, each validated; relative paths resolved against the base recipe's folder."""
     base_path = (Path(sweep_file).resolve().parent / spec.base).resolve()
     if not base_path.is_file():
-        raise RecipeError(f"base: recipe file {str(base_path)!r} does not exist; `base` is relative to the "
-                          f"sweep file ({sweep_file})")
+        what = "is a directory" if base_path.is_dir() else "does not exist"
+        raise RecipeError(f"base: recipe file {str(base_path)!r} {what}; `base` names a recipe file, relative to "
+                          f"the sweep file ({sweep_file})")
     raw = read_yaml(base_path, "base")
+    if file_kind(raw) == "sweep":
+        raise RecipeError(f"base: {str(base_path)!r} is a sweep file; `base` names a recipe (one with `arms`), "
+                          f"such as the base of that sweep")
     out = {}
     for point, overlay in point_overlays(spec).items():
         d = deep_merge(deep_merge(raw, spec.overrides), overlay)

@@ -52,7 +52,13 @@ def test_explicit_points(tmp_path):
 @pytest.mark.parametrize("fields, match", [
     ({}, r"set exactly one of matrix .* or points"),
     ({"matrix": {"conc": {}}}, r"matrix: axis 'conc' has no values"),
+    ({"matrix": {}}, r"matrix: no axes; give at least one"),
+    ({"points": {}}, r"points: no points; give at least one"),
     ({"points": {"a b": {}}}, r"points: point name 'a b' may hold only letters"),
+    ({"matrix": {"conc": {"c 4": {}}}}, r"\nmatrix: axis 'conc': point name 'c 4' may hold only letters"),
+    # 2 x 2 values, but 'x-y' + 'z' and 'x' + 'y-z' both join into x-y-z
+    ({"matrix": {"a": {"x-y": {}, "x": {}}, "b": {"z": {}, "y-z": {}}}},
+     r"matrix: the combinations \['x-y', 'z'\] and \['x', 'y-z'\] both name point 'x-y-z'"),
     ({"points": {"a": {}}, "matirx": {}}, r"matirx: unknown field"),
     ({"points": {"bad": {"load": {"concurrency": 0}}}},
      r"sweep point 'bad': invalid recipe\nload.concurrency: Input should be greater than or equal to 1"),
@@ -71,8 +77,17 @@ def test_missing_base_names_the_field(tmp_path):
     with pytest.raises(RecipeError, match=r"typo.yaml: invalid sweep\n(.*\n)*base: Field required"):
         load_sweep(typo)
     path = _sweep(tmp_path, base="nope.yaml", points={"a": {}})
-    with pytest.raises(RecipeError, match=r"base: recipe file .*nope.yaml' does not exist; `base` is relative"):
+    with pytest.raises(RecipeError, match=r"base: recipe file .*nope.yaml' does not exist; `base` names a recipe "
+                                          r"file, relative to the sweep file"):
         point_recipes(load_sweep(path), path)
+    path = _sweep(tmp_path, base=str(tmp_path), points={"a": {}})
+    with pytest.raises(RecipeError, match=r"base: recipe file .* is a directory; `base` names a recipe file"):
+        point_recipes(load_sweep(path), path)
+    inner = _sweep(tmp_path, points={"a": {}})
+    outer = tmp_path / "outer.yaml"
+    outer.write_text(yaml.safe_dump({"name": "o", "base": str(inner), "points": {"b": {}}}))
+    with pytest.raises(RecipeError, match=rf"base: '{inner}' is a sweep file; `base` names a recipe"):
+        point_recipes(load_sweep(outer), outer)
 
 
 def test_a_recipe_and_a_sweep_file_are_told_apart(tmp_path):
