@@ -58,7 +58,7 @@ def test_explicit_points(tmp_path):
     ({"matrix": {"conc": {"c 4": {}}}}, r"\nmatrix: axis 'conc': point name 'c 4' may hold only letters"),
     # 2 x 2 values, but 'x-y' + 'z' and 'x' + 'y-z' both join into x-y-z
     ({"matrix": {"a": {"x-y": {}, "x": {}}, "b": {"z": {}, "y-z": {}}}},
-     r"matrix: the combinations \['x-y', 'z'\] and \['x', 'y-z'\] both name point 'x-y-z'"),
+     r"matrix: the combinations \['x', 'y-z'\] and \['x-y', 'z'\] both name point 'x-y-z'"),  # keys sorted
     ({"points": {"a": {}}, "matirx": {}}, r"matirx: unknown field"),
     ({"points": {"bad": {"load": {"concurrency": 0}}}},
      r"sweep point 'bad': invalid recipe\nload.concurrency: Input should be greater than or equal to 1"),
