@@ -7,10 +7,13 @@ validated once. Relative paths in the recipe resolve against the recipe file's f
 from __future__ import annotations
 
 import copy
+import difflib
+import types
+import typing
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from pipeline.config.accuracy import AccuracySpec
 from pipeline.config.arms import ARM_NAMES, ArmSpec, arm_server_args, check_arms, check_switch_vars
@@ -79,13 +82,55 @@ class Recipe(Strict):
         return self
 
 
-def _format_errors(e: ValidationError) -> str:
+def _step(tp, key):
+    """The type found one step below `tp` at `key`: a model's field, a dict's value, a list's item (through
+    Optional and unions); None where there is none."""
+    for t in typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,):
+        origin = typing.get_origin(t)
+        if isinstance(t, type) and issubclass(t, BaseModel) and key in t.model_fields:
+            return t.model_fields[key].annotation
+        if origin is dict and isinstance(key, str):
+            return typing.get_args(t)[1]
+        if origin is list and isinstance(key, int):
+            return typing.get_args(t)[0]
+    return None
+
+
+def _unknown_field(model: type[BaseModel] | None, loc: tuple) -> str:
+    """What to say of a field the model at `loc` does not have: the nearest allowed name, and all of them."""
+    tp = model
+    for key in loc[:-1]:
+        tp = tp and _step(tp, key)
+    models = [t for t in (typing.get_args(tp) or (tp,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+    if not models:
+        return "unknown field; check the spelling"
+    allowed = list(models[0].model_fields)
+    near = _nearest(str(loc[-1]), models[0])
+    return f"unknown field{f'; did you mean {near!r}?' if near else ''} (allowed here: {', '.join(allowed)})"
+
+
+def _nearest(name: str, model: type[BaseModel]) -> str | None:
+    """The model's field nearest to `name`, or a sub-block's field when that is much nearer (a recipe's top-level
+    `concurrency` belongs in `load`)."""
+    def ratio(a: str) -> float:
+        return difflib.SequenceMatcher(None, name, a).ratio()
+
+    scored = [(ratio(f), f) for f in model.model_fields]
+    for field, info in model.model_fields.items():
+        for sub in (t for t in (typing.get_args(info.annotation) or (info.annotation,))
+                    if isinstance(t, type) and issubclass(t, BaseModel)):
+            scored += [(ratio(f) - 0.1, f"{field}.{f}") for f in sub.model_fields]  # a sub-block's must beat by 0.1
+    best, where = max(scored)
+    return where if best >= 0.6 else None
+
+
+def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> str:
     lines = []
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "recipe"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling (see `pipeline validate --help` and recipes/quickstart.yaml)"
+            msg = _unknown_field(model, tuple(err["loc"]))
         elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
             msg = f"{msg} (found {err['input']!r})"
         lines.append(f"{loc}: {msg}")
@@ -118,7 +163,7 @@ def load_recipe(path: str | Path) -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
-        raise RecipeError(f"{path}: invalid recipe\n{_format_errors(e)}") from None
+        raise RecipeError(f"{path}: invalid recipe\n{_format_errors(e, Recipe)}") from None
 
 
 def recipe_to_dict(r: Recipe) -> dict:

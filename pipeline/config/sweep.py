@@ -111,7 +111,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as e:
-        raise RecipeError(f"{path}: invalid sweep\n{_format_errors(e)}") from None
+        raise RecipeError(f"{path}: invalid sweep\n{_format_errors(e, SweepSpec)}") from None
 
 
 def point_recipes(spec: SweepSpec, sweep_file: Path) -> dict[str, dict]:
@@ -154,5 +154,5 @@ def check_point(point: str, recipe: dict) -> None:
     try:
         Recipe.model_validate(merged)
     except (ValidationError, RecipeError) as e:
-        msg = _format_errors(e) if isinstance(e, ValidationError) else str(e)
+        msg = _format_errors(e, Recipe) if isinstance(e, ValidationError) else str(e)
         raise RecipeError(f"sweep point {point!r}: invalid recipe\n{msg}") from None

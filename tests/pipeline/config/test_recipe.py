@@ -36,11 +36,18 @@ def test_bare_yaml_off_on_keys_are_arm_names(tmp_path):
 
 
 def test_unknown_field_is_named(write_recipe):
-    with pytest.raises(RecipeError, match=r"concurency: unknown field; check the spelling"):
+    """With the nearest allowed name and the names allowed at that level, through dicts and lists."""
+    with pytest.raises(RecipeError, match=r"\nconcurency: unknown field; did you mean 'load.concurrency'\? "
+                                          r"\(allowed here: name, presets, engine, "):
         load_recipe(write_recipe(concurency=3))
-    with pytest.raises(RecipeError, match=r"load.durration_s: unknown field"):
+    with pytest.raises(RecipeError, match=r"load.durration_s: unknown field; did you mean 'benchmark_duration_s'\? "
+                                          r"\(allowed here: trace, scenario, concurrency, "):
         load_recipe(write_recipe(load={"trace": TRACE, "benchmark_duration_s": 10, "timeout_s": 120,
                                        "durration_s": 5}))
+    with pytest.raises(RecipeError, match=r"hosts.node.adress: unknown field; did you mean 'address'\?"):
+        load_recipe(write_recipe(hosts={"node": {"kind": "ssh", "adress": "h"}}))
+    with pytest.raises(RecipeError, match=r"accuracy.tasks.0.limt: unknown field; did you mean 'limit'\?"):
+        load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "limt": 3}]}))
 
 
 def test_a_recipe_path_that_is_not_a_yaml_file_is_one_line(tmp_path):

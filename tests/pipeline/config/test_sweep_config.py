@@ -59,7 +59,7 @@ def test_explicit_points(tmp_path):
     # 2 x 2 values, but 'x-y' + 'z' and 'x' + 'y-z' both join into x-y-z
     ({"matrix": {"a": {"x-y": {}, "x": {}}, "b": {"z": {}, "y-z": {}}}},
      r"matrix: the combinations \['x', 'y-z'\] and \['x-y', 'z'\] both name point 'x-y-z'"),  # keys sorted
-    ({"points": {"a": {}}, "matirx": {}}, r"matirx: unknown field"),
+    ({"points": {"a": {}}, "matirx": {}}, r"matirx: unknown field; did you mean 'matrix'\? \(allowed here: name, base"),
     ({"points": {"bad": {"load": {"concurrency": 0}}}},
      r"sweep point 'bad': invalid recipe\nload.concurrency: Input should be greater than or equal to 1"),
     ({"points": {"tp9": {"server": {"args": {"model_preset": "qwen9"}}}}},  # an emulator flag, read at once
