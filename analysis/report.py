@@ -27,7 +27,7 @@ from vattn import switch
 
 ReportError = AnalysisError  # what the CLI catches: one line, no traceback
 
-DEFINITIONS = (
+_METRIC_DEFINITIONS = (
     "TPOT is aiperf's per-request `inter_token_latency`: (request latency - TTFT) / (output tokens - 1). "
     "Interactivity is tokens per second per user, defined as 1000 / TPOT[ms]; \"at TPOT p50\" uses the "
     "median TPOT and \"at TPOT p90\" the 90th-percentile (slow-tail) TPOT. Output throughput is output "
@@ -35,11 +35,17 @@ DEFINITIONS = (
     "repeats. Output throughput over an equal window counts the output tokens each arm run emitted in the "
     "same W seconds from its profiling start (W: the recipe's duration, at most the shortest window; a "
     "request's first token at its TTFT, the rest spread evenly to its end), so an arm whose last requests "
-    "spill into the grace period is not measured over a longer window. Percentiles interpolate linearly between order statistics. Delta = (on - off) / off. "
+    "spill into the grace period is not measured over a longer window. Percentiles interpolate linearly between order statistics.")
+_CI_DEFINITIONS = (
     "95% CIs come from a paired bootstrap that resamples whole sessions (conversation_id) "
     f"{stats.N_BOOT} times with seed {stats.SEED}. The A/A noise floor, when an arm ran twice, is the "
     "largest |delta| inside the 95% CI of the same statistic between the two runs of one arm: a delta "
     "smaller than it cannot be told from run-to-run drift.")
+
+
+def definitions(c: Comparison) -> str:
+    """The per-arm table's footnote, its delta in this report's own labels."""
+    return f"{_METRIC_DEFINITIONS} Delta = ({c.b_label} - {c.a_label}) / {c.a_label}. {_CI_DEFINITIONS}"
 
 
 def verdict(c: Comparison) -> str:
@@ -61,9 +67,9 @@ def verdict(c: Comparison) -> str:
 def load_md(c: Comparison) -> list[str]:
     lines = ["| arm run | profiling requests | completed | failed | cancelled | no TPOT | warmup excluded "
              "| window (s) |", "|---|---|---|---|---|---|---|---|"]
-    for r in c.a_runs + c.b_runs:
+    for label, r in [(c.a_label, r) for r in c.a_runs] + [(c.b_label, r) for r in c.b_runs]:
         k = r.counts
-        lines.append(f"| {r.name} | {k['total']} | {k['completed']} | {k['failed']} | {k['cancelled']} | "
+        lines.append(f"| {_series_name(label, r)} | {k['total']} | {k['completed']} | {k['failed']} | {k['cancelled']} | "
                      f"{k['no_tpot']} | {r.warmup_records} | {r.window_s:.1f} |")
     return lines
 
@@ -176,7 +182,7 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     parts = [f"# {title}", "", verdict(c), ""]
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
-    parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", DEFINITIONS, "",
+    parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", definitions(c), "",
               "## Matched requests", "", *matched_md(c), "", *verdict_md.primary_md(c), "",
               "## What this run could have seen", "",
               *verdict_md.sensitivity_md(c, recipe_of(run).get("target_effect")), ""]
@@ -222,7 +228,7 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
         a_label, b_label = f"{run.root.name}:{a_arm}", f"{other.root.name}:{b_arm}"
         target = RunPaths(other.root)
         out = Path(out) if out else target.compare_report(run.root.name)
-        prefix, title = f"compare_{run.root.name}_", f"A/B report: {a_label} vs {b_label}"
+        prefix, title = f"compare_{run.root.name}_", f"A/B report: {b_label} vs {a_label}"  # as the verdict
     else:
         a_label, b_label = a_arm, b_arm
         target = RunPaths(run.root)
