@@ -124,9 +124,16 @@ def _nearest(name: str, model: type[BaseModel]) -> str | None:
     return where if best >= 0.6 else None
 
 
+_UNION_MEMBERS = {"dict[str,any]": "a mapping", "list[str]": "a list of strings"}
+
+
 def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> str:
-    lines = []
+    lines, unions = [], {}
     for err in e.errors():
+        *where, last = err["loc"] or ("recipe",)
+        if last in _UNION_MEMBERS:  # pydantic reports a union once per member: say it once, as the choices
+            unions.setdefault(tuple(where), (err.get("input"), []))[1].append(_UNION_MEMBERS[last])
+            continue
         loc = ".".join(str(x) for x in err["loc"]) or "recipe"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
@@ -134,6 +141,8 @@ def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> 
         elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
             msg = f"{msg} (found {err['input']!r})"
         lines.append(f"{loc}: {msg}")
+    for where, (found, kinds) in unions.items():
+        lines.append(f"{'.'.join(map(str, where))}: expected {' or '.join(kinds)} (found {found!r})")
     return "\n".join(lines)
 
 

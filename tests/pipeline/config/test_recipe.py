@@ -59,6 +59,13 @@ def test_a_recipe_path_that_is_not_a_yaml_file_is_one_line(tmp_path):
         load_recipe(binary)
 
 
+def test_engine_args_of_the_wrong_kind_are_one_line(write_recipe):
+    """server.args is a mapping or an argv list: one line with both choices, not one per pydantic union member."""
+    with pytest.raises(RecipeError, match=r"invalid recipe\nserver.args: expected a mapping or a list of strings "
+                                          r"\(found 'fast'\)$"):
+        load_recipe(write_recipe(server={"args": "fast"}))
+
+
 def test_missing_trace_dir(write_recipe):
     with pytest.raises(RecipeError, match=r"load.trace: directory '.*/no/such/traces' does not exist; generate one "
                                           r"with `python -m pipeline.tracegen traces"):
