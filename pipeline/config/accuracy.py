@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from pipeline.config.base import NoBoolNumbers
+
 TaskName = Literal["gsm8k", "gpqa_diamond"]
 TASK_NAMES: tuple[str, ...] = ("gsm8k", "gpqa_diamond")
 
@@ -22,7 +24,7 @@ _DEFAULT_SHOTS = {"gsm8k": 5, "gpqa_diamond": 0}
 DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")  # what pipeline.accuracy.data.read_rows reads
 
 
-class TaskSpec(BaseModel):
+class TaskSpec(NoBoolNumbers):
     """One accuracy task run against one server."""
 
     model_config = ConfigDict(extra="forbid")

@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from pipeline.config.base import NoBoolNumbers
 
 
-class LoadSpec(BaseModel):
+class LoadSpec(NoBoolNumbers):
     """The recipe's `load:` block: what aiperf replays, how hard, for how long."""
 
     model_config = ConfigDict(extra="forbid")

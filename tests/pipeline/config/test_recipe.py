@@ -66,6 +66,17 @@ def test_engine_args_of_the_wrong_kind_are_one_line(write_recipe):
         load_recipe(write_recipe(server={"args": "fast"}))
 
 
+def test_a_boolean_is_not_taken_for_a_number(write_recipe):
+    """pydantic would read `concurrency: yes` as 1; a number field names the boolean instead."""
+    with pytest.raises(RecipeError, match=r"\nload.concurrency: a boolean where a number is allowed .* \(found True\)"):
+        load_recipe(write_recipe(load={"trace": TRACE, "benchmark_duration_s": 10, "timeout_s": 120,
+                                       "concurrency": True}))
+    with pytest.raises(RecipeError, match=r"\nserver.port: a boolean where a number is allowed"):
+        load_recipe(write_recipe(server={"port": False}))
+    with pytest.raises(RecipeError, match=r"\naccuracy.tasks.0.limit: a boolean where a number is allowed"):
+        load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "limit": True}]}))
+
+
 def test_missing_trace_dir(write_recipe):
     with pytest.raises(RecipeError, match=r"load.trace: directory '.*/no/such/traces' does not exist; generate one "
                                           r"with `python -m pipeline.tracegen traces"):
