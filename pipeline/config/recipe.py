@@ -130,17 +130,17 @@ _UNION_MEMBERS = {"dict[str,any]": "a mapping", "list[str]": "a list of strings"
 def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> str:
     lines, unions = [], {}
     for err in e.errors():
-        *where, last = err["loc"] or ("recipe",)
-        if last in _UNION_MEMBERS:  # pydantic reports a union once per member: say it once, as the choices
-            unions.setdefault(tuple(where), (err.get("input"), []))[1].append(_UNION_MEMBERS[last])
+        if err["loc"] and err["loc"][-1] in _UNION_MEMBERS:  # pydantic reports a union once per member
+            where = tuple(err["loc"][:-1])
+            unions.setdefault(where, (err.get("input"), []))[1].append(_UNION_MEMBERS[err["loc"][-1]])
             continue
-        loc = ".".join(str(x) for x in err["loc"]) or "recipe"
+        loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = _unknown_field(model, tuple(err["loc"]))
         elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
             msg = f"{msg} (found {err['input']!r})"
-        lines.append(f"{loc}: {msg}")
+        lines.append(f"{loc}: {msg}" if loc else msg)  # a whole-file rule's message names its fields itself
     for where, (found, kinds) in unions.items():
         lines.append(f"{'.'.join(map(str, where))}: expected {' or '.join(kinds)} (found {found!r})")
     return "\n".join(lines)

@@ -63,7 +63,7 @@ def test_explicit_points(tmp_path):
     ({"points": {"bad": {"load": {"concurrency": 0}}}},
      r"sweep point 'bad': invalid recipe\nload.concurrency: Input should be greater than or equal to 1"),
     ({"points": {"tp9": {"server": {"args": {"model_preset": "qwen9"}}}}},  # an emulator flag, read at once
-     r"sweep point 'tp9': invalid recipe\nrecipe: server.args: model_preset: 'qwen9' not found"),
+     r"sweep point 'tp9': invalid recipe\nserver.args: model_preset: 'qwen9' not found"),
 ])
 def test_sweep_errors(tmp_path, fields, match):
     with pytest.raises(RecipeError, match=match):
