@@ -69,8 +69,8 @@ def load_md(c: Comparison) -> list[str]:
              "| window (s) |", "|---|---|---|---|---|---|---|---|"]
     for label, r in [(c.a_label, r) for r in c.a_runs] + [(c.b_label, r) for r in c.b_runs]:
         k = r.counts
-        lines.append(f"| {_series_name(label, r)} | {k['total']} | {k['completed']} | {k['failed']} | {k['cancelled']} | "
-                     f"{k['no_tpot']} | {r.warmup_records} | {r.window_s:.1f} |")
+        lines.append(f"| {_series_name(label, r)} | {k['total']} | {k['completed']} | {k['failed']} | "
+                     f"{k['cancelled']} | {k['no_tpot']} | {r.warmup_records} | {r.window_s:.1f} |")
     return lines
 
 

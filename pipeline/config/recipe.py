@@ -124,6 +124,7 @@ def _nearest(name: str, model: type[BaseModel]) -> str | None:
     return where if best >= 0.6 else None
 
 
+# server.EngineArgs' members, as pydantic names them in an error's location
 _UNION_MEMBERS = {"dict[str,any]": "a mapping", "list[str]": "a list of strings"}
 
 
