@@ -119,9 +119,9 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     if mode not in PLANNERS:
         _bad("mode", repr(mode), ", ".join(PLANNERS))
     if num_kv_heads != ws.num_kv_heads:
-        _bad("num_kv_heads", num_kv_heads, f"the workspace's num_kv_heads={ws.num_kv_heads}")
+        _bad("num_kv_heads", repr(num_kv_heads), f"the workspace's num_kv_heads={ws.num_kv_heads}")
     if page_size != ws.page_size:
-        _bad("page_size", page_size, f"the workspace's page_size={ws.page_size}")
+        _bad("page_size", repr(page_size), f"the workspace's page_size={ws.page_size}")
     _check_device(ws.device)
     _check_int_vector("seq_lens", seq_lens, None, ws.device)
     batch = seq_lens.shape[0]
@@ -552,8 +552,9 @@ def _check_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
     _check_int_vector("seq_lens", seq_lens, plan.batch, ws.device)
     _check_int_vector("cu_seqlens_q", cu_seqlens_q, plan.batch + 1, ws.device)
     _check_descales(k_descale, v_descale, ws)
-    if softmax_scale is not None and (not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0):
-        _bad("softmax_scale", repr(softmax_scale), "a Python float > 0 (or None for 1/sqrt(head_dim))")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+                                      or not 0 < softmax_scale < math.inf):
+        _bad("softmax_scale", repr(softmax_scale), "a finite Python float > 0 (or None for 1/sqrt(head_dim))")
     if out is not None:
         _check_tensor("out", out, 3, ws.device)
         if out.dtype != q.dtype or out.shape != q.shape or out.stride(1) != q.shape[2]:

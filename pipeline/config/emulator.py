@@ -246,7 +246,10 @@ def _flag_values(argv: list[str] | None, where: str) -> tuple[dict[str, Any], di
         path = Path(config_path)
         if not path.is_file():
             raise ConfigError(f"{where}: --config: file {config_path!r} not found")
-        file_data = yaml.safe_load(path.read_text()) or {}
+        try:
+            file_data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{where}: --config {path}: not valid YAML ({' '.join(str(e).split())})") from None
         if not isinstance(file_data, dict):
             raise ConfigError(f"{where}: --config {path}: expected a mapping of config fields, "
                               f"got {type(file_data).__name__}")

@@ -1,6 +1,8 @@
 """python -m pipeline.emulator --host 127.0.0.1 --port PORT --model NAME [--config FILE.yaml] [--<field> VALUE ...]"""
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 
 from pipeline.config.emulator import ConfigError, config_from_argv
@@ -16,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
         serve(cfg)
     except (ConfigError, TokenizerError, CycleLogError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the address: a host that does not resolve, a port taken or not ours to bind
+        if not isinstance(e, socket.gaierror) and e.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise
+        print(f"error: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}", file=sys.stderr)
         return 2
     return 0
 

@@ -89,6 +89,7 @@ def test_plan_rejects(dev):
         (dict(mode="greedy"), r"mode: got 'greedy'; supported: fixed, length_aware, balanced"),
         (dict(num_kv_heads=4), r"num_kv_heads: got 4; supported: the workspace's num_kv_heads=2"),
         (dict(page_size=64), r"page_size: got 64; supported: the workspace's page_size=16"),
+        (dict(num_kv_heads="2"), r"num_kv_heads: got '2'; supported: the workspace's num_kv_heads=2"),  # a str
         (dict(seq_lens=lens.long()), r"seq_lens.dtype: got torch.int64; supported: torch.int32"),
         (dict(seq_lens=lens.view(1, 2)), r"seq_lens.shape: got \(1, 2\); supported: 1-D int32"),
         (dict(cu_seqlens_q=cu[:2]), r"cu_seqlens_q.shape: got \(2,\); supported: \[3\] int32"),
@@ -134,7 +135,9 @@ def test_plan_debug_reads_values(dev):
     (lambda x, d: dict(k_descale=None), r"k_descale: got None; supported: a \[1\] float32 device tensor with fp8"),
     (lambda x, d: dict(v_descale=torch.ones(2, device=d)),
      r"v_descale: got torch.float32 numel=2; supported: a \[1\] float32 device tensor"),
-    (lambda x, d: dict(softmax_scale=-1.0), r"softmax_scale: got -1.0; supported: a Python float > 0"),
+    (lambda x, d: dict(softmax_scale=-1.0), r"softmax_scale: got -1.0; supported: a finite Python float > 0"),
+    (lambda x, d: dict(softmax_scale=float("inf")), r"softmax_scale: got inf; supported: a finite Python float"),
+    (lambda x, d: dict(softmax_scale=True), r"softmax_scale: got True; supported: a finite Python float"),
     (lambda x, d: dict(out=torch.empty(8, 8, 128, device=d)),
      r"out: got torch.float32 \(8, 8, 128\) strides .*; supported: torch.bfloat16 \(8, 8, 128\)"),
     (lambda x, d: dict(plan=None), r"plan: got NoneType; supported: a vattn.Plan from vattn.plan"),

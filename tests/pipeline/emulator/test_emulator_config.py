@@ -61,6 +61,21 @@ def test_bad_config_names_the_field(argv, match):
         config_from_argv(argv)
 
 
+def test_a_config_file_that_is_not_yaml_is_one_line(tmp_path):
+    f = tmp_path / "emu.yaml"
+    f.write_text("port: [1\n")
+    with pytest.raises(ConfigError, match=r"--config .*emu.yaml: not valid YAML \(while parsing a flow sequence"):
+        config_from_argv(["--config", str(f)])
+
+
+def test_an_address_it_cannot_listen_on_is_one_line():
+    """A host that does not resolve: exit 2 with one line, not socket.gaierror's traceback."""
+    proc = subprocess.run([sys.executable, "-m", "pipeline.emulator", "--host", "no-such-host.invalid",
+                           "--port", "39999"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: cannot listen on no-such-host.invalid:39999: ")
+
+
 def test_unknown_yaml_field_is_refused(tmp_path):
     f = tmp_path / "emu.yaml"
     f.write_text("max_runing_requests: 8\n")
