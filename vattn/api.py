@@ -184,6 +184,9 @@ def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, mode: str):
 
     def run_on_host(seq_lens, cu_seqlens_q):  # CPU (the interpreter): the host twin reads the lengths
         cu = cu_seqlens_q.tolist()
+        for i, (a, b) in enumerate(zip(cu, cu[1:])):
+            if b < a:  # named here: the planner sees only the differences, as q_lens
+                _bad(f"cu_seqlens_q[{i + 1}]", f"{b} after {a}", "a non-decreasing prefix sum of query lengths")
         lists = plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
                             num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode, overhead=ws.piece_overhead)
         for f in FIELDS:

@@ -82,6 +82,9 @@ class Workspace:
         if device is None:
             device = "cpu" if interpreting() or not torch.cuda.is_available() else "cuda"
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: got {device!r}, but this torch sees no CUDA device; supported: a CUDA device "
+                             f"torch can use (or cpu under TRITON_INTERPRET=1)")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if slots is not None and (not isinstance(slots, int) or slots < 1):

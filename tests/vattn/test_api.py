@@ -105,6 +105,24 @@ def test_plan_rejects(dev):
             vattn.plan(**args)
 
 
+def test_a_cuda_workspace_without_cuda_is_named():
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a CUDA device")
+    with pytest.raises(ValueError, match=r"^device: got 'cuda', but this torch sees no CUDA device"):
+        vattn.Workspace(head_dim=128, num_q_heads=8, num_kv_heads=2, kv_dtype=FP8, page_size=16, device="cuda")
+
+
+def test_plan_on_the_host_names_a_decreasing_cu_seqlens_q(dev):
+    """On a CPU the plan reads the lengths on the host anyway, so a bad prefix sum is named as the caller gave it
+    (a GPU plan reads no value without debug=True)."""
+    if dev != "cpu":
+        pytest.skip("the host path runs on a CPU")
+    i32 = dict(dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q\[2\]: got 2 after 3; supported: a non-decreasing prefix sum"):
+        vattn.plan(torch.tensor([9, 9], **i32), torch.tensor([0, 3, 2], **i32), num_kv_heads=2, page_size=16,
+                   workspace=ws_for(dev))
+
+
 def test_plan_debug_reads_values(dev):
     ws = ws_for(dev)
     i32 = dict(dtype=torch.int32, device=dev)
