@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from benchmarks.kernel.shapes import Shape
+from pipeline.io import write_text_atomic
 from vattn.contract import tolerance
 
 L2_BYTES = 60e6  # H200
@@ -391,16 +392,9 @@ def provenance(module: str, argv=None) -> tuple[str, str]:
 
 
 def save_records(path: str, records: list[dict]) -> None:
-    """Writes records to path as a JSON list, whole or not at all (a temporary file renamed over it): the probes
-    save after every record or shape, so a run killed mid-write keeps the last complete list."""
-    tmp = f"{path}.partial"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(records, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Writes records to path as a JSON list, whole or not at all (pipeline.io's atomic write): the probes save
+    after every record or shape, so a run killed mid-write keeps the last complete list."""
+    write_text_atomic(Path(path), json.dumps(records, indent=1))
 
 
 def stamp(r: dict, device: str, date: str, ceiling: float) -> dict:
