@@ -20,7 +20,10 @@ def _numeric(annotation) -> bool:
 
 class NoBoolNumbers(BaseModel):
     """A number field refuses a boolean: pydantic takes `true` as 1, and YAML reads yes / no / on / off as
-    booleans, so `concurrency: yes` would run at concurrency 1."""
+    booleans, so `concurrency: yes` would run at concurrency 1. It refuses YAML's .nan and .inf too, which would
+    otherwise pass an unbounded field (a timeout) or be named by whichever bound they fail."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

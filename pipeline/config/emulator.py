@@ -33,7 +33,8 @@ class ConfigError(ValueError):
 class EmulatorConfig(BaseModel):
     """Everything the emulator needs; see pipeline/emulator/__init__.py for the engine model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A nan or inf flag is named as not finite, not by whichever bound it happens to fail.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # -- server --
     host: str = Field("127.0.0.1", description="Address to listen on.")

@@ -77,6 +77,14 @@ def test_a_boolean_is_not_taken_for_a_number(write_recipe):
         load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "limit": True}]}))
 
 
+def test_nan_and_inf_are_not_numbers_here(write_recipe):
+    """YAML's .inf would pass an unbounded timeout; .nan would be named by whichever bound it fails."""
+    with pytest.raises(RecipeError, match=r"\nload.timeout_s: Input should be a finite number"):
+        load_recipe(write_recipe(load={"trace": TRACE, "benchmark_duration_s": 10, "timeout_s": float("inf")}))
+    with pytest.raises(RecipeError, match=r"\naccuracy.tasks.0.temperature: Input should be a finite number"):
+        load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "temperature": float("nan")}]}))
+
+
 def test_missing_trace_dir(write_recipe):
     with pytest.raises(RecipeError, match=r"load.trace: directory '.*/no/such/traces' does not exist; generate one "
                                           r"with `python -m pipeline.tracegen traces"):

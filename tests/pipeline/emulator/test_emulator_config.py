@@ -55,6 +55,9 @@ def test_flags_override_yaml_which_overrides_preset(tmp_path):
     (["--kv-dtype", "fp4"], r"kv_dtype: Input should be 'fp8_e4m3' or 'bf16'"),
     (["--model-preset", "llama-9"], r"model_preset: 'llama-9' not found .* known presets: \['qwen3.5"),
     (["--config", "/nonexistent.yaml"], r"--config: file '/nonexistent.yaml' not found"),
+    (["--kernel-pool-gib", "nan"], r"kernel_pool_gib: Input should be a finite number \(got 'nan'\)"),
+    (["--cycle-log-flush-s", "inf"], r"cycle_log_flush_s: Input should be a finite number \(got 'inf'\)"),
+    (["--accept-probs", "0.5", "nan", "0.5"], r"accept_probs.1: Input should be a finite number"),
 ])
 def test_bad_config_names_the_field(argv, match):
     with pytest.raises(ConfigError, match=match):
