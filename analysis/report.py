@@ -1,8 +1,9 @@
 """`pipeline report`: RUN_DIR -> report.md + plots/*.png. The only module of analysis/ that writes files.
 
     write_report(run_dir)                       off vs on of one run -> RUN_DIR/report.md
-    write_report(run_dir, out)                  ... -> out
+    write_report(run_dir, out)                  ... -> out (plots stay in RUN_DIR/plots)
     write_report(a_dir, compare=b_dir)          a's `on` vs b's `on` -> B_DIR/compare_<a name>.md
+    write_report(a_dir, compare=b_dir, out=f)   ... -> f, its plots in f's folder: neither run is written
     write_report(a_dir, compare=b_dir, arms=("on", "off"))   named arms
 """
 from __future__ import annotations
@@ -226,18 +227,19 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
                               f"{', '.join(src.arms) or 'none'}); pick one with --arms")
     if other is not None:
         a_label, b_label = f"{run.root.name}:{a_arm}", f"{other.root.name}:{b_arm}"
-        target = RunPaths(other.root)
-        out = Path(out) if out else target.compare_report(run.root.name)
+        # Beside an --out report its plots go beside it too: a comparison leaves both input runs as they were.
+        out = Path(out) if out else RunPaths(other.root).compare_report(run.root.name)
+        plots_dir = out.parent / "plots"
         prefix, title = f"compare_{run.root.name}_", f"A/B report: {b_label} vs {a_label}"  # as the verdict
     else:
         a_label, b_label = a_arm, b_arm
-        target = RunPaths(run.root)
-        out = Path(out) if out else target.report
+        out = Path(out) if out else RunPaths(run.root).report
+        plots_dir = RunPaths(run.root).plots_dir
         prefix, title = "", f"A/B report: {run.root.name} ({b_arm} vs {a_arm})"
     duration = (recipe_of(other or run).get("load") or {}).get("benchmark_duration_s")
     c = run_compare(a_runs, b_runs, a_label, b_label, n_boot=n_boot, duration_s=duration)
-    figures = make_plots(c, target.plots_dir, prefix)
-    cycle_lines = cycles.cycles_md(c, target.plots_dir, prefix, out.parent)
+    figures = make_plots(c, plots_dir, prefix)
+    cycle_lines = cycles.cycles_md(c, plots_dir, prefix, out.parent)
     placement_lines = placement.placement_md(run, n_boot=n_boot) if other is None else []
     write_text_atomic(out, compose(c, title, run, other, figures, cycle_lines, out.parent, placement_lines))
     return out

@@ -98,8 +98,13 @@ def test_compare_two_runs_on_arms(run, tmp_path):
     assert "no change detected" in md.splitlines()[2]
     for name in PLOTS:
         assert_image(other / "plots" / f"compare_run_{name}")
-    named = write_report(run, tmp_path / "named.md", compare=other, arms=("off", "on"), n_boot=N_BOOT)
+    before = sorted(p.name for p in (other / "plots").iterdir())
+    named = write_report(run, tmp_path / "elsewhere" / "named.md", compare=other, arms=("off", "on"), n_boot=N_BOOT)
     assert "run:off" in named.read_text().splitlines()[0]
+    # an --out report keeps its plots beside it and adds nothing to either run
+    assert "(plots/compare_run_tpot_cdf.png)" in named.read_text()
+    assert_image(tmp_path / "elsewhere" / "plots" / "compare_run_tpot_cdf.png")
+    assert sorted(p.name for p in (other / "plots").iterdir()) == before
 
 
 def test_accuracy_table_and_emulator_label(run):
