@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from analysis.load import read_jsonl
+from analysis.load import AnalysisError, read_jsonl
 from pipeline.paths import ArmPaths
 
 MAX_DISCORDANT = 20
@@ -38,21 +38,27 @@ def tasks_of(arm: ArmPaths) -> list[str]:
     return sorted(names)
 
 
+def _records(arm: ArmPaths, task: str) -> list[dict[str, Any]] | None:
+    """The arm's per-question records; None where the file is missing or torn (paired_comparison names which)."""
+    try:
+        return read_jsonl(arm.accuracy_records(task))
+    except (OSError, AnalysisError):
+        return None
+
+
 def arm_accuracy(arm: ArmPaths, task: str) -> dict[str, Any] | None:
     """{accuracy, n, questions, repeats, failed} from the per-question file, else from the summary."""
-    rec = arm.accuracy_records(task)
-    if rec.is_file():
-        rows = read_jsonl(rec)
-        if rows:
-            # A failed record counts as wrong: the denominator is every question asked (as the summary does).
-            correct = [bool(r.get("correct")) for r in rows]
-            out = {"accuracy": sum(correct) / len(correct), "n": len(rows),
-                   "questions": len({r.get("id") for r in rows}),
-                   "repeats": len({r.get("repeat") for r in rows}),
-                   "failed": sum(bool(r.get("failed")) for r in rows), "source": "records"}
-            if all("correct_strict" in r for r in rows):
-                out["strict"] = sum(bool(r["correct_strict"]) for r in rows) / len(rows)
-            return out
+    rows = _records(arm, task)  # missing or torn: the summary's numbers below
+    if rows:
+        # A failed record counts as wrong: the denominator is every question asked (as the summary does).
+        correct = [bool(r.get("correct")) for r in rows]
+        out = {"accuracy": sum(correct) / len(correct), "n": len(rows),
+               "questions": len({r.get("id") for r in rows}),
+               "repeats": len({r.get("repeat") for r in rows}),
+               "failed": sum(bool(r.get("failed")) for r in rows), "source": "records"}
+        if all("correct_strict" in r for r in rows):
+            out["strict"] = sum(bool(r["correct_strict"]) for r in rows) / len(rows)
+        return out
     summ = arm.accuracy_summary(task)
     if summ.is_file():
         try:
@@ -69,22 +75,28 @@ def arm_accuracy(arm: ArmPaths, task: str) -> dict[str, Any] | None:
     return None
 
 
-def paired_comparison(task: str, a: ArmPaths, b: ArmPaths) -> tuple[str, list[str]]:
+def paired_comparison(task: str, a: ArmPaths, b: ArmPaths, a_label: str = "off",
+                      b_label: str = "on") -> tuple[str, list[str]]:
     """(table cell, discordant-question lines) from pipeline.accuracy.compare, which owns the paired tests."""
     try:
         from pipeline.accuracy.compare import compare_files
     except ImportError:
         return "paired test not available (pipeline.accuracy.compare missing)", []
+    missing = [str(p) for p in (a.accuracy_records(task), b.accuracy_records(task)) if not p.is_file()]
+    if missing:  # an arm's numbers came from its summary alone: no question can be paired
+        return f"paired test not possible: {', '.join(missing)} missing", []
     try:
+        for arm in (a, b):
+            read_jsonl(arm.accuracy_records(task))  # names a torn line, which the stage's reader would skip
         result = compare_files(task, a.accuracy_records(task), b.accuracy_records(task))
-    except (KeyError, ValueError, TypeError) as e:  # a malformed record file must not sink the whole report
-        return f"paired test failed: {type(e).__name__}: {e}", []
+    except (KeyError, ValueError, TypeError, AnalysisError) as e:  # a bad record file must not sink the report
+        return f"paired test not possible: {e}", []
     disc = list(getattr(result.test, "discordant", ()))
     lines = [f"- {d.id}" + (f" (repeat {d.repeat})" if d.repeat is not None else "") +
              f": {_mark(d.off)} -> {_mark(d.on)}" for d in disc[:MAX_DISCORDANT]]
     if len(disc) > MAX_DISCORDANT:
         lines.append(f"- ... and {len(disc) - MAX_DISCORDANT} more")
-    return result.cell().replace("|", "/"), lines
+    return result.cell(a_label, b_label).replace("|", "/"), lines
 
 
 def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, note: str = "") -> list[str]:
@@ -95,7 +107,10 @@ def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: s
 
     from analysis.outputs import identity_summary, logprob_drift, output_identity
 
-    ra, rb = (pd.DataFrame(read_jsonl(p.accuracy_records(task))) for p in (a, b))
+    recs = [_records(p, task) for p in (a, b)]
+    if None in recs:
+        return []
+    ra, rb = (pd.DataFrame(r) for r in recs)
     if not {"id", "repeat", "output"} <= set(ra.columns) & set(rb.columns):
         return []
     ra, rb = (r[~r["failed"].fillna(False).astype(bool)] if "failed" in r else r for r in (ra, rb))
@@ -125,7 +140,8 @@ def ignored_prompt_lines(task: str, arms: dict) -> list[str]:
 
     blind, questions = [], 0
     for label, paths in arms.items():
-        r = pd.DataFrame(read_jsonl(paths.accuracy_records(task))) if paths.accuracy_records(task).is_file() else None
+        rows = _records(paths, task)
+        r = pd.DataFrame(rows) if rows is not None else None
         if r is not None and {"id", "output"} <= set(r.columns) and r["id"].nunique() >= 2 \
                 and r["output"].nunique() == 1:
             blind.append(label)
@@ -188,7 +204,7 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         dd = f"{(rb['accuracy'] - ra['accuracy']) * 100:+.1f}" if ra and rb else "-"
         n = f"{ra['n'] if ra else '-'} / {rb['n'] if rb else '-'}"
         failed = f"{ra['failed'] if ra else '-'} / {rb['failed'] if rb else '-'}"
-        test, disc = paired_comparison(t, a, b) if ra and rb else ("-", [])
+        test, disc = paired_comparison(t, a, b, a_label, b_label) if ra and rb else ("-", [])
         lines.append(f"| {t} | {fa} | {fb} | {dd} | {n} | {failed} | {test} |")
         if disc:
             discordant += ["", f"Discordant questions, {t} ({a_label} -> {b_label}):", *disc]

@@ -63,7 +63,7 @@ def primary_md(c: "Comparison") -> list[str]:
     """Every candidate estimator on the matched pairs, the primary marked, and the ratio of means."""
     if c.candidates is None or c.candidates.empty:
         return []
-    lines = ["Per-request change of decode time per token, log-ratio log(on/off) per matched request, "
+    lines = [f"Per-request change of decode time per token, log-ratio log({c.b_label}/{c.a_label}) per matched request, "
              "summarised and shown as (exp(x) - 1); 95% CI: the centre +- t(sessions - 1) x its bootstrap standard "
              "error, the bootstrap resampling sessions (and launches, when arms repeat). "
              f"The verdict uses the **{LABELS[est.PRIMARY]}**, chosen on recorded runs (BENCHMARKS.md, \"Verdict "

@@ -230,12 +230,13 @@ class TaskComparison:
     strict: McNemarResult | None          # gsm8k's `#### N` extraction, one answer per question
     divergence: DivergenceResult
 
-    def cell(self) -> str:
-        """One markdown table cell (no '|'): the test, its p-value, discordance, divergence."""
+    def cell(self, a_label: str = "off", b_label: str = "on") -> str:
+        """One markdown table cell (no '|'): the test, its p-value, discordance, divergence. The labels name
+        the first and second record sets as the report does (`--arms on off` puts `on` first)."""
         t = self.test
         if isinstance(t, McNemarResult):
-            head = (f"McNemar exact p={t.p_value:.3g} (off-only {t.off_only}, "
-                    f"on-only {t.on_only}, n={t.n_pairs})")
+            head = (f"McNemar exact p={t.p_value:.3g} ({a_label}-only {t.off_only}, "
+                    f"{b_label}-only {t.on_only}, n={t.n_pairs})")
         else:
             ci = (f", 95% CI [{t.ci_low * 100:+.1f}, {t.ci_high * 100:+.1f}] pp"
                   if t.ci_low is not None else "")

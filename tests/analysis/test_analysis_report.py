@@ -126,6 +126,20 @@ def test_accuracy_table_and_emulator_label(run):
     # Output x1 became x0: one answer of four differs, at its first (and only) word.
     assert ("Outputs, gsm8k (off vs on): identical in 3/4 answers (75%); the others first differ at word 0 "
             "(earliest), 0 (median):\n- q1 (repeat 0): first differs at word 0 of 1 / 1") in acc
+    # --arms on off: the discordance is named by the arm it favours, whichever side it is on
+    swapped = section(write_report(run, run / "swapped.md", arms=("on", "off"), n_boot=N_BOOT).read_text(), "Accuracy")
+    assert "| gsm8k | 50.0% (strict 50.0%) | 75.0% (strict 75.0%) | +25.0 | 4 / 4 | 0 / 0 | McNemar exact p=1 " \
+           "(on-only 0, off-only 1, n=4)" in swapped
+    # a torn line or a missing record file leaves the table, with the arm's summary, and names the file
+    records = run / "arms" / "on" / "accuracy" / "gsm8k.jsonl"
+    (run / "arms" / "on" / "accuracy" / "gsm8k.summary.json").write_text(json.dumps(
+        {"accuracy": 0.5, "n_records": 4, "n_questions": 4, "repeats": 1, "n_failed": 0}))
+    records.write_text(records.read_text()[:-40])
+    torn = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
+    assert f"| 50.0% | -25.0 | 4 / 4 | 0 / 0 | paired test not possible: {records}:4: not valid JSON" in torn
+    records.unlink()
+    gone = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
+    assert f"| 50.0% | -25.0 | 4 / 4 | 0 / 0 | paired test not possible: {records} missing |" in gone
 
 
 def test_kernel_in_the_loop_section_from_cycle_log(run):
