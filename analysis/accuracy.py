@@ -88,9 +88,12 @@ def paired_comparison(task: str, a: ArmPaths, b: ArmPaths, a_label: str = "off",
     try:
         for arm in (a, b):
             read_jsonl(arm.accuracy_records(task))  # names a torn line, which the stage's reader would skip
-        result = compare_files(task, a.accuracy_records(task), b.accuracy_records(task))
-    except (KeyError, ValueError, TypeError, AnalysisError) as e:  # a bad record file must not sink the report
+    except AnalysisError as e:
         return f"paired test not possible: {e}", []
+    try:
+        result = compare_files(task, a.accuracy_records(task), b.accuracy_records(task))
+    except (KeyError, ValueError, TypeError) as e:  # a malformed record file must not sink the whole report
+        return f"paired test failed: {type(e).__name__}: {e}", []
     disc = list(getattr(result.test, "discordant", ()))
     lines = [f"- {d.id}" + (f" (repeat {d.repeat})" if d.repeat is not None else "") +
              f": {_mark(d.off)} -> {_mark(d.on)}" for d in disc[:MAX_DISCORDANT]]

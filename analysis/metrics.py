@@ -100,8 +100,14 @@ def match_requests(a: "pd.DataFrame", b: "pd.DataFrame") -> "pd.DataFrame":
 
 
 def match_counts(m: "pd.DataFrame") -> dict[str, int]:
+    """Pairs by status, and `errored_a`/`errored_b`: the failed_a/failed_b pairs whose failure was an error, not a
+    cancellation at the window's end. Those are left out of every matched delta, so the verdict must name them."""
     counts = m["status"].value_counts().to_dict()
-    return {k: int(counts.get(k, 0)) for k in ("matched", "only_a", "only_b", "failed_a", "failed_b", "failed_both")}
+    out = {k: int(counts.get(k, 0)) for k in ("matched", "only_a", "only_b", "failed_a", "failed_b", "failed_both")}
+    for side in ("a", "b"):
+        errored = (m["status"] == f"failed_{side}") & m[f"error_{side}"].notna() & ~m[f"cancelled_{side}"].astype(bool)
+        out[f"errored_{side}"] = int(errored.sum())
+    return out
 
 
 MATCHED_METRICS = [

@@ -38,6 +38,23 @@ def _floor_clause(e: est.Estimate, floor: float | None) -> str:
     return f"CI half-width {half:.1f} pts is {rel} the A/A floor ({fmt_floor(floor)})"
 
 
+# Where one arm errored on more of the requests than the other by this share of the pairs, the matched requests
+# are a survivor set: that arm's failed requests (maybe its slowest: timeouts) are missing from the pairs, so a
+# speed verdict on the rest could mislead. Errors as frequent in both arms drop requests from both alike.
+MAX_ONE_ARM_ERROR_SHARE = 0.02
+
+
+def _one_arm_errors(c: "Comparison") -> tuple[str, bool]:
+    """(the clause naming requests that errored in one arm only, whether one arm has too many more for a verdict)."""
+    k = c.match_counts
+    ea, eb = k.get("errored_a", 0), k.get("errored_b", 0)
+    if not ea and not eb:
+        return "", False
+    sides = " and ".join(f"{n} in {label} only" for n, label in ((eb, c.b_label), (ea, c.a_label)) if n)
+    excess = abs(eb - ea) / max(1, k.get("matched", 0) + ea + eb)
+    return f"requests that errored (not cancelled) {sides}, left out of the pairs", excess > MAX_ONE_ARM_ERROR_SHARE
+
+
 def verdict_line(c: "Comparison") -> str | None:
     """Effect, CI, matched n and the A/A-floor comparison, from the primary estimate; None without pairs."""
     e = c.primary
@@ -46,6 +63,13 @@ def verdict_line(c: "Comparison") -> str | None:
     head = (f"**Verdict:** {c.b_label} vs {c.a_label}: decode time per token, {LABELS[e.name]} "
             f"{fmt_delta(e.pct, e.lo, e.hi)} (n={e.n} matched requests, {e.sessions} sessions"
             + (f", {e.launches} launches" if e.launches > 1 else "") + ")")
+    errors, too_many = _one_arm_errors(c)
+    if too_many:
+        return (f"{head}: no speed verdict: {errors}, one arm more than the other by over {MAX_ONE_ARM_ERROR_SHARE:.0%} "
+                "of the pairs; the matched requests are only those both arms served. Find why the requests failed "
+                "(server logs) first.")
+    if errors:
+        head += f"; {errors}"
     if not np.isfinite(e.lo):
         return (f"{head}: no conclusion: {e.sessions} session(s), fewer than the {stats.MIN_SESSIONS} a "
                 "session bootstrap needs; run longer or with more sessions.")

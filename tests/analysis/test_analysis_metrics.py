@@ -62,7 +62,7 @@ def test_match_with_repeated_keys_and_unmatched_requests():
                record("c3", 0, 0, tpot=5), record("c4", 0, 0, tpot=7)])
     m = match_requests(a, b)
     assert match_counts(m) == {"matched": 2, "only_a": 1, "only_b": 1, "failed_a": 1, "failed_b": 1,
-                               "failed_both": 0}
+                               "failed_both": 0, "errored_a": 1, "errored_b": 1}
     pairs = m[m["status"] == "matched"].sort_values("occurrence")
     assert pairs[["tpot_ms_a", "tpot_ms_b"]].values.tolist() == [[10, 9], [20, 18]]
     assert sorted(per_request_delta(m).round(6).tolist()) == [-10.0, -10.0]

@@ -380,6 +380,27 @@ def test_verdict_primary_is_robust_to_an_outlier_that_hides_the_mean(tmp_path):
     assert "+70.4%" in row and row.endswith("| no |")
 
 
+def test_requests_that_errored_in_one_arm_only_are_named_in_the_verdict(tmp_path):
+    """The pairs leave out a request one arm failed: a kernel that fails its slow requests must not look faster."""
+    from analysis_records import make_run, record
+
+    off = [record(f"s{i}", 0, i, tpot=10.0 + i) for i in range(60)]
+    # on is 5% faster on what it served; it failed the 20 slowest, and the window's end cancelled one more
+    on = [record(f"s{i}", 0, i, error="ServerError") if i >= 40 else
+          record(f"s{i}", 0, i, tpot=(10.0 + i) * 0.95) for i in range(60)]
+    on[0] = record("s0", 0, 0, cancelled=True)
+    line = write_report(make_run(tmp_path / "fails", {"off": off, "on": on}), n_boot=N_BOOT).read_text().splitlines()[2]
+    assert "(n=39 matched requests, 39 sessions): no speed verdict: requests that errored (not cancelled) 20 in " \
+           "on only, left out of the pairs, one arm more than the other by over 2% of the pairs" in line
+    assert "faster" not in line
+    # one error in 60 is named but leaves the verdict
+    on = [record(f"s{i}", 0, i, error="ServerError") if i == 59 else
+          record(f"s{i}", 0, i, tpot=(10.0 + i) * 0.95) for i in range(60)]
+    line = write_report(make_run(tmp_path / "one", {"off": off, "on": on}), n_boot=N_BOOT).read_text().splitlines()[2]
+    assert "(n=59 matched requests, 59 sessions); requests that errored (not cancelled) 1 in on only, left out of " \
+           "the pairs: faster; the 95% CI excludes 0" in line
+
+
 def test_report_says_what_the_run_could_have_seen(tmp_path):
     from analysis_records import make_run, record
 
