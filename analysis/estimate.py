@@ -118,6 +118,7 @@ class Estimate:
     n: int            # matched pairs
     sessions: int
     launches: int
+    se_launch: float = 0.0   # the assumed launch drift inside se_log (one launch pair), which no window shrinks
 
     def excludes_zero(self) -> bool:
         return bool(self.lo > 0 or self.hi < 0)
@@ -161,11 +162,11 @@ def estimate(lr: "pd.DataFrame", name: str = PRIMARY, n_boot: int = stats.N_BOOT
     # replicates would set an SD; for a normal spread the two agree.
     lo16, hi84 = np.percentile(reps[np.isfinite(reps)], [15.87, 84.13])
     se = float(hi84 - lo16) / 2
-    if n_launch == 1:
-        se = float(np.hypot(se, np.sqrt(2) * launch_sd))
+    se_launch = float(np.sqrt(2) * launch_sd) if n_launch == 1 else 0.0
+    se = float(np.hypot(se, se_launch))
     half = small_sample_factor(n_sess, level) * se
     return Estimate(name, float(_pct(centre)), float(_pct(centre - half)), float(_pct(centre + half)), se,
-                    len(v), n_sess, n_launch)
+                    len(v), n_sess, n_launch, se_launch)
 
 
 def small_sample_factor(n_sessions: int, level: float = 95.0) -> float:
@@ -195,9 +196,15 @@ def compare_estimators(lr: "pd.DataFrame", n_boot: int = stats.N_BOOT, seed: int
 
 
 def window_for_effect(window_s: float, e: Estimate, target_pct: float) -> float:
-    """Window length that would detect `target_pct` at this noise: the CI narrows as 1/sqrt(matched
-    requests), and matched requests grow in proportion to the window (same load, same sessions)."""
-    mde_log = e.mde_log()
-    if not (np.isfinite(mde_log) and target_pct > 0):
+    """Window length that would detect `target_pct` at this noise: the requests' part of the standard error
+    narrows as 1/sqrt(matched requests), and matched requests grow in proportion to the window (same load, same
+    sessions); the launch drift (se_launch) stays. inf where the drift alone is too large for `target_pct`: then
+    only repeated arms (ABBA) can show it."""
+    k = small_sample_factor(e.sessions) + Z80
+    if not (np.isfinite(e.se_log) and target_pct > 0):
         return float("nan")
-    return float(window_s * (mde_log / np.log1p(target_pct / 100)) ** 2)
+    se_requests_sq = e.se_log ** 2 - e.se_launch ** 2
+    room = (np.log1p(target_pct / 100) / k) ** 2 - e.se_launch ** 2
+    if room <= 0:
+        return float("inf")
+    return float(window_s * se_requests_sq / room)

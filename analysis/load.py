@@ -110,9 +110,14 @@ def add_match_key(df: "pd.DataFrame") -> "pd.DataFrame":
 
 
 def window_seconds(df: "pd.DataFrame", phase_window_ns: tuple[int, int] | None = None) -> float:
-    """The measured window: aiperf's profiling phase bounds when known, else the records' span."""
+    """The measured window: from aiperf's profiling phase start (else the first request's) to its last
+    request's end. aiperf's phase end can lie a whole grace period later, idle after the last request
+    finished, which would understate every rate over the window."""
     if phase_window_ns is not None and phase_window_ns[1] > phase_window_ns[0]:
-        return (phase_window_ns[1] - phase_window_ns[0]) / 1e9
+        start, end = phase_window_ns
+        if not df.empty and df["end_ns"].notna().any():
+            end = min(end, int(df["end_ns"].max()))
+        return (end - start) / 1e9
     if df.empty:
         return float("nan")
     return float(df["end_ns"].max() - df["start_ns"].min()) / 1e9

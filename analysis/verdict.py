@@ -88,8 +88,10 @@ def primary_md(c: "Comparison") -> list[str]:
     if c.candidates is None or c.candidates.empty:
         return []
     lines = [f"Per-request change of decode time per token, log-ratio log({c.b_label}/{c.a_label}) per matched request, "
-             "summarised and shown as (exp(x) - 1); 95% CI: the centre +- t(sessions - 1) x its bootstrap standard "
-             "error, the bootstrap resampling sessions (and launches, when arms repeat). "
+             "summarised and shown as (exp(x) - 1); 95% CI: the centre +- t(sessions - 1) x sqrt(sessions / "
+             "(sessions - 1)) x its standard error, the bootstrap resampling sessions (and launches, when arms "
+             "repeat); with one launch of each arm the error adds an assumed launch drift of "
+             f"{est.LAUNCH_SD_LOG * 100:.1f}% a launch in quadrature, which one launch pair cannot measure. "
              f"The verdict uses the **{LABELS[est.PRIMARY]}**, chosen on recorded runs (BENCHMARKS.md, \"Verdict "
              "calibration\"): robust to the few requests that overlapped another session's prefill in one arm.",
              "", "| estimate | delta [95% CI] | CI excludes 0 |", "|---|---|---|"]
@@ -119,10 +121,16 @@ def sensitivity_md(c: "Comparison", target_pct: float | None) -> list[str]:
     for t in dict.fromkeys(targets):
         need = est.window_for_effect(c.window_s, e, t)
         src = " (the recipe's target_effect)" if t == target_pct else ""
-        verdict = ("this window suffices" if need <= c.window_s else
-                   f"about {need:.0f} s of window ({need / c.window_s:.1f}x this one) at this noise level")
+        if need <= c.window_s:
+            verdict = "this window suffices"
+        elif np.isinf(need):
+            verdict = (f"no window suffices with one launch of each arm: the assumed launch drift alone "
+                       f"({est.LAUNCH_SD_LOG * 100:.1f}% a launch) is too large; repeat the arms (ABBA)")
+        else:
+            verdict = f"about {need:.0f} s of window ({need / c.window_s:.1f}x this one) at this noise level"
         lines.append(f"- a {t:g}% effect{src}: {verdict}.")
-    lines.append("The window estimate assumes the CI narrows as 1 / sqrt(matched requests) and that matched "
-                 "requests grow in proportion to the window; launch-to-launch drift does not shrink with a "
-                 "longer window, so compare with the A/A floor when the recipe repeats an arm.")
+    lines.append("The window estimate assumes the requests' part of the standard error narrows as "
+                 "1 / sqrt(matched requests) and that matched requests grow in proportion to the window; the "
+                 "launch-to-launch drift does not shrink with a longer window, so compare with the A/A floor when "
+                 "the recipe repeats an arm.")
     return lines

@@ -37,7 +37,11 @@ def test_match_key_numbers_repeats_in_dispatch_order_not_file_order():
 def test_window_prefers_phase_bounds():
     df = records_frame([record("c0", 0, 0, latency=100), record("c1", 0, 400, latency=600)])
     assert window_seconds(df) == pytest.approx(1.0)
-    assert window_seconds(df, (0, 2_500_000_000)) == 2.5
+    # the records run from T0 to T0 + 1 s; the phase from T0 - 0.5 s: it ends at its last request's end, not a
+    # grace period later (T0 + 5 s), nor is its start moved
+    t0 = int(df["start_ns"].min())
+    assert window_seconds(df, (t0 - 500_000_000, t0 + 5_000_000_000)) == pytest.approx(1.5)
+    assert window_seconds(df, (t0 - 500_000_000, t0 + 800_000_000)) == pytest.approx(1.3)
 
 
 def test_read_jsonl_names_bad_line(tmp_path):

@@ -68,6 +68,13 @@ def test_small_sample_factor_and_detectable_effect():
     # The window that detects an effect equal to the MDE is this one; half the effect needs 4x.
     assert est.window_for_effect(60.0, e, e.mde_pct()) == pytest.approx(60.0)
     assert est.window_for_effect(60.0, e, np.expm1(e.mde_log() / 2) * 100) == pytest.approx(240.0)
+    # The launch drift in se_log does not shrink: here 0.6% of the 1% is drift, so half the MDE needs
+    # (1 - 0.36) / (0.25 - 0.36) < 0 -> no window, and a quarter less than the MDE needs 0.64 / (0.5625 - 0.36).
+    d = est.Estimate("median", -5.0, -8.0, -2.0, se_log=0.01, n=100, sessions=10, launches=1, se_launch=0.006)
+    assert est.window_for_effect(60.0, d, d.mde_pct()) == pytest.approx(60.0)
+    assert est.window_for_effect(60.0, d, np.expm1(d.mde_log() / 2) * 100) == float("inf")
+    assert est.window_for_effect(60.0, d, np.expm1(d.mde_log() * 0.75) * 100) == pytest.approx(
+        60.0 * 0.64 / (0.5625 - 0.36))
 
 
 def synth(rng, effect_pct, n_sessions=10, per_session=8, outlier_p=0.08):
