@@ -82,7 +82,8 @@ def matched_acceptance(a: "pd.DataFrame", b: "pd.DataFrame", n_boot: int = stats
         return None
     xa, xb = pairs["accept_len_a"].to_numpy(float), pairs["accept_len_b"].to_numpy(float)
     d = stats.paired_ratio_bootstrap(xa, xb, pairs["conversation_id"].to_numpy(), n_boot, seed)
-    lower, higher, p = stats.sign_test(xb - xa)
+    lower, higher, _ = stats.sign_test(xb - xa)
+    p = stats.session_sign_test(xb - xa, pairs["conversation_id"].to_numpy())
     return {"n": len(pairs), "a": d.a, "b": d.b, "delta": d, "lower": lower, "higher": higher, "sign_p": p,
             "same": int(np.sum(xa == xb))}
 
@@ -100,7 +101,7 @@ def acceptance_md(c: "Comparison") -> list[str]:
     comparisons = [(ra.name, rb.name, "") for ra, rb in zip(c.a_runs, c.b_runs)]
     comparisons += [(runs[0].name, runs[1].name, " (A/A)") for runs in (c.a_runs, c.b_runs) if len(runs) >= 2]
     lines += ["", "| matched requests | n | mean before | mean after | delta [95% CI] | identical | lower / higher "
-              "| sign test p |", "|---|---|---|---|---|---|---|---|"]
+              "| sign test p (sessions) |", "|---|---|---|---|---|---|---|---|"]
     for x, y, kind in comparisons:
         r = matched_acceptance(frames[x], frames[y])
         if r is None:

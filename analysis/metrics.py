@@ -119,7 +119,7 @@ MATCHED_METRICS = [
 
 def matched_deltas(m: "pd.DataFrame", n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> "pd.DataFrame":
     """Per matched metric: n, mean before (a) / after (b), delta % of means [CI], median per-request
-    delta %, and the sign test (how many requests got faster / slower)."""
+    delta %, how many requests got faster / slower, and a sign test over sessions."""
     import pandas as pd
 
     pairs = m[m["status"] == "matched"]
@@ -131,7 +131,8 @@ def matched_deltas(m: "pd.DataFrame", n_boot: int = stats.N_BOOT, seed: int = st
         if len(xa) == 0:
             continue
         d = stats.paired_ratio_bootstrap(xa, xb, sess, n_boot, seed)
-        faster, slower, p = stats.sign_test(xb - xa)
+        faster, slower, _ = stats.sign_test(xb - xa)
+        p = stats.session_sign_test(xb - xa, sess)
         rows.append({"key": col, "metric": label, "n": int(len(xa)), "a": d.a, "b": d.b, "delta_pct": d.pct,
                      "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "median_req_delta_pct": percentile(stats.delta_pct(xa, xb), 50),
                      "faster": faster, "slower": slower, "sign_p": p})

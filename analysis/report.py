@@ -94,7 +94,7 @@ def matched_md(c: Comparison) -> list[str]:
     if c.matched.empty:
         return lines + ["No matched requests: the arms completed no request in common."]
     lines += [f"| metric | n | before ({c.a_label}, mean) | after ({c.b_label}, mean) | delta [95% CI] | "
-              "median per-request delta | faster / slower | sign test p | A/A noise floor |",
+              "median per-request delta | requests faster / slower | sign test p (sessions) | A/A noise floor |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in c.matched.itertuples():
         lines.append(f"| {r.metric} | {r.n} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi)} | "

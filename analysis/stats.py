@@ -144,6 +144,15 @@ def paired_ratio_bootstrap(a: np.ndarray, b: np.ndarray, sessions: np.ndarray, n
     return paired_bootstrap(sa, sb, len(uniq), n_boot, seed)
 
 
+def session_sign_test(diffs, sessions) -> float:
+    """The sign test's p over sessions, each its requests' median difference: a session's turns share a context
+    and move together, so 94 requests in 13 sessions are 13 signs, not 94."""
+    import pandas as pd
+
+    by_session = pd.Series(np.asarray(diffs, dtype=float)).groupby(np.asarray(sessions).astype(str)).median()
+    return sign_test(by_session.to_numpy())[2]
+
+
 def sign_test(diffs) -> tuple[int, int, float]:
     """Exact two-sided sign test on paired differences (b - a); ties dropped.
 

@@ -87,6 +87,14 @@ def test_matched_deltas_by_hand():
     assert lat["a"] == pytest.approx(220.0) and lat["b"] == pytest.approx((110 + 181 + 349) / 3)
 
 
+def test_sign_test_counts_sessions_not_requests():
+    """Twenty requests faster, all in two sessions: two signs, p = 0.5, not 20 signs, p = 2e-6."""
+    a = frame([record(f"s{i % 2}", i, 0, tpot=10) for i in range(20)])
+    b = frame([record(f"s{i % 2}", i, 0, tpot=9) for i in range(20)])
+    row = matched_deltas(match_requests(a, b), n_boot=200).set_index("key").loc["tpot_ms"]
+    assert (row["faster"], row["slower"]) == (20, 0) and row["sign_p"] == pytest.approx(0.5)
+
+
 def test_matched_deltas_empty_when_nothing_matches():
     a = frame([record("s0", 0, 0)])
     b = frame([record("s1", 0, 0)])

@@ -63,8 +63,10 @@ def test_quickstart_ab_end_to_end(tmp_path):
     # arm only (timing decides which) can multiply its TPOT, which moves means and pooled percentiles by
     # more than the effect on a loaded 2-core machine (seen: mean +1.9% with 69 of 86 requests faster).
     tpot = _matched_tpot(out)
-    assert tpot["faster"] > tpot["slower"] and tpot["sign_p"] < 1e-3, tpot
-    assert tpot["median_req_delta_pct"] < 0, tpot
+    assert tpot["faster"] > tpot["slower"] and tpot["median_req_delta_pct"] < 0, tpot
+    # ... and the verdict, a robust per-request statistic whose CI resamples sessions, says so
+    verdict = (out / "report.md").read_text().splitlines()[2]
+    assert ": faster; the 95% CI excludes 0" in verdict, verdict
 
     for arm in ("off", "on"):
         assert (out / f"arms/{arm}/accuracy/gsm8k.jsonl").stat().st_size > 0
