@@ -1,7 +1,7 @@
 """`pipeline report`: RUN_DIR -> report.md + plots/*.png. The only module of analysis/ that writes files.
 
     write_report(run_dir)                       off vs on of one run -> RUN_DIR/report.md
-    write_report(run_dir, out)                  ... -> out (plots stay in RUN_DIR/plots)
+    write_report(run_dir, out)                  ... -> out, its plots in out's folder (plots/<run name>_*.png)
     write_report(a_dir, compare=b_dir)          a's `on` vs b's `on` -> B_DIR/compare_<a name>.md
     write_report(a_dir, compare=b_dir, out=f)   ... -> f, its plots in f's folder: neither run is written
     write_report(a_dir, compare=b_dir, arms=("on", "off"))   named arms
@@ -82,6 +82,13 @@ def arm_table_md(c: Comparison) -> list[str]:
                      f"{fmt_floor(r.floor, c.aa_source is not None)} |")
     if c.aa_source:
         lines += ["", f"A/A noise floor from: {c.aa_source}. Repeats of an arm are pooled in this table."]
+    k = c.match_counts
+    if k["only_a"] or k["only_b"]:
+        # Requests one arm dispatched and the other did not come at the window's end, at low load: fast ones.
+        lines += ["", f"Each column pools its arm's own requests: {k['only_b']} were dispatched in {c.b_label} only "
+                      f"and {k['only_a']} in {c.a_label} only (the faster arm reaches further into each session "
+                      "before the window ends), so these rows compare different sets of requests; the matched "
+                      "requests below compare the same ones."]
     return lines
 
 
@@ -227,15 +234,17 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
                               f"{', '.join(src.arms) or 'none'}); pick one with --arms")
     if other is not None:
         a_label, b_label = f"{run.root.name}:{a_arm}", f"{other.root.name}:{b_arm}"
-        # Beside an --out report its plots go beside it too: a comparison leaves both input runs as they were.
+        # An --out report's plots go beside it: a comparison leaves both input runs as they were.
         out = Path(out) if out else RunPaths(other.root).compare_report(run.root.name)
         plots_dir = out.parent / "plots"
         prefix, title = f"compare_{run.root.name}_", f"A/B report: {b_label} vs {a_label}"  # as the verdict
     else:
         a_label, b_label = a_arm, b_arm
-        out = Path(out) if out else RunPaths(run.root).report
-        plots_dir = RunPaths(run.root).plots_dir
-        prefix, title = "", f"A/B report: {run.root.name} ({b_arm} vs {a_arm})"
+        title = f"A/B report: {run.root.name} ({b_arm} vs {a_arm})"
+        if out:  # beside the report, named for the run: a read-only run dir can be reported elsewhere
+            out, plots_dir, prefix = Path(out), Path(out).parent / "plots", f"{run.root.name}_"
+        else:
+            out, plots_dir, prefix = RunPaths(run.root).report, RunPaths(run.root).plots_dir, ""
     duration = (recipe_of(other or run).get("load") or {}).get("benchmark_duration_s")
     c = run_compare(a_runs, b_runs, a_label, b_label, n_boot=n_boot, duration_s=duration)
     figures = make_plots(c, plots_dir, prefix)

@@ -77,9 +77,15 @@ def test_report_on_real_fixture(run):
         assert_image(run / "plots" / name)
 
 
-def test_report_out_file_links_plots_relative(run, tmp_path):
-    out = write_report(run, tmp_path / "elsewhere" / "r.md", n_boot=N_BOOT)
-    assert "(../run/plots/tpot_cdf.png)" in out.read_text()
+def test_report_out_file_keeps_its_plots_beside_it(run, tmp_path):
+    run.chmod(0o555)  # a run dir one may read but not write
+    try:
+        out = write_report(run, tmp_path / "elsewhere" / "r.md", n_boot=N_BOOT)
+    finally:
+        run.chmod(0o755)
+    assert "(plots/run_tpot_cdf.png)" in out.read_text()
+    assert_image(tmp_path / "elsewhere" / "plots" / "run_tpot_cdf.png")
+    assert not (run / "plots").exists()
 
 
 def test_compare_two_runs_on_arms(run, tmp_path):
