@@ -119,6 +119,56 @@ def test_resume_refuses_records_of_another_prompt(tmp_path):
                          out_dir=tmp_path)
 
 
+def test_resume_refuses_answers_asked_with_other_generation_settings(tmp_path, capsys):
+    # Guarantee: a rerun into the same --out with a setting that changes answers stops with one line naming the
+    # setting, its old and new value and the way out, and asks nothing; the summary records the settings.
+    from pipeline.accuracy.cli import eval_main
+
+    out = tmp_path / "ev"
+    base = ["--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit", "3", "--out", str(out),
+            "--max-tokens", "100", "--temperature", "0.5", "--seed", "1", "--extra-body", '{"top_p": 0.9}']
+    changed = {"--max-tokens": ("100", "200"), "--temperature": ("0.5", "0.7"), "--seed": ("1", "2"),
+               "--extra-body": ('{"top_p": 0.9}', '{"top_p": 0.1}')}
+    with gsm_server() as srv:
+        assert eval_main(["--url", srv.url, *base]) == 0
+        summary = json.loads((out / "gsm8k.summary.json").read_text())
+        assert summary["generation"] == {"max_tokens": 100, "temperature": 0.5, "seed": 1,
+                                         "extra_body": {"top_p": 0.9}}
+        capsys.readouterr()
+        for flag, (old, new) in changed.items():
+            argv = list(base)
+            argv[argv.index(flag) + 1] = new
+            assert eval_main(["--url", srv.url, *argv]) == 1
+            err = capsys.readouterr().err.splitlines()
+            assert err[-1] == (f"pipeline eval: error: {out / 'gsm8k.jsonl'}: record id=syn-gsm-test-000 repeat=0 "
+                               f"was answered with {flag} {old}, this run asks {new}; its answer would count as "
+                               "measured with the new setting: use a new output folder or delete the file")
+        assert len(srv.bodies) == 3   # the first run's only
+        # Unchanged: everything is reused.
+        assert eval_main(["--url", srv.url, *base]) == 0
+        assert len(srv.bodies) == 3
+    assert "3 already answered, asking 0" in capsys.readouterr().err
+
+
+def test_resume_of_a_recorded_recipe_reuses_answers_and_names_recipe_fields(tmp_path):
+    # Guarantee: `pipeline run --resume` revalidates the recipe from the manifest's JSON; the same settings so
+    # read back still resume, and a changed one is named by its recipe path.
+    task = dict(name="gsm8k", data=GSM, limit=6, temperature=0.6, seed=4,
+                extra_body={"chat_template_kwargs": {"enable_thinking": False}, "top_k": 20})
+    with gsm_server() as srv:
+        first = run_accuracy(spec(**task), url=srv.url, model="m", out_dir=tmp_path).tasks[0]
+    path = Path(first.records_path)
+    path.write_text("\n".join(path.read_text().splitlines()[:4]) + "\n")   # a crash after 4 answers
+    recorded = AccuracySpec.model_validate(json.loads(json.dumps(spec(**task).model_dump(mode="json"))))
+    with gsm_server() as srv:
+        again = run_accuracy(recorded, url=srv.url, model="m", out_dir=tmp_path).tasks[0]
+        assert len(srv.bodies) == 2
+        with pytest.raises(ResumeError, match=r"answered with accuracy\.tasks\[0\]\.temperature 0\.6, "
+                                              r"this run asks 0\.0; .*use a new output folder"):
+            run_accuracy(spec(**{**task, "temperature": 0.0}), url=srv.url, model="m", out_dir=tmp_path)
+    assert (again.n_reused, again.n_records, again.accuracy) == (4, 6, 1.0)
+
+
 def test_unreachable_server_fails_the_task_and_keeps_its_records(tmp_path):
     # Guarantee: a task none of whose requests got an answer is an error naming the endpoint, not an accuracy of 0.
     sock = socket.socket()
