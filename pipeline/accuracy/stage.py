@@ -229,8 +229,9 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, gen: 
                 n_failed = sum(r["failed"] for r in done)
                 n_retried = sum(r["retried"] for r in done)
                 rate = len(done) / max(now - t0, 1e-9)
-                progress(f"{task.name}: {len(done)}/{len(todo)} answered, {n_failed} failed, "
-                         f"{n_retried} retried, {rate:.1f}/s")
+                # A failed request got no answer: counted apart, never as answered.
+                progress(f"{task.name}: {len(done)}/{len(todo)} done: {len(done) - n_failed} answered, "
+                         f"{n_failed} failed, {n_retried} retried, {rate:.1f}/s")
 
     connector = aiohttp.TCPConnector(limit=task.concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:

@@ -60,7 +60,7 @@ def test_gsm8k_known_pattern_exact(tmp_path):
     assert recs["syn-gsm-test-003"]["correct"] and recs["syn-gsm-test-003"]["extracted_strict"] is None
     assert {"id", "repeat", "prompt_hash", "output", "extracted", "gold", "correct", "latency_s",
             "finish_reason", "retried", "failed"} <= set(failed)
-    assert lines and lines[-1].startswith("gsm8k: 40/40 answered, 1 failed, 3 retried")
+    assert lines and lines[-1].startswith("gsm8k: 40/40 done: 39 answered, 1 failed, 3 retried")
 
 
 def test_gpqa_known_pattern_exact_with_repeats(tmp_path):
@@ -175,11 +175,12 @@ def test_unreachable_server_fails_the_task_and_keeps_its_records(tmp_path):
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()   # nothing listens here now
-    task = spec(name="gsm8k", data=GSM, limit=5, retries=1)
+    task, lines = spec(name="gsm8k", data=GSM, limit=5, retries=1), []
     with pytest.raises(NoAnswerError, match=rf"gsm8k: none of its 5 requests got an answer \(first error: "
                                             rf"ClientConnectorError: .*\); is http://127.0.0.1:{port}/v1/chat/"
                                             rf"completions up and serving 'm'\?"):
-        run_accuracy(task, url=f"http://127.0.0.1:{port}/v1", model="m", out_dir=tmp_path)
+        run_accuracy(task, url=f"http://127.0.0.1:{port}/v1", model="m", out_dir=tmp_path, progress=lines.append)
+    assert lines[-1].startswith("gsm8k: 5/5 done: 0 answered, 5 failed, 5 retried, ")   # failed are not answered
     recs = [json.loads(x) for x in (tmp_path / "gsm8k.jsonl").read_text().splitlines()]
     assert len(recs) == 5 and all(r["failed"] and r["attempts"] == 2 and "ClientConnectorError" in r["error"]
                                   for r in recs)
