@@ -177,14 +177,21 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
                         repeats=task.repeats, generation=gen)
     write_json_atomic(spath, summary)
     if ordered and summary["n_failed"] == len(ordered):
-        from pipeline.accuracy.client import chat_url
+        from pipeline.accuracy.client import chat_url, timed_out
 
         first = ordered[0]["error"] or ""
         # An engine may refuse OpenAI's `logprobs` (some do under speculative decoding): name the switch.
         hint = (f" The endpoint may refuse `logprobs`: set `logprobs: false` on task {task.name!r} "
                 "(`pipeline eval --no-logprobs`)." if task.logprobs and "logprob" in first.lower() else "")
+        if all(timed_out(r["error"]) for r in ordered):
+            # It took every request, so it is up: asking whether it is would send the user the wrong way.
+            ask = (f"{chat_url(url)} took every request but finished none within {task.timeout_s:g} s: if it is "
+                   f"just slow (long answers, a cold start), raise `timeout_s` on task {task.name!r} "
+                   "(`pipeline eval --timeout`).")
+        else:
+            ask = f"is {chat_url(url)} up and serving {model!r}?"
         raise NoAnswerError(f"{task.name}: none of its {len(ordered)} requests got an answer (first error: "
-                            f"{first}); is {chat_url(url)} up and serving {model!r}?{hint} The records "
+                            f"{first}); {ask}{hint} The records "
                             f"stay in {path}; a rerun asks them again (`pipeline eval` with the same --out, "
                             f"`pipeline run --resume`)")
     return TaskResult(

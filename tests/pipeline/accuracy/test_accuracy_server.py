@@ -210,6 +210,20 @@ def test_timeout_is_retried(tmp_path):
     assert (t.accuracy, t.n_failed, t.n_retried) == (1.0, 0, 1)
 
 
+def test_requests_that_all_time_out_name_the_timeout_not_the_endpoint(tmp_path):
+    # Guarantee: an endpoint that took every request but answered none in time is named slow, with the timeout
+    # to raise; it is not asked whether it is up.
+    with gsm_server(slow={"syn-gsm-test-000", "syn-gsm-test-001"}, slow_s=1.5) as srv:
+        with pytest.raises(NoAnswerError) as e:
+            run_accuracy(spec(name="gsm8k", data=GSM, limit=2, timeout_s=0.3, retries=0), url=srv.url, model="m",
+                         out_dir=tmp_path)
+    assert str(e.value).startswith(
+        "gsm8k: none of its 2 requests got an answer (first error: TimeoutError: no complete answer within 0.3 s); "
+        f"{srv.url}/v1/chat/completions took every request but finished none within 0.3 s: if it is just slow "
+        "(long answers, a cold start), raise `timeout_s` on task 'gsm8k' (`pipeline eval --timeout`). The records")
+    assert "up and serving" not in str(e.value)
+
+
 def test_eval_command_sends_the_request_the_flags_describe(tmp_path, capsys):
     from pipeline.accuracy.cli import eval_main
 
