@@ -25,6 +25,22 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _url_error(url: str) -> str | None:
+    """Why `url` cannot be an endpoint, or None. Checked before any data is read or request sent: a malformed
+    URL fails every request alike, so its retries would only delay the error."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        _ = parts.port   # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        parts = None
+    if parts is not None and parts.scheme.lower() in ("http", "https") and parts.hostname:
+        return None
+    return (f"--url: {url!r} is not an http:// or https:// URL; allowed: a server root "
+            "(http://HOST:PORT), its /v1 base or the full /v1/chat/completions URL")
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True,
                         help="server root, /v1 base or full /v1/chat/completions URL")
@@ -90,13 +106,16 @@ def _flags_in(msg: str) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Run the task; print one summary line per task to stdout, progress to stderr.
-    Returns 0, or 1 with a one-line error for bad data, bad flags, a foreign out folder or an endpoint that
+    Returns 0, or 1 with a one-line error for bad data, bad flags or URL, a foreign out folder or an endpoint that
     answered none of a task's requests."""
     from pydantic import ValidationError
 
     from pipeline.accuracy.data import DataError
     from pipeline.accuracy.stage import NoAnswerError, ResumeError, run_accuracy
 
+    if (bad := _url_error(args.url)) is not None:
+        print(f"pipeline eval: error: {bad}", file=sys.stderr)
+        return 1
     try:
         spec = spec_from_args(args)
         result = run_accuracy(spec, url=args.url, model=args.model, out_dir=args.out,

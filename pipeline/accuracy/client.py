@@ -21,6 +21,8 @@ _RETRY_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
 # (aiohttp < 3.10 has no such class: every timeout then reads as a slow answer.)
 _CONNECT_TIMEOUT = getattr(aiohttp, "ConnectionTimeoutError", ())
 _TIMED_OUT = "TimeoutError: no complete answer within"
+# Not an http(s) URL aiohttp can send to (NonHttpUrlClientError is no InvalidURL subclass in aiohttp 3.10+).
+_BAD_URL = (aiohttp.InvalidURL, *((aiohttp.NonHttpUrlClientError,) if hasattr(aiohttp, "NonHttpUrlClientError") else ()))
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: dict,
                 raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}: {text[:200]}")
+    except _BAD_URL as e:   # the same URL fails every attempt alike
+        raise ValueError(f"{type(e).__name__}: {e}") from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         if isinstance(e, asyncio.TimeoutError) and not isinstance(e, _CONNECT_TIMEOUT):
             raise _Retryable(f"{_TIMED_OUT} {timeout_s:g} s") from None

@@ -189,6 +189,15 @@ def test_unreachable_server_fails_the_task_and_keeps_its_records(tmp_path):
     assert (t.n_records, t.n_failed, t.n_reused, t.accuracy) == (5, 0, 0, 1.0)
 
 
+def test_a_url_aiohttp_cannot_send_to_is_not_retried(tmp_path):
+    # Guarantee: a malformed or non-HTTP URL fails each request at its first attempt (a retry cannot fix it).
+    with pytest.raises(NoAnswerError, match=r"first error: (NonHttpUrlClientError|InvalidURL)"):
+        run_accuracy(spec(name="gsm8k", data=GSM, limit=2, retry_backoff_s=5), url="ftp://x", model="m",
+                     out_dir=tmp_path)
+    recs = [json.loads(x) for x in (tmp_path / "gsm8k.jsonl").read_text().splitlines()]
+    assert [(r["failed"], r["attempts"]) for r in recs] == [(True, 1), (True, 1)]
+
+
 def test_refused_logprobs_name_the_switch_that_turns_them_off(tmp_path):
     # Guarantee: an engine that refuses `logprobs` fails the task with the task's switch named, and the same task
     # without them answers on the same endpoint.
