@@ -133,14 +133,29 @@ def run_eval(args: argparse.Namespace) -> int:
     except (DataError, ResumeError, NoAnswerError) as e:   # already one line that names the fix
         print(f"pipeline eval: error: {e}", file=sys.stderr)
         return 1
-    for t in result.tasks:
+    for task, t in zip(spec.tasks, result.tasks):
         strict = f" (strict {t.accuracy_strict:.4f})" if t.accuracy_strict is not None else ""
         acc = f"{t.accuracy:.4f}" if t.accuracy is not None else "n/a"
         inv = f"{t.invalid_rate:.2%}" if t.invalid_rate is not None else "n/a"
         print(f"{t.task}: accuracy {acc}{strict} over {t.n_records} answers "
               f"({t.n_questions} questions x {t.repeats}); invalid {inv}; failed {t.n_failed}; "
-              f"retried {t.n_retried}; records {t.records_path}")
+              f"retried {t.n_retried}; truncated {t.n_truncated}; records {t.records_path}")
+        if hint := _truncation_hint(t, task.max_tokens):
+            print(f"pipeline eval: warning: {hint}", file=sys.stderr)
     return 0
+
+
+def _truncation_hint(t, max_tokens: int) -> str | None:
+    """A cut-off answer has lost its final answer, so it scores as invalid or wrong: the token budget, not the
+    model, decided it. Name how many, and the flag that gives them room."""
+    answered = t.n_records - t.n_failed
+    if not t.n_truncated:
+        return None
+    if t.n_truncated == answered:
+        return (f"{t.task}: all {answered} answers stopped at the {max_tokens}-token limit (finish_reason "
+                "'length'), none finished: this accuracy measures the budget, not the model; raise --max-tokens")
+    return (f"{t.task}: {t.n_truncated} of {answered} answers stopped at the {max_tokens}-token limit "
+            "(finish_reason 'length') and may have lost their final answer; raise --max-tokens to let them finish")
 
 
 def eval_main(argv: list[str] | None = None) -> int:

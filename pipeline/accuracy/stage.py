@@ -43,6 +43,7 @@ class TaskResult:
     n_failed: int
     n_retried: int
     n_invalid: int
+    n_truncated: int                  # answered, but stopped by max_tokens (finish_reason "length")
     accuracy: float | None            # gsm8k: flexible extraction; failed count as wrong
     accuracy_strict: float | None     # gsm8k only
     invalid_rate: float | None
@@ -198,7 +199,7 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
         task=task.name, records_path=str(path), summary_path=str(spath),
         n_questions=n_questions, repeats=task.repeats, n_records=len(ordered),
         n_failed=summary["n_failed"], n_retried=summary["n_retried"],
-        n_invalid=summary["n_invalid"], accuracy=summary["accuracy"],
+        n_invalid=summary["n_invalid"], n_truncated=summary["n_truncated"], accuracy=summary["accuracy"],
         accuracy_strict=summary.get("accuracy_strict"), invalid_rate=summary["invalid_rate"],
         n_reused=len(kept), wall_s=time.perf_counter() - start)
 

@@ -249,3 +249,28 @@ def test_eval_command_sends_the_request_the_flags_describe(tmp_path, capsys):
     assert (b["model"], b["max_tokens"], b["temperature"]) == ("mm", 100, 0.5)
     assert b["chat_template_kwargs"] == {"enable_thinking": False}
     assert isinstance(b["seed"], int) and bodies[1]["seed"] != b["seed"]
+
+
+def test_eval_names_answers_cut_off_by_the_token_limit(tmp_path, capsys):
+    # Guarantee: answers stopped by max_tokens are counted on the summary line and named with the flag that gives
+    # them room, most plainly when none finished; a run without any says nothing of it.
+    from pipeline.accuracy.cli import eval_main
+
+    def run(out: str, cut: set[str]) -> tuple[str, list[str]]:
+        with gsm_server(truncated=cut) as srv:
+            assert eval_main(["--url", srv.url, "--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit",
+                              "3", "--max-tokens", "64", "--out", str(tmp_path / out)]) == 0
+        got = capsys.readouterr()
+        return got.out, got.err.splitlines()
+
+    out, err = run("none", set())
+    assert "; truncated 0; records " in out and not any("warning" in line for line in err)
+    out, err = run("some", {"syn-gsm-test-000", "syn-gsm-test-002"})
+    assert "; truncated 2; records " in out
+    assert err[-1] == ("pipeline eval: warning: gsm8k: 2 of 3 answers stopped at the 64-token limit (finish_reason "
+                       "'length') and may have lost their final answer; raise --max-tokens to let them finish")
+    out, err = run("all", {f"syn-gsm-test-{i:03d}" for i in range(3)})
+    assert out.startswith("gsm8k: accuracy 0.0000") and "; truncated 3; records " in out
+    assert err[-1] == ("pipeline eval: warning: gsm8k: all 3 answers stopped at the 64-token limit (finish_reason "
+                       "'length'), none finished: this accuracy measures the budget, not the model; raise --max-tokens")
+    assert json.loads((tmp_path / "all" / "gsm8k.summary.json").read_text())["n_truncated"] == 3
