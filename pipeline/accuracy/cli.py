@@ -25,6 +25,22 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _url_error(url: str) -> str | None:
+    """Why `url` cannot be an endpoint, or None. Checked before any data is read or request sent: a malformed
+    URL fails every request alike, so its retries would only delay the error."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        _ = parts.port   # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        parts = None
+    if parts is not None and parts.scheme.lower() in ("http", "https") and parts.hostname:
+        return None
+    return (f"--url: {url!r} is not an http:// or https:// URL; allowed: a server root "
+            "(http://HOST:PORT), its /v1 base or the full /v1/chat/completions URL")
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True,
                         help="server root, /v1 base or full /v1/chat/completions URL")
@@ -90,13 +106,16 @@ def _flags_in(msg: str) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Run the task; print one summary line per task to stdout, progress to stderr.
-    Returns 0, or 1 with a one-line error for bad data, bad flags, a foreign out folder or an endpoint that
+    Returns 0, or 1 with a one-line error for bad data, bad flags or URL, a foreign out folder or an endpoint that
     answered none of a task's requests."""
     from pydantic import ValidationError
 
     from pipeline.accuracy.data import DataError
     from pipeline.accuracy.stage import NoAnswerError, ResumeError, run_accuracy
 
+    if (bad := _url_error(args.url)) is not None:
+        print(f"pipeline eval: error: {bad}", file=sys.stderr)
+        return 1
     try:
         spec = spec_from_args(args)
         result = run_accuracy(spec, url=args.url, model=args.model, out_dir=args.out,
@@ -114,14 +133,29 @@ def run_eval(args: argparse.Namespace) -> int:
     except (DataError, ResumeError, NoAnswerError) as e:   # already one line that names the fix
         print(f"pipeline eval: error: {e}", file=sys.stderr)
         return 1
-    for t in result.tasks:
+    for task, t in zip(spec.tasks, result.tasks):
         strict = f" (strict {t.accuracy_strict:.4f})" if t.accuracy_strict is not None else ""
         acc = f"{t.accuracy:.4f}" if t.accuracy is not None else "n/a"
         inv = f"{t.invalid_rate:.2%}" if t.invalid_rate is not None else "n/a"
         print(f"{t.task}: accuracy {acc}{strict} over {t.n_records} answers "
               f"({t.n_questions} questions x {t.repeats}); invalid {inv}; failed {t.n_failed}; "
-              f"retried {t.n_retried}; records {t.records_path}")
+              f"retried {t.n_retried}; truncated {t.n_truncated}; records {t.records_path}")
+        if hint := _truncation_hint(t, task.max_tokens):
+            print(f"pipeline eval: warning: {hint}", file=sys.stderr)
     return 0
+
+
+def _truncation_hint(t, max_tokens: int) -> str | None:
+    """A cut-off answer has lost its final answer, so it scores as invalid or wrong: the token budget, not the
+    model, decided it. Name how many, and the flag that gives them room."""
+    answered = t.n_records - t.n_failed
+    if not t.n_truncated:
+        return None
+    if t.n_truncated == answered:
+        return (f"{t.task}: all {answered} answers stopped at the {max_tokens}-token limit (finish_reason "
+                "'length'), none finished: this accuracy measures the budget, not the model; raise --max-tokens")
+    return (f"{t.task}: {t.n_truncated} of {answered} answers stopped at the {max_tokens}-token limit "
+            "(finish_reason 'length') and may have lost their final answer; raise --max-tokens to let them finish")
 
 
 def eval_main(argv: list[str] | None = None) -> int:

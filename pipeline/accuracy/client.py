@@ -17,6 +17,12 @@ _BACKOFF_CAP_S = 30.0
 # 429 and 5xx are the server saying "not now"; other 4xx mean the request itself is
 # wrong and repeating it cannot help.
 _RETRY_STATUS = frozenset({408, 429}) | frozenset(range(500, 600))
+# A connect that timed out means nothing took the request; only a timeout after that is a slow answer.
+# (aiohttp < 3.10 has no such class: every timeout then reads as a slow answer.)
+_CONNECT_TIMEOUT = getattr(aiohttp, "ConnectionTimeoutError", ())
+_TIMED_OUT = "TimeoutError: no complete answer within"
+# Not an http(s) URL aiohttp can send to (NonHttpUrlClientError is no InvalidURL subclass in aiohttp 3.10+).
+_BAD_URL = (aiohttp.InvalidURL, *((aiohttp.NonHttpUrlClientError,) if hasattr(aiohttp, "NonHttpUrlClientError") else ()))
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,11 @@ def chat_url(url: str) -> str:
     if url.endswith("/v1"):
         return url + "/chat/completions"
     return url + "/v1/chat/completions"
+
+
+def timed_out(error: str | None) -> bool:
+    """Whether a reply's error is the per-request timeout running out on an accepted request."""
+    return (error or "").startswith(_TIMED_OUT)
 
 
 class _Retryable(Exception):
@@ -66,7 +77,11 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: dict,
                 raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}: {text[:200]}")
+    except _BAD_URL as e:   # the same URL fails every attempt alike
+        raise ValueError(f"{type(e).__name__}: {e}") from None
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        if isinstance(e, asyncio.TimeoutError) and not isinstance(e, _CONNECT_TIMEOUT):
+            raise _Retryable(f"{_TIMED_OUT} {timeout_s:g} s") from None
         raise _Retryable(f"{type(e).__name__}: {e}") from None
     try:
         choice = json.loads(text)["choices"][0]

@@ -2,10 +2,12 @@
 
 One JSON object per (question, repeat):
     id, repeat, prompt_hash, output, extracted, gold, correct, latency_s, finish_reason,
-    retried, failed, attempts, error, model, tokens, token_logprobs
+    retried, failed, attempts, error, model, generation, tokens, token_logprobs
     gsm8k adds extracted_strict, correct_strict (the `#### N` form; `correct` is flexible).
 A failed record (no answer after retries) has output/extracted None and correct False; tokens and
 token_logprobs (the output's tokens and each one's logprob) are None where the server returned none.
+`generation` holds the settings the answer was asked with (max_tokens, temperature, seed where sampled,
+extra_body); a resume refuses records whose settings differ from the run's.
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def write_records(path: Path, records: Iterable[dict]) -> None:
 
 
 def summarize(task: str, records: list[dict], *, model: str, n_questions: int,
-              repeats: int) -> dict:
+              repeats: int, generation: dict | None = None) -> dict:
     """Accuracy counts failed records as wrong (the denominator is every question asked);
     `accuracy_answered` excludes them, so a flaky server is visible, not hidden."""
     n = len(records)
@@ -53,7 +55,7 @@ def summarize(task: str, records: list[dict], *, model: str, n_questions: int,
     invalid = [r for r in answered if r["extracted"] is None]
     n_correct = sum(bool(r["correct"]) for r in records)
     out: dict = {
-        "task": task, "model": model, "n_questions": n_questions, "repeats": repeats,
+        "task": task, "model": model, "generation": generation, "n_questions": n_questions, "repeats": repeats,
         "n_records": n, "n_answered": len(answered), "n_failed": len(failed),
         "n_retried": sum(bool(r["retried"]) for r in records),
         "n_correct": n_correct, "accuracy": _ratio(n_correct, n),

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.accuracy import gpqa, gsm8k
-from pipeline.accuracy.data import DataError
+from pipeline.accuracy.data import DataError, sibling
 from pipeline.accuracy.records import prompt_hash, read_records, summarize, write_records
 from pipeline.config.accuracy import AccuracySpec, TaskSpec
 from pipeline.io import write_json_atomic
@@ -43,6 +43,7 @@ class TaskResult:
     n_failed: int
     n_retried: int
     n_invalid: int
+    n_truncated: int                  # answered, but stopped by max_tokens (finish_reason "length")
     accuracy: float | None            # gsm8k: flexible extraction; failed count as wrong
     accuracy_strict: float | None     # gsm8k only
     invalid_rate: float | None
@@ -79,9 +80,10 @@ def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
     results = []
     for i, task in enumerate(spec.tasks):
         # Errors name the data field as the user wrote it: the recipe path, or the CLI's flag (data_name).
-        jobs, n_questions = _plan(task, data_name or f"accuracy.tasks[{i}].data")
-        results.append(_run_task(task, jobs, n_questions, url=url, model=model,
-                                 out_dir=Path(out_dir), progress=progress or (lambda _: None)))
+        where = data_name or f"accuracy.tasks[{i}].data"
+        jobs, n_questions = _plan(task, where)
+        results.append(_run_task(task, jobs, n_questions, url=url, model=model, out_dir=Path(out_dir),
+                                 progress=progress or (lambda _: None), where=where))
     return AccuracyResult(tuple(results))
 
 
@@ -107,8 +109,21 @@ def _plan(task: TaskSpec, where: str) -> tuple[list[_Job], int]:
     return jobs, len(questions)
 
 
-def _resume(path: Path, jobs: list[_Job], model: str) -> tuple[dict, list[dict]]:
-    """(answered records of this plan by key, records outside the plan kept as they are)."""
+def _generation(task: TaskSpec) -> dict:
+    """The settings besides prompt and model that shape an answer: what `_body` sends beyond the messages.
+    `seed` only where it reaches the request (temperature > 0; gpqa's option shuffle is in the prompt hash
+    already). Not `logprobs`: asking for them changes what a record keeps, not the answer. JSON-normalised,
+    as a record holds it, so a resume compares like with like."""
+    gen = {"max_tokens": task.max_tokens, "temperature": task.temperature}
+    if task.temperature > 0:
+        gen["seed"] = task.seed
+    gen["extra_body"] = task.extra_body
+    return json.loads(json.dumps(gen))
+
+
+def _resume(path: Path, jobs: list[_Job], model: str, gen: dict, where: str) -> tuple[dict, list[dict]]:
+    """(answered records of this plan by key, records outside the plan kept as they are).
+    `where` names the task's data field as the user wrote it, so a changed setting is named the same way."""
     planned = {(j.id, j.repeat): j for j in jobs}
     kept, extra = {}, []
     for rec in read_records(path):
@@ -125,49 +140,71 @@ def _resume(path: Path, jobs: list[_Job], model: str) -> tuple[dict, list[dict]]
         if rec.get("model", model) != model:
             raise ResumeError(f"{path}: records were made with model '{rec['model']}', this run "
                               f"asks '{model}'; use a new output folder or delete the file")
-        if not rec["failed"]:
-            kept[key] = rec
+        if rec["failed"]:
+            continue   # asked again under this run's settings, whatever they were
+        # An answer made under other settings would be counted as if measured with these. A record from
+        # before settings were recorded has none to compare, like a record without a model.
+        old = rec.get("generation", gen)
+        for field in dict.fromkeys([*gen, *old]):
+            if old.get(field) != gen.get(field):
+                raise ResumeError(
+                    f"{path}: record id={key[0]} repeat={key[1]} was answered with {sibling(where, field)} "
+                    f"{_shown(old.get(field))}, this run asks {_shown(gen.get(field))}; its answer would count "
+                    "as measured with the new setting: use a new output folder or delete the file")
+        kept[key] = rec
     return kept, extra
 
 
+def _shown(value) -> str:
+    return "(unset)" if value is None else json.dumps(value, ensure_ascii=False)
+
+
 def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, model: str,
-              out_dir: Path, progress: Progress) -> TaskResult:
+              out_dir: Path, progress: Progress, where: str) -> TaskResult:
     start = time.perf_counter()
     path, spath = task_records(out_dir, task.name), task_summary(out_dir, task.name)
-    kept, extra = _resume(path, jobs, model)
+    gen = _generation(task)
+    kept, extra = _resume(path, jobs, model, gen, where)
     todo = [j for j in jobs if (j.id, j.repeat) not in kept]
     # Rewrite first: drops failed and torn lines, so the append below starts clean.
     write_records(path, [*kept.values(), *extra])
     progress(f"{task.name}: {n_questions} questions x {task.repeats} repeats; "
              f"{len(kept)} already answered, asking {len(todo)}")
-    new = asyncio.run(_ask_all(task, todo, url, model, path, progress)) if todo else []
+    new = asyncio.run(_ask_all(task, todo, url, model, gen, path, progress)) if todo else []
     records = {**kept, **{(r["id"], r["repeat"]): r for r in new}}
     ordered = [records[(j.id, j.repeat)] for j in jobs]
     write_records(path, [*ordered, *extra])
     summary = summarize(task.name, ordered, model=model, n_questions=n_questions,
-                        repeats=task.repeats)
+                        repeats=task.repeats, generation=gen)
     write_json_atomic(spath, summary)
     if ordered and summary["n_failed"] == len(ordered):
-        from pipeline.accuracy.client import chat_url
+        from pipeline.accuracy.client import chat_url, timed_out
 
         first = ordered[0]["error"] or ""
         # An engine may refuse OpenAI's `logprobs` (some do under speculative decoding): name the switch.
         hint = (f" The endpoint may refuse `logprobs`: set `logprobs: false` on task {task.name!r} "
                 "(`pipeline eval --no-logprobs`)." if task.logprobs and "logprob" in first.lower() else "")
+        if all(timed_out(r["error"]) for r in ordered):
+            # It took every request, so it is up: asking whether it is would send the user the wrong way.
+            ask = (f"{chat_url(url)} took every request but finished none within {task.timeout_s:g} s: if it is "
+                   f"just slow (long answers, a cold start), raise `timeout_s` on task {task.name!r} "
+                   "(`pipeline eval --timeout`).")
+        else:
+            ask = f"is {chat_url(url)} up and serving {model!r}?"
         raise NoAnswerError(f"{task.name}: none of its {len(ordered)} requests got an answer (first error: "
-                            f"{first}); is {chat_url(url)} up and serving {model!r}?{hint} The records "
+                            f"{first}); {ask}{hint} The records "
                             f"stay in {path}; a rerun asks them again (`pipeline eval` with the same --out, "
                             f"`pipeline run --resume`)")
     return TaskResult(
         task=task.name, records_path=str(path), summary_path=str(spath),
         n_questions=n_questions, repeats=task.repeats, n_records=len(ordered),
         n_failed=summary["n_failed"], n_retried=summary["n_retried"],
-        n_invalid=summary["n_invalid"], accuracy=summary["accuracy"],
+        n_invalid=summary["n_invalid"], n_truncated=summary["n_truncated"], accuracy=summary["accuracy"],
         accuracy_strict=summary.get("accuracy_strict"), invalid_rate=summary["invalid_rate"],
         n_reused=len(kept), wall_s=time.perf_counter() - start)
 
 
-async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, path: Path,
+async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, gen: dict, path: Path,
                    progress: Progress) -> list[dict]:
     import aiohttp
 
@@ -189,7 +226,7 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, path:
             reply = await chat(session, endpoint, _body(task, job, model),
                                timeout_s=task.timeout_s, retries=task.retries,
                                backoff_s=task.retry_backoff_s)
-            rec = _record(task.name, job, reply, model)
+            rec = _record(task.name, job, reply, model, gen)
             # One event loop thread: whole lines, never interleaved.
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
             fh.flush()
@@ -200,8 +237,9 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, path:
                 n_failed = sum(r["failed"] for r in done)
                 n_retried = sum(r["retried"] for r in done)
                 rate = len(done) / max(now - t0, 1e-9)
-                progress(f"{task.name}: {len(done)}/{len(todo)} answered, {n_failed} failed, "
-                         f"{n_retried} retried, {rate:.1f}/s")
+                # A failed request got no answer: counted apart, never as answered.
+                progress(f"{task.name}: {len(done)}/{len(todo)} done: {len(done) - n_failed} answered, "
+                         f"{n_failed} failed, {n_retried} retried, {rate:.1f}/s")
 
     connector = aiohttp.TCPConnector(limit=task.concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -223,12 +261,12 @@ def _body(task: TaskSpec, job: _Job, model: str) -> dict:
     return body
 
 
-def _record(task: str, job: _Job, reply, model: str) -> dict:
+def _record(task: str, job: _Job, reply, model: str, gen: dict) -> dict:
     rec = {"id": job.id, "repeat": job.repeat, "prompt_hash": job.hash, "output": reply.output,
            "extracted": None, "gold": job.gold, "correct": False,
            "latency_s": round(reply.latency_s, 4), "finish_reason": reply.finish_reason,
            "retried": reply.attempts > 1, "failed": reply.failed, "attempts": reply.attempts,
-           "error": reply.error, "model": model, "tokens": reply.tokens,
+           "error": reply.error, "model": model, "generation": gen, "tokens": reply.tokens,
            "token_logprobs": None if reply.token_logprobs is None else [round(x, 6) for x in reply.token_logprobs]}
     if task == "gsm8k":
         rec.update(extracted_strict=None, correct_strict=False)

@@ -8,6 +8,7 @@ Patterns, by question id (GPQA: applied to every repeat of the id):
     fail       HTTP 500 on every attempt (failed after retries)
     flaky      HTTP 500 on the first attempt of each prompt, then the right answer
     slow       the first attempt of each prompt stalls `slow_s` seconds (client timeout)
+    truncated  cut off before its final answer, finish_reason 'length' (the max_tokens budget ran out)
 refuse_logprobs: HTTP 400 on every request that asks for `logprobs`, as an engine without them answers.
 """
 from __future__ import annotations
@@ -32,11 +33,12 @@ def load_jsonl(path: Path) -> list[dict]:
 
 class AnswerServer:
     def __init__(self, gsm_rows=(), gpqa_rows=(), *, wrong=(), invalid=(), loose=(), fail=(),
-                 flaky=(), slow=(), slow_s=5.0, refuse_logprobs=False):
+                 flaky=(), slow=(), slow_s=5.0, truncated=(), refuse_logprobs=False):
         self.gsm = {r["question"]: r for r in gsm_rows}
         self.gpqa = list(gpqa_rows)
         self.wrong, self.invalid, self.loose = set(wrong), set(invalid), set(loose)
         self.fail, self.flaky, self.slow, self.slow_s = set(fail), set(flaky), set(slow), slow_s
+        self.truncated = set(truncated)
         self.refuse_logprobs = refuse_logprobs
         self.attempts: Counter = Counter()      # prompt text -> requests seen
         self.requests_by_id: Counter = Counter()
@@ -84,9 +86,12 @@ class AnswerServer:
                                       "type": "BadRequestError", "code": 400}, status=400)
         if qid in self.fail or (qid in self.flaky and first):
             return web.Response(status=500, text="injected failure")
+        finish = "stop"
+        if qid in self.truncated:
+            text, finish = text.split("\n")[0], "length"
         return web.json_response({
             "id": "x", "object": "chat.completion", "model": body["model"],
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": finish,
                          "message": {"role": "assistant", "content": text}}]})
 
     # -- lifecycle --

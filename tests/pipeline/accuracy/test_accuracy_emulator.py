@@ -67,6 +67,9 @@ def test_pipeline_eval_cli_against_emulator(emulator, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("gsm8k: accuracy 0.0000 (strict 0.0000) over 4 answers "
                                   "(4 questions x 1); invalid 100.00%; failed 0; retried 0")
-    assert "gsm8k: 4/4 answered, 0 failed, 0 retried" in proc.stderr
+    assert "gsm8k: 4/4 done: 4 answered, 0 failed, 0 retried" in proc.stderr
+    # 24 tokens of filler never finish: the budget, not the model, is what this run measured.
+    assert "; truncated 4; records " in proc.stdout
+    assert "pipeline eval: warning: gsm8k: all 4 answers stopped at the 24-token limit" in proc.stderr
     summary = json.loads((tmp_path / "gsm8k.summary.json").read_text())
     assert summary["n_invalid"] == 4 and summary["model"] == "emu"

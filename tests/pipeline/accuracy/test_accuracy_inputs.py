@@ -101,3 +101,16 @@ def test_a_reply_keeps_the_logprobs_the_server_returned():
     assert _token_logprobs({"logprobs": {"content": content}}) == (["4", "."], [-0.01, 0.0])
     for choice in ({}, {"logprobs": None}, {"logprobs": {"content": None}}, {"logprobs": {"content": [{"x": 1}]}}):
         assert _token_logprobs(choice) == (None, None)
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://x", "http://", "localhost:30000", "http://h:port"])
+def test_a_url_that_is_no_http_endpoint_is_refused_before_anything_is_asked(tmp_path, capsys, url):
+    from pipeline.accuracy.cli import eval_main
+
+    out = tmp_path / "out"
+    rc = eval_main(["--url", url, "--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit", "1",
+                    "--out", str(out)])
+    assert rc == 1 and not out.exists()   # no record: nothing was asked, nor retried
+    assert capsys.readouterr().err == (f"pipeline eval: error: --url: {url!r} is not an http:// or https:// URL; "
+                                       "allowed: a server root (http://HOST:PORT), its /v1 base or the full "
+                                       "/v1/chat/completions URL\n")

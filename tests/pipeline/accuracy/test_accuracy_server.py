@@ -60,7 +60,7 @@ def test_gsm8k_known_pattern_exact(tmp_path):
     assert recs["syn-gsm-test-003"]["correct"] and recs["syn-gsm-test-003"]["extracted_strict"] is None
     assert {"id", "repeat", "prompt_hash", "output", "extracted", "gold", "correct", "latency_s",
             "finish_reason", "retried", "failed"} <= set(failed)
-    assert lines and lines[-1].startswith("gsm8k: 40/40 answered, 1 failed, 3 retried")
+    assert lines and lines[-1].startswith("gsm8k: 40/40 done: 39 answered, 1 failed, 3 retried")
 
 
 def test_gpqa_known_pattern_exact_with_repeats(tmp_path):
@@ -119,23 +119,83 @@ def test_resume_refuses_records_of_another_prompt(tmp_path):
                          out_dir=tmp_path)
 
 
+def test_resume_refuses_answers_asked_with_other_generation_settings(tmp_path, capsys):
+    # Guarantee: a rerun into the same --out with a setting that changes answers stops with one line naming the
+    # setting, its old and new value and the way out, and asks nothing; the summary records the settings.
+    from pipeline.accuracy.cli import eval_main
+
+    out = tmp_path / "ev"
+    base = ["--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit", "3", "--out", str(out),
+            "--max-tokens", "100", "--temperature", "0.5", "--seed", "1", "--extra-body", '{"top_p": 0.9}']
+    changed = {"--max-tokens": ("100", "200"), "--temperature": ("0.5", "0.7"), "--seed": ("1", "2"),
+               "--extra-body": ('{"top_p": 0.9}', '{"top_p": 0.1}')}
+    with gsm_server() as srv:
+        assert eval_main(["--url", srv.url, *base]) == 0
+        summary = json.loads((out / "gsm8k.summary.json").read_text())
+        assert summary["generation"] == {"max_tokens": 100, "temperature": 0.5, "seed": 1,
+                                         "extra_body": {"top_p": 0.9}}
+        capsys.readouterr()
+        for flag, (old, new) in changed.items():
+            argv = list(base)
+            argv[argv.index(flag) + 1] = new
+            assert eval_main(["--url", srv.url, *argv]) == 1
+            err = capsys.readouterr().err.splitlines()
+            assert err[-1] == (f"pipeline eval: error: {out / 'gsm8k.jsonl'}: record id=syn-gsm-test-000 repeat=0 "
+                               f"was answered with {flag} {old}, this run asks {new}; its answer would count as "
+                               "measured with the new setting: use a new output folder or delete the file")
+        assert len(srv.bodies) == 3   # the first run's only
+        # Unchanged: everything is reused.
+        assert eval_main(["--url", srv.url, *base]) == 0
+        assert len(srv.bodies) == 3
+    assert "3 already answered, asking 0" in capsys.readouterr().err
+
+
+def test_resume_of_a_recorded_recipe_reuses_answers_and_names_recipe_fields(tmp_path):
+    # Guarantee: `pipeline run --resume` revalidates the recipe from the manifest's JSON; the same settings so
+    # read back still resume, and a changed one is named by its recipe path.
+    task = dict(name="gsm8k", data=GSM, limit=6, temperature=0.6, seed=4,
+                extra_body={"chat_template_kwargs": {"enable_thinking": False}, "top_k": 20})
+    with gsm_server() as srv:
+        first = run_accuracy(spec(**task), url=srv.url, model="m", out_dir=tmp_path).tasks[0]
+    path = Path(first.records_path)
+    path.write_text("\n".join(path.read_text().splitlines()[:4]) + "\n")   # a crash after 4 answers
+    recorded = AccuracySpec.model_validate(json.loads(json.dumps(spec(**task).model_dump(mode="json"))))
+    with gsm_server() as srv:
+        again = run_accuracy(recorded, url=srv.url, model="m", out_dir=tmp_path).tasks[0]
+        assert len(srv.bodies) == 2
+        with pytest.raises(ResumeError, match=r"answered with accuracy\.tasks\[0\]\.temperature 0\.6, "
+                                              r"this run asks 0\.0; .*use a new output folder"):
+            run_accuracy(spec(**{**task, "temperature": 0.0}), url=srv.url, model="m", out_dir=tmp_path)
+    assert (again.n_reused, again.n_records, again.accuracy) == (4, 6, 1.0)
+
+
 def test_unreachable_server_fails_the_task_and_keeps_its_records(tmp_path):
     # Guarantee: a task none of whose requests got an answer is an error naming the endpoint, not an accuracy of 0.
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()   # nothing listens here now
-    task = spec(name="gsm8k", data=GSM, limit=5, retries=1)
+    task, lines = spec(name="gsm8k", data=GSM, limit=5, retries=1), []
     with pytest.raises(NoAnswerError, match=rf"gsm8k: none of its 5 requests got an answer \(first error: "
                                             rf"ClientConnectorError: .*\); is http://127.0.0.1:{port}/v1/chat/"
                                             rf"completions up and serving 'm'\?"):
-        run_accuracy(task, url=f"http://127.0.0.1:{port}/v1", model="m", out_dir=tmp_path)
+        run_accuracy(task, url=f"http://127.0.0.1:{port}/v1", model="m", out_dir=tmp_path, progress=lines.append)
+    assert lines[-1].startswith("gsm8k: 5/5 done: 0 answered, 5 failed, 5 retried, ")   # failed are not answered
     recs = [json.loads(x) for x in (tmp_path / "gsm8k.jsonl").read_text().splitlines()]
     assert len(recs) == 5 and all(r["failed"] and r["attempts"] == 2 and "ClientConnectorError" in r["error"]
                                   for r in recs)
     with gsm_server() as srv:   # the endpoint is back: the rerun asks every failed question again
         (t,) = run_accuracy(task, url=srv.url, model="m", out_dir=tmp_path).tasks
     assert (t.n_records, t.n_failed, t.n_reused, t.accuracy) == (5, 0, 0, 1.0)
+
+
+def test_a_url_aiohttp_cannot_send_to_is_not_retried(tmp_path):
+    # Guarantee: a malformed or non-HTTP URL fails each request at its first attempt (a retry cannot fix it).
+    with pytest.raises(NoAnswerError, match=r"first error: (NonHttpUrlClientError|InvalidURL)"):
+        run_accuracy(spec(name="gsm8k", data=GSM, limit=2, retry_backoff_s=5), url="ftp://x", model="m",
+                     out_dir=tmp_path)
+    recs = [json.loads(x) for x in (tmp_path / "gsm8k.jsonl").read_text().splitlines()]
+    assert [(r["failed"], r["attempts"]) for r in recs] == [(True, 1), (True, 1)]
 
 
 def test_refused_logprobs_name_the_switch_that_turns_them_off(tmp_path):
@@ -159,6 +219,20 @@ def test_timeout_is_retried(tmp_path):
     assert (t.accuracy, t.n_failed, t.n_retried) == (1.0, 0, 1)
 
 
+def test_requests_that_all_time_out_name_the_timeout_not_the_endpoint(tmp_path):
+    # Guarantee: an endpoint that took every request but answered none in time is named slow, with the timeout
+    # to raise; it is not asked whether it is up.
+    with gsm_server(slow={"syn-gsm-test-000", "syn-gsm-test-001"}, slow_s=1.5) as srv:
+        with pytest.raises(NoAnswerError) as e:
+            run_accuracy(spec(name="gsm8k", data=GSM, limit=2, timeout_s=0.3, retries=0), url=srv.url, model="m",
+                         out_dir=tmp_path)
+    assert str(e.value).startswith(
+        "gsm8k: none of its 2 requests got an answer (first error: TimeoutError: no complete answer within 0.3 s); "
+        f"{srv.url}/v1/chat/completions took every request but finished none within 0.3 s: if it is just slow "
+        "(long answers, a cold start), raise `timeout_s` on task 'gsm8k' (`pipeline eval --timeout`). The records")
+    assert "up and serving" not in str(e.value)
+
+
 def test_eval_command_sends_the_request_the_flags_describe(tmp_path, capsys):
     from pipeline.accuracy.cli import eval_main
 
@@ -175,3 +249,28 @@ def test_eval_command_sends_the_request_the_flags_describe(tmp_path, capsys):
     assert (b["model"], b["max_tokens"], b["temperature"]) == ("mm", 100, 0.5)
     assert b["chat_template_kwargs"] == {"enable_thinking": False}
     assert isinstance(b["seed"], int) and bodies[1]["seed"] != b["seed"]
+
+
+def test_eval_names_answers_cut_off_by_the_token_limit(tmp_path, capsys):
+    # Guarantee: answers stopped by max_tokens are counted on the summary line and named with the flag that gives
+    # them room, most plainly when none finished; a run without any says nothing of it.
+    from pipeline.accuracy.cli import eval_main
+
+    def run(out: str, cut: set[str]) -> tuple[str, list[str]]:
+        with gsm_server(truncated=cut) as srv:
+            assert eval_main(["--url", srv.url, "--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit",
+                              "3", "--max-tokens", "64", "--out", str(tmp_path / out)]) == 0
+        got = capsys.readouterr()
+        return got.out, got.err.splitlines()
+
+    out, err = run("none", set())
+    assert "; truncated 0; records " in out and not any("warning" in line for line in err)
+    out, err = run("some", {"syn-gsm-test-000", "syn-gsm-test-002"})
+    assert "; truncated 2; records " in out
+    assert err[-1] == ("pipeline eval: warning: gsm8k: 2 of 3 answers stopped at the 64-token limit (finish_reason "
+                       "'length') and may have lost their final answer; raise --max-tokens to let them finish")
+    out, err = run("all", {f"syn-gsm-test-{i:03d}" for i in range(3)})
+    assert out.startswith("gsm8k: accuracy 0.0000") and "; truncated 3; records " in out
+    assert err[-1] == ("pipeline eval: warning: gsm8k: all 3 answers stopped at the 64-token limit (finish_reason "
+                       "'length'), none finished: this accuracy measures the budget, not the model; raise --max-tokens")
+    assert json.loads((tmp_path / "all" / "gsm8k.summary.json").read_text())["n_truncated"] == 3
