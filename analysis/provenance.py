@@ -163,3 +163,27 @@ def gpu_lines(manifest: dict) -> list[str]:
     if pairing:
         lines.append("- arm runs: " + "; ".join(pairing))
     return lines or [f"- GPUs: {UNKNOWN}"]
+
+
+
+# What must match for two runs' arms to be compared as a kernel change: the traffic and the engine around it.
+# The arms' own env (the kernel switch) and the code's version are what such a comparison is for, so not here.
+_COMPARED_FIELDS = ("engine", "model", "tokenizer", "load", "server.args", "server.env", "placement.gpus_per_arm")
+
+
+def _flat(d: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(d, dict):
+        return {k: v for key, val in d.items() for k, v in _flat(val, f"{prefix}.{key}").items()}
+    return {prefix: d}
+
+
+def run_differences(a: dict, b: dict) -> list[str]:
+    """`field: A / B` for each recipe field of _COMPARED_FIELDS that differs between two runs' manifests."""
+    def fields(m: dict) -> dict[str, Any]:
+        recipe = m.get("recipe") if isinstance(m.get("recipe"), dict) else {}
+        return {k: v for name in _COMPARED_FIELDS
+                for k, v in _flat(_get(recipe, *name.split("."), default=None), name).items()}
+
+    fa, fb = fields(a), fields(b)
+    return [f"{k}: {_inline(fa.get(k))} / {_inline(fb.get(k))}" for k in sorted(set(fa) | set(fb))
+            if fa.get(k) != fb.get(k)]

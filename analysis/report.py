@@ -20,7 +20,7 @@ from analysis import verdict as verdict_md
 from analysis.compare import Comparison, compare as run_compare
 from analysis.formatting import fmt, fmt_delta, fmt_floor
 from analysis.load import AnalysisError
-from analysis.provenance import provenance_md
+from analysis.provenance import provenance_md, run_differences
 from analysis.rundir import Run, load_run
 from pipeline.io import write_text_atomic
 from pipeline.paths import RunPaths
@@ -187,6 +187,10 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     a_paths, b_paths = c.a_runs[0].paths, c.b_runs[0].paths
     notes = run.notes + (other.notes if other else []) + c.notes + lossy_arm_notes(recipe_of(run))
     notes += lossy_arm_notes(recipe_of(other)) if other else []
+    differ = run_differences(run.manifest, other.manifest) if other else []
+    if differ:  # a change of load or engine moves every figure: it is not the kernel's effect
+        notes.append(f"the two runs differ in more than the compared arms ({c.a_label} / {c.b_label}): "
+                     + "; ".join(differ))
     parts = [f"# {title}", "", verdict(c), ""]
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
@@ -233,6 +237,9 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
             raise ReportError(f"run dir {src.root}: no arm '{arm}' (arms with exports: "
                               f"{', '.join(src.arms) or 'none'}); pick one with --arms")
     if other is not None:
+        if run.root.resolve() == other.root.resolve() and a_arm == b_arm:
+            raise ReportError(f"{run.root} and {other.root} are one run and --arms names '{a_arm}' twice: nothing to "
+                              "compare; name two arms (--arms off on) or give two run dirs")
         a_label, b_label = f"{run.root.name}:{a_arm}", f"{other.root.name}:{b_arm}"
         # An --out report's plots go beside it: a comparison leaves both input runs as they were.
         out = Path(out) if out else RunPaths(other.root).compare_report(run.root.name)

@@ -104,6 +104,13 @@ def test_compare_two_runs_on_arms(run, tmp_path):
     assert "no change detected" in md.splitlines()[2]
     for name in PLOTS:
         assert_image(other / "plots" / f"compare_run_{name}")
+    # same recipes: no note; a changed load is named under the verdict
+    assert "differ in more than the compared arms" not in md
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["recipe"]["load"]["concurrency"] = 32
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    again = write_report(run, compare=other, n_boot=N_BOOT).read_text()
+    assert "- the two runs differ in more than the compared arms (run:on / other:on): load.concurrency: `" in again
     before = sorted(p.name for p in (other / "plots").iterdir())
     named = write_report(run, tmp_path / "elsewhere" / "named.md", compare=other, arms=("off", "on"), n_boot=N_BOOT)
     assert "run:off" in named.read_text().splitlines()[0]
@@ -208,6 +215,8 @@ def test_cli_success_prints_path(run, capsys):
     assert capsys.readouterr().out.strip() == f"report: {run / 'report.md'}"
     assert cli_report([run, run], arms=["off", "on"]) == 0
     assert capsys.readouterr().out.strip() == f"report: {run / 'compare_run.md'}"
+    assert cli_report([run, run]) == 2  # on against itself
+    assert "are one run and --arms names 'on' twice: nothing to compare" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="session")
