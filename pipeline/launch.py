@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from pipeline import dirlock
+
 
 def _load(path: str):
     from pipeline.config.recipe import load_recipe
@@ -22,7 +24,7 @@ def _run_dir_taken(run_dir: Path, why: str) -> SystemExit:
 def _new_run_dir(recipe, out: str | None) -> Path:
     """A fast first check; the atomic claim is the exclusive write of the manifest (Manifest.create)."""
     run_dir = Path(out) if out else Path(recipe.output_dir) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if run_dir.exists() and any(p.name != dirlock.LOCK_NAME for p in run_dir.iterdir()):
         raise _run_dir_taken(run_dir, "already exists and is not empty")
     return run_dir
 
@@ -45,7 +47,7 @@ def _resume(run_dir: Path, recipe_path: str | None):
 
 def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str | None = None) -> int:
     """Run `recipe_path` into `out` (default: a new timestamped dir), or finish the run in `resume`;
-    write its report. Returns the exit code."""
+    write its report. Returns the exit code. The run dir is locked (pipeline.dirlock) throughout."""
     from pipeline.config.recipe import recipe_to_dict
     from pipeline.manifest import Manifest, new_run_id, now
     from pipeline.paths import RunPaths
@@ -53,30 +55,45 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
     from pipeline.runner import check_matched_gpus, execute, host_facts, make_hosts
 
     if resume:
-        recipe, manifest = _resume(Path(resume), recipe_path)
-        run_dir, run_id = Path(resume), manifest.data.get("run_id")
+        run_dir = Path(resume)
+        _resume(run_dir, recipe_path)  # its errors before the lock creates anything in a wrong path
     elif recipe_path:
         recipe = _load(recipe_path)
         run_dir = _new_run_dir(recipe, out)
-        created = now()
-        run_id = new_run_id(run_dir, created)
     else:
         raise SystemExit("error: give a recipe (pipeline run recipe.yaml) or --resume RUN_DIR")
-    plan = build_plan(recipe, run_dir, run_id)
-    hosts = make_hosts(recipe)
-    if not resume:
-        facts = host_facts(recipe, hosts)
-        check_matched_gpus(plan, facts)
-        try:
-            manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
-                                       recipe_path=str(recipe_path), plan=plan.to_dict(), hosts=facts,
-                                       run_id=run_id, created=created)
-        except FileExistsError:  # another run claimed the dir after the first check
-            raise _run_dir_taken(run_dir, "was claimed by another `pipeline run` started at the same time") from None
-    print(f"run dir: {run_dir}  ({'resuming' if resume else 'new'}; "
-          f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
-    execute(recipe, plan, manifest, hosts)
-    return _report(run_dir)
+    lock = dirlock.exclusive(run_dir)
+    try:
+        lock.__enter__()
+    except dirlock.DirInUse as e:
+        if resume:
+            raise SystemExit(f"error: --resume: run dir {e}; wait for it to finish or stop it, then resume") from None
+        raise _run_dir_taken(run_dir, f"is held by another pipeline process (pid {e.pid})") from None
+    try:
+        if resume:
+            recipe, manifest = _resume(run_dir, recipe_path)  # read again, now that no one else writes it
+            run_id = manifest.data.get("run_id")
+        else:
+            created = now()
+            run_id = new_run_id(run_dir, created)
+        plan = build_plan(recipe, run_dir, run_id)
+        hosts = make_hosts(recipe)
+        if not resume:
+            facts = host_facts(recipe, hosts)
+            check_matched_gpus(plan, facts)
+            try:
+                manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
+                                           recipe_path=str(recipe_path), plan=plan.to_dict(), hosts=facts,
+                                           run_id=run_id, created=created)
+            except FileExistsError:  # another run claimed the dir after the first check
+                raise _run_dir_taken(run_dir, "was claimed by another `pipeline run` started at the same "
+                                     "time") from None
+        print(f"run dir: {run_dir}  ({'resuming' if resume else 'new'}; "
+              f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
+        execute(recipe, plan, manifest, hosts)
+        return _report(run_dir)
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def _report(run_dir: Path) -> int:

@@ -69,7 +69,8 @@ def test_two_runs_started_at_once_on_one_dir_one_wins(tmp_path):
                 " | ".join(r.stderr.strip()[-300:] for r in runs)
             assert refused[0].returncode != 0 and re.search(
                 rf"error: --out: run dir {re.escape(str(out))} (already exists and is not empty|was claimed by "
-                rf"another `pipeline run` started at the same time); a run never overwrites or shares another's "
+                rf"another `pipeline run` started at the same time|is held by another pipeline process "
+                rf"\(pid \d+\)); a run never overwrites or shares another's "
                 rf"dir\. Use `pipeline run --resume {re.escape(str(out))}` to finish that run, or another --out",
                 refused[0].stderr), refused[0].stderr
 
@@ -147,3 +148,37 @@ def test_resume_finds_its_own_remote_dir_and_no_other_run_shares_it(sshd, tmp_pa
     starts = {name: (remote[name] / "server.log").read_text().count("-m pipeline.emulator")
               for name in ("first", "other")}
     assert starts == {"first": 2, "other": 1}
+
+
+HOLDER = """
+import sys, time
+from pipeline import dirlock
+with dirlock.exclusive(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_resume_refuses_a_run_dir_another_process_holds_and_takes_it_once_that_one_died(tmp_path):
+    """A second process in a live run's dir would kill its server and write into its aiperf folder."""
+    import os
+    import shutil
+    import signal
+
+    from pipeline import dirlock
+
+    run = tmp_path / "run"
+    shutil.copytree(REPO / "tests/analysis/data/quickstart_run", run)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        p = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--resume", str(run)], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode != 0 and (f"error: --resume: run dir {run} is held by another pipeline process (pid "
+                                      f"{holder.pid}); wait for it to finish or stop it, then resume") in p.stderr
+        assert "run dir:" not in p.stdout  # refused before it started anything
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    with dirlock.exclusive(run):  # the kernel dropped the dead holder's lock: nothing stale to clean
+        assert (run / dirlock.LOCK_NAME).read_text() == f"{os.getpid()}\n"

@@ -1,0 +1,43 @@
+"""One process at a time in a run or sweep dir: `pipeline run`, its `--resume` and `pipeline sweep` hold an
+exclusive lock on the dir while they work in it.
+
+Why: a second process in the same dir would kill the first one's server (the runner stops whatever still
+writes a stage's log before it redoes the stage) and write into the same aiperf folder and manifest. The
+lock is flock(2) on `<dir>/.lock`: the kernel drops it when its holder exits, even on kill -9, so a crashed
+run never leaves a stale lock behind and `--resume` can always take it.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+LOCK_NAME = ".lock"
+
+
+class DirInUse(RuntimeError):
+    """Another live process holds the dir: `pid` names it."""
+
+    def __init__(self, directory: Path, pid: str):
+        super().__init__(f"{directory} is held by another pipeline process (pid {pid})")
+        self.pid = pid
+
+
+@contextmanager
+def exclusive(directory: Path) -> Iterator[None]:
+    """Hold `directory`'s lock for the block, creating the dir if needed; DirInUse if another process holds it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DirInUse(directory, os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
