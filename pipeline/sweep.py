@@ -35,9 +35,20 @@ def create_sweep(sweep_file: str, out: str | None) -> Path:
     write_json_exclusive(paths.manifest, {
         "name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
         "created": now(), "finished": None,
-        "points": {p: {"status": "pending", "recipe": r, "run_dir": str(paths.run_dir(p))}
+        "points": {p: {"status": "pending", "recipe": r, "run_dir": str(paths.run_dir(p).relative_to(root))}
                    for p, r in recipes.items()}})
     return root
+
+
+def point_run_dir(root: Path, point: str, entry: dict) -> Path:
+    """A point's run dir: sweep.json records it relative to the sweep dir, so a resume from another cwd, or of a
+    moved sweep dir, finds it."""
+    rd = Path(entry["run_dir"])
+    if rd.is_absolute():
+        return rd
+    if len(rd.parts) > 2 and rd.parts[-2:] == ("runs", point):
+        return root / "runs" / point  # an older sweep.json: relative to the cwd it was made in, not the sweep dir
+    return root / rd
 
 
 def _point_state(run_dir: Path) -> str:
@@ -51,7 +62,7 @@ def _point_state(run_dir: Path) -> str:
 def _run_point(point: str, entry: dict, root: Path) -> None:
     from pipeline.launch import run_recipe
 
-    run_dir = Path(entry["run_dir"])
+    run_dir = point_run_dir(root, point, entry)
     state = _point_state(run_dir)
     if state == "done":
         progress(f"{point}: finished before (resume): skipped")
@@ -109,11 +120,12 @@ def write_sweep_report(root: Path) -> Path:
 
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
-    status = {p: _point_state(Path(e["run_dir"])) for p, e in doc["points"].items()}
+    run_dirs = {p: point_run_dir(root, p, e) for p, e in doc["points"].items()}
+    status = {p: _point_state(run_dirs[p]) for p in doc["points"]}
     for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
         if status[p] != "done" and e.get("status") == "failed":
             status[p] = "failed: " + e["error"].splitlines()[0][:160].replace("|", "/")
-    done = [{"point": p, "run_dir": e["run_dir"], "gpus": _gpus(e["recipe"], doc["spec"])}
+    done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(e["recipe"], doc["spec"])}
             for p, e in doc["points"].items() if status[p] == "done"]
     df = summary_frame(done)
     png = None

@@ -3,6 +3,8 @@ report says which failed and why, and --resume retries only them (the Slurm e2e 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +49,50 @@ def test_sweep_errors_name_the_fix(tmp_path):
     assert p.returncode != 0 and f"{tmp_path} has no sweep.json; not a sweep dir" in p.stderr
     p = subprocess.run(_pipeline("sweep"), cwd=REPO, capture_output=True, text=True)
     assert "give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR" in p.stderr
+
+
+RECORDED_RUN = REPO / "tests/analysis/data/quickstart_run"  # a finished quickstart run
+
+
+def _failing_sweep(tmp_path: Path, **fields) -> Path:
+    """A sweep whose points, if they ever ran, fail at once (the emulator's hardware profile is missing)."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "f", "base": str(REPO / "recipes/quickstart.yaml"),
+        "overrides": {"accuracy": None, "server": {"args": {"hardware": "/nonexistent/hardware-profile.yaml"},
+                                                   "port": 30431}},
+        "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}, **fields}))
+    return sweep
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_resume_from_another_cwd_or_of_a_moved_sweep_dir_finds_the_finished_runs(tmp_path, monkeypatch):
+    from pipeline.sweep import create_sweep
+
+    sweep = _failing_sweep(tmp_path)
+    made_in, elsewhere = tmp_path / "a", tmp_path / "b"
+    made_in.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(made_in)
+    root = create_sweep(str(sweep), "s")  # a relative --out, as the default runs/<name>-<ts> is
+    monkeypatch.chdir(REPO)
+    for point in ("c1", "c2"):  # both points finished
+        shutil.copytree(RECORDED_RUN, made_in / "s/runs" / point)
+    p = subprocess.run(_pipeline("sweep", "--resume", str(made_in / root)), cwd=elsewhere, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.stdout.count("finished before (resume): skipped") == 2 and not list(elsewhere.iterdir())
+    moved = tmp_path / "moved"
+    (made_in / "s").rename(moved)
+    doc = json.loads((moved / "sweep.json").read_text())
+    assert [e["run_dir"] for e in doc["points"].values()] == ["runs/c1", "runs/c2"]
+    for point, e in doc["points"].items():  # as older sweeps recorded it: relative to the cwd they were made in
+        e["run_dir"] = f"s/runs/{point}"
+    (moved / "sweep.json").write_text(json.dumps(doc))
+    p = subprocess.run(_pipeline("sweep", "--resume", str(moved)), cwd=elsewhere, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.count("finished before (resume): skipped") == 2, p.stdout + p.stderr
+    assert (moved / "sweep_report.md").read_text().count("| done | runs/c") == 2
