@@ -111,8 +111,11 @@ def execute_sweep(root: Path) -> int:
     return 0
 
 
-def _gpus(recipe: dict, spec: dict) -> int:
-    return (recipe.get("placement") or {}).get("gpus_per_arm") or spec.get("gpus_per_server", 1)
+def _gpus(point: str, recipe: dict, spec: dict) -> int:
+    from pipeline.config.sweep import check_point
+
+    # the merged recipe's: a preset (configs/servers/*) may be what sets gpus_per_arm
+    return check_point(point, recipe).placement.gpus_per_arm or spec.get("gpus_per_server", 1)
 
 
 def write_sweep_report(root: Path) -> Path:
@@ -125,7 +128,7 @@ def write_sweep_report(root: Path) -> Path:
     for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
         if status[p] != "done" and e.get("status") == "failed":
             status[p] = "failed: " + e["error"].splitlines()[0][:160].replace("|", "/")
-    done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(e["recipe"], doc["spec"])}
+    done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(p, e["recipe"], doc["spec"])}
             for p, e in doc["points"].items() if status[p] == "done"]
     df = summary_frame(done)
     png = None

@@ -143,7 +143,7 @@ def _bool_arm_keys(d: dict) -> dict:
     return d
 
 
-def check_point(point: str, recipe: dict) -> None:
+def check_point(point: str, recipe: dict) -> Recipe:
     """Validate one point's recipe (presets merged) as `pipeline run` would; the error names the point."""
     import tempfile
 
@@ -152,7 +152,7 @@ def check_point(point: str, recipe: dict) -> None:
         f.write_text(yaml.safe_dump(recipe, sort_keys=False))
         merged = merged_recipe_dict(f)
     try:
-        Recipe.model_validate(merged)
+        return Recipe.model_validate(merged)
     except (ValidationError, RecipeError) as e:
         msg = _format_errors(e, Recipe) if isinstance(e, ValidationError) else str(e)
         raise RecipeError(f"sweep point {point!r}: invalid recipe\n{msg}") from None

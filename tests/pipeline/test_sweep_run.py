@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,3 +97,26 @@ def test_resume_from_another_cwd_or_of_a_moved_sweep_dir_finds_the_finished_runs
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.count("finished before (resume): skipped") == 2, p.stdout + p.stderr
     assert (moved / "sweep_report.md").read_text().count("| done | runs/c") == 2
+
+
+def test_per_gpu_throughput_divides_by_the_gpus_a_preset_gives(tmp_path):
+    import pandas as pd
+
+    from pipeline.sweep import create_sweep, write_sweep_report
+
+    base = yaml.safe_load((REPO / "recipes/mi355x-tp2-c8.yaml").read_text())
+    del base["placement"]["gpus_per_arm"]  # left to the server preset each point names
+    base.update(presets=[], accuracy=None)
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "g", "base": "base.yaml", "gpus_per_server": 1, "points": {
+        "tp2": {"presets": ["servers/qwen3.5-397b-a17b-mtp-tp2"]},
+        "tp4": {"presets": ["servers/qwen3.5-397b-a17b-mtp-tp4"]}}}))
+    root = create_sweep(str(sweep), str(tmp_path / "s"))
+    for point in ("tp2", "tp4"):
+        shutil.copytree(RECORDED_RUN, root / "runs" / point)
+    write_sweep_report(root)
+    df = pd.read_csv(root / "sweep_summary.csv")
+    assert df.groupby("point")["gpus"].first().to_dict() == {"tp2": 2, "tp4": 4}
+    on = df[df["arm"] == "on"].set_index("point")["tput_per_gpu"]
+    assert on["tp2"] == pytest.approx(2 * on["tp4"])  # the same recorded run, divided by 2 and by 4
