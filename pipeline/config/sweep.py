@@ -81,6 +81,9 @@ def _check_name(where: str, name: str) -> None:
     if not re.match(_NAME, str(name)):
         raise ValueError(f"{where}point name {name!r} may hold only letters, digits, '.', '_' and '-' "
                          f"(it names the point's run dir)")
+    if str(name) in (".", ".."):  # runs/. is the runs folder itself, runs/.. the sweep dir
+        raise ValueError(f"{where}point name {name!r} names a folder that exists already, not a run dir of its "
+                         f"own; give a name with a letter, digit, '_' or '-'")
 
 
 def point_overlays(spec: SweepSpec) -> dict[str, dict]:
