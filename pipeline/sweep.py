@@ -80,6 +80,12 @@ def _run_point(point: str, entry: dict, root: Path) -> None:
     run_recipe(str(recipe_file), out=str(run_dir))
 
 
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, SystemExit):  # run_recipe's refusals (a run dir taken by something else): one line each
+        return e.code.removeprefix("error: ") if isinstance(e.code, str) else f"exited with status {e.code}"
+    return f"{type(e).__name__}: {e}"
+
+
 def execute_sweep(root: Path) -> int:
     """Run the points not yet finished, one after another; a failed point is recorded and the rest go on."""
     paths = SweepPaths(root)
@@ -95,8 +101,8 @@ def execute_sweep(root: Path) -> int:
             entry["status"] = "interrupted"
             write_json_atomic(paths.manifest, doc)
             raise
-        except Exception as e:  # one point's failure must not lose the others; its run dir says more
-            entry["status"], entry["error"] = "failed", f"{type(e).__name__}: {e}"[:2000]
+        except (Exception, SystemExit) as e:  # one point's failure must not lose the others; its run dir says more
+            entry["status"], entry["error"] = "failed", _error_text(e)[:2000]
             failed.append(point)
             progress(f"{point}: failed: {entry['error'][:300]}")
         write_json_atomic(paths.manifest, doc)

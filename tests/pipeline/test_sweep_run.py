@@ -120,3 +120,19 @@ def test_per_gpu_throughput_divides_by_the_gpus_a_preset_gives(tmp_path):
     assert df.groupby("point")["gpus"].first().to_dict() == {"tp2": 2, "tp4": 4}
     on = df[df["arm"] == "on"].set_index("point")["tput_per_gpu"]
     assert on["tp2"] == pytest.approx(2 * on["tp4"])  # the same recorded run, divided by 2 and by 4
+
+
+def test_a_point_that_run_refuses_fails_alone(tmp_path):
+    from pipeline.sweep import create_sweep
+
+    root = create_sweep(str(_failing_sweep(tmp_path)), str(tmp_path / "s"))
+    (root / "runs/c1").mkdir(parents=True)
+    (root / "runs/c1/notes.txt").write_text("not a run\n")  # `pipeline run` refuses a non-empty dir it did not make
+    p = subprocess.run(_pipeline("sweep", "--resume", str(root)), cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    points = json.loads((root / "sweep.json").read_text())["points"]
+    assert points["c1"]["status"] == "failed"
+    assert points["c1"]["error"].startswith(f"--out: run dir {root}/runs/c1 already exists and is not empty")
+    assert points["c2"]["status"] == "failed" and "server exited with code 2" in points["c2"]["error"]
+    assert "c1: failed: --out: run dir" in p.stdout and "2 point(s) failed: c1, c2" in p.stdout
