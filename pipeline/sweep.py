@@ -28,10 +28,16 @@ def create_sweep(sweep_file: str, out: str | None) -> Path:
     recipes = point_recipes(spec, Path(sweep_file))
     root = Path(out) if out else Path(spec.output_dir) / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     paths = SweepPaths(root)
+    if root.exists() and not root.is_dir():
+        raise SystemExit(f"error: --out: {root} is a file, not a folder; give a sweep dir that does not exist yet "
+                         f"or is empty")
     if root.exists() and any(root.iterdir()):
         raise SystemExit(f"error: --out: sweep dir {root} already exists and is not empty; use "
                          f"`pipeline sweep --resume {root}` to finish it, or another --out")
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file on the way (--out FILE/sub), no permission, ...
+        raise SystemExit(f"error: --out: cannot make sweep dir {root}: {e.strerror or e}") from None
     write_json_exclusive(paths.manifest, {
         "name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
         "created": now(), "finished": None,

@@ -136,3 +136,14 @@ def test_a_point_that_run_refuses_fails_alone(tmp_path):
     assert points["c1"]["error"].startswith(f"--out: run dir {root}/runs/c1 already exists and is not empty")
     assert points["c2"]["status"] == "failed" and "server exited with code 2" in points["c2"]["error"]
     assert "c1: failed: --out: run dir" in p.stdout and "2 point(s) failed: c1, c2" in p.stdout
+
+
+def test_out_that_is_a_file_is_one_error_line(tmp_path):
+    sweep, taken = _failing_sweep(tmp_path), tmp_path / "notes.txt"
+    taken.write_text("a file\n")
+    for out, says in ((taken, f"error: --out: {taken} is a file, not a folder; give a sweep dir that does not exist"),
+                      (taken / "s", f"error: --out: cannot make sweep dir {taken}/s: Not a directory")):
+        p = subprocess.run(_pipeline("sweep", str(sweep), "--out", str(out)), cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 1 and p.stderr.startswith(says) and p.stderr.count("\n") == 1, p.stderr
+    assert taken.read_text() == "a file\n"
