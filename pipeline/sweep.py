@@ -7,6 +7,7 @@ whose run finished, resumes points whose run started, and starts the rest.
 """
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -93,7 +94,19 @@ def _error_text(e: BaseException) -> str:
 
 
 def execute_sweep(root: Path) -> int:
-    """Run the points not yet finished, one after another; a failed point is recorded and the rest go on."""
+    """Run the points not yet finished, one after another; a failed point is recorded and the rest go on.
+    Ctrl-C or SIGTERM writes the report of the points finished so far, then raises KeyboardInterrupt."""
+    def on_term(signum, frame):  # as within a run (runner.execute), so that SIGTERM between points unwinds too
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return _execute_sweep(root)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _execute_sweep(root: Path) -> int:
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
     failed = []
@@ -106,6 +119,11 @@ def execute_sweep(root: Path) -> int:
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
             write_json_atomic(paths.manifest, doc)
+            progress(f"{point}: interrupted; writing the report of the points finished so far")
+            try:
+                progress(f"report: {write_sweep_report(root)}")
+            except Exception as e:  # the interrupt is what the user must see; a resume writes the report again
+                progress(f"no report: {type(e).__name__}: {e}")
             raise
         except (Exception, SystemExit) as e:  # one point's failure must not lose the others; its run dir says more
             entry["status"], entry["error"] = "failed", _error_text(e)[:2000]

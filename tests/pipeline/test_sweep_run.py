@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +66,12 @@ def _failing_sweep(tmp_path: Path, **fields) -> Path:
                                                    "port": 30431}},
         "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}, **fields}))
     return sweep
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _env() -> dict:
@@ -147,3 +155,34 @@ def test_out_that_is_a_file_is_one_error_line(tmp_path):
                            text=True, timeout=60)
         assert p.returncode == 1 and p.stderr.startswith(says) and p.stderr.count("\n") == 1, p.stderr
     assert taken.read_text() == "a file\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_sweep_reports_what_finished_and_names_the_sweep_resume(tmp_path, wait_for, sig):
+    from pipeline.sweep import create_sweep
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "i", "base": str(REPO / "recipes/quickstart.yaml"),
+        "overrides": {"accuracy": None, "server": {"port": _free_port()},
+                      "load": {"trace": "data/traces/short", "warmup_requests": 4, "benchmark_duration_s": 60}},
+        "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}}))
+    root = create_sweep(str(sweep), str(tmp_path / "s"))
+    shutil.copytree(RECORDED_RUN, root / "runs/c1")  # finished before
+    # SIGINT at its default in the child, as in a terminal (a background test run hands it down ignored)
+    proc = subprocess.Popen(_pipeline("sweep", "--resume", str(root)), cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    c2 = root / "runs/c2/manifest.json"
+    wait_for(lambda: c2.is_file() and json.loads(c2.read_text())["stages"].get("off", {}).get("load", {})
+             .get("status") == "running", 120, proc)
+    proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert f"finished points are kept: pipeline sweep --resume {root}" in err and "pipeline run --resume" not in err
+    report = (root / "sweep_report.md").read_text()
+    assert "| c1 | done |" in report and "| c2 | unfinished |" in report and "Four-point table" in report
+    assert json.loads((root / "sweep.json").read_text())["points"]["c2"]["status"] == "interrupted"
