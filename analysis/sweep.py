@@ -146,13 +146,27 @@ def deltas_md(df: "pd.DataFrame") -> list[str]:
     return lines
 
 
+def md_cell(text: str, limit: int) -> str:
+    """The first line of `text` as one markdown table cell of at most about `limit` characters: no '|', and no
+    backtick left open where the cut fell inside a code span (it would swallow the rest of the row)."""
+    line = (text.splitlines() or [""])[0].replace("|", "/")
+    if len(line) > limit:
+        line = line[:limit].rstrip() + "..."
+    if line.count("`") % 2:
+        i = line.rindex("`")
+        line = line[:i] + line[i + 1:]
+    return line
+
+
 def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], report_dir: Path,
-                    png: Path | None) -> str:
+                    png: Path | None, run_dirs: dict[str, Path] | None = None) -> str:
+    """run_dirs: {point: run dir} of the points that have one, finished or not (else the finished ones' from df)."""
     parts = [f"# Sweep {name}: kernel off vs on across {len(status)} points", "",
              "| point | status | run dir |", "|---|---|---|"]
     for point, st in status.items():
         rd = df[df["point"] == point]["run_dir"] if not df.empty else ()
-        rel = os.path.relpath(rd.iloc[0], report_dir) if len(rd) else ""
+        rd = [run_dirs[point]] if run_dirs and point in run_dirs else list(rd)
+        rel = os.path.relpath(rd[0], report_dir) if rd else ""
         parts.append(f"| {point} | {st} | {rel} |")
     if df.empty:
         return "\n".join(parts + ["", "No point has finished yet: nothing to compare."]) + "\n"

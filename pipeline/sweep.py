@@ -149,7 +149,7 @@ def _gpus(point: str, recipe: dict, spec: dict) -> int:
 
 
 def write_sweep_report(root: Path) -> Path:
-    from analysis.sweep import pareto_plot, summary_frame, sweep_report_md
+    from analysis.sweep import md_cell, pareto_plot, summary_frame, sweep_report_md
 
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
@@ -157,7 +157,7 @@ def write_sweep_report(root: Path) -> Path:
     status = {p: _point_state(run_dirs[p]) for p in doc["points"]}
     for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
         if status[p] != "done" and e.get("status") == "failed":
-            status[p] = "failed: " + e["error"].splitlines()[0][:160].replace("|", "/")
+            status[p] = "failed: " + md_cell(e.get("error") or "", 160)
     done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(p, e["recipe"], doc["spec"])}
             for p, e in doc["points"].items() if status[p] == "done"]
     df = summary_frame(done)
@@ -166,5 +166,6 @@ def write_sweep_report(root: Path) -> Path:
         paths.summary_csv.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(paths.summary_csv, index=False)
         png = pareto_plot(df, paths.pareto_png)
-    write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png))
+    write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png,
+                                                    {p: d for p, d in run_dirs.items() if d.is_dir()}))
     return paths.report

@@ -186,3 +186,22 @@ def test_an_interrupted_sweep_reports_what_finished_and_names_the_sweep_resume(t
     report = (root / "sweep_report.md").read_text()
     assert "| c1 | done |" in report and "| c2 | unfinished |" in report and "Four-point table" in report
     assert json.loads((root / "sweep.json").read_text())["points"]["c2"]["status"] == "interrupted"
+
+
+def test_a_failed_point_shows_its_run_dir_and_its_cut_error_keeps_the_row_whole(tmp_path):
+    from pipeline.sweep import write_sweep_report
+
+    out = tmp_path / "s"
+    p = subprocess.run(_pipeline("sweep", str(_failing_sweep(tmp_path)), "--out", str(out)), cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and (out / "runs/c1/manifest.json").is_file(), p.stdout[-2000:] + p.stderr[-2000:]
+    rows = [r for r in (out / "sweep_report.md").read_text().splitlines() if r.startswith("| c")]
+    assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["runs/c1", "runs/c2"]
+    doc = json.loads((out / "sweep.json").read_text())
+    # the cut at 160 falls inside the code span, which holds a '|'; the second line is the run's traceback
+    doc["points"]["c1"]["error"] = "RunError: " + "x" * 140 + " `python -m a | grep b` " + "y" * 50 + "\nline 2"
+    (out / "sweep.json").write_text(json.dumps(doc))
+    write_sweep_report(out)
+    row = next(r for r in (out / "sweep_report.md").read_text().splitlines() if r.startswith("| c1 |"))
+    assert row.count("`") % 2 == 0 and row.count("|") == 4 and "line 2" not in row, row
+    assert row.startswith("| c1 | failed: RunError: xxx") and row.endswith("... | runs/c1 |"), row
