@@ -150,6 +150,7 @@ def _gpus(point: str, recipe: dict, spec: dict) -> int:
 
 def write_sweep_report(root: Path) -> Path:
     from analysis.sweep import md_cell, pareto_plot, summary_frame, sweep_report_md
+    from pipeline.config.sweep import point_labels
 
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
@@ -158,8 +159,9 @@ def write_sweep_report(root: Path) -> Path:
     for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
         if status[p] != "done" and e.get("status") == "failed":
             status[p] = "failed: " + md_cell(e.get("error") or "", 160)
-    done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(p, e["recipe"], doc["spec"])}
-            for p, e in doc["points"].items() if status[p] == "done"]
+    labels = point_labels(doc["spec"].get("matrix"))  # a matrix's {axis: value}: columns of the CSV
+    done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(p, e["recipe"], doc["spec"]),
+             "labels": labels.get(p, {})} for p, e in doc["points"].items() if status[p] == "done"]
     df = summary_frame(done)
     png = None
     if not df.empty:

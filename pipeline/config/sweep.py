@@ -26,6 +26,9 @@ from pipeline.config.presets import deep_merge, file_kind, merged_recipe_dict, r
 from pipeline.config.recipe import Recipe, _format_errors, _resolve_paths
 
 _NAME = r"^[A-Za-z0-9._-]+$"
+# sweep_summary.csv's own columns (analysis.sweep.point_rows), which an axis's column must not replace
+_SUMMARY_COLUMNS = {"point", "arm", "gpus", "run_dir", "requests", "matched_n"}
+_SUMMARY_PREFIXES = ("d_", "off_", "on_", "inter_", "tput_")
 
 
 class SweepSpec(Strict):
@@ -48,6 +51,9 @@ class SweepSpec(Strict):
         if not m:
             raise ValueError("no axes; give at least one, e.g. {conc: {c8: {load: {concurrency: 8}}}}")
         for axis, values in m.items():
+            if axis in _SUMMARY_COLUMNS or axis.startswith(_SUMMARY_PREFIXES):
+                raise ValueError(f"axis name {axis!r} is a column of sweep_summary.csv already (which holds one "
+                                 f"column per axis); rename the axis")
             if not values:
                 raise ValueError(f"axis {axis!r} has no values; give at least one, e.g. {{c8: {{load: "
                                  f"{{concurrency: 8}}}}}}")
@@ -103,6 +109,15 @@ def point_overlays(spec: SweepSpec) -> dict[str, dict]:
                               f"{point!r}; rename a value so that no two join alike")
         out[point], combos[point] = overlay, names
     return out
+
+
+def point_labels(matrix: dict | None) -> dict[str, dict[str, str]]:
+    """{point: {axis: value name}} of a matrix (SweepSpec.matrix), in point_overlays' order; {} for points."""
+    if not matrix:
+        return {}
+    axes = list(matrix)
+    return {"-".join(names): dict(zip(axes, names))
+            for names in itertools.product(*(map(str, matrix[a]) for a in axes))}
 
 
 def load_sweep(path: str | Path) -> SweepSpec:

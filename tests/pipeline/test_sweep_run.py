@@ -64,7 +64,8 @@ def _failing_sweep(tmp_path: Path, **fields) -> Path:
         "name": "f", "base": str(REPO / "recipes/quickstart.yaml"),
         "overrides": {"accuracy": None, "server": {"args": {"hardware": "/nonexistent/hardware-profile.yaml"},
                                                    "port": 30431}},
-        "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}, **fields}))
+        "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}, **fields},
+        sort_keys=False))
     return sweep
 
 
@@ -205,3 +206,29 @@ def test_a_failed_point_shows_its_run_dir_and_its_cut_error_keeps_the_row_whole(
     row = next(r for r in (out / "sweep_report.md").read_text().splitlines() if r.startswith("| c1 |"))
     assert row.count("`") % 2 == 0 and row.count("|") == 4 and "line 2" not in row, row
     assert row.startswith("| c1 | failed: RunError: xxx") and row.endswith("... | runs/c1 |"), row
+
+
+def _matrix_2x2_done(tmp_path: Path) -> Path:
+    """A 2 x 2 sweep (conc x tp) whose four points finished: each the recorded quickstart run."""
+    from pipeline.sweep import create_sweep
+
+    root = create_sweep(str(_failing_sweep(tmp_path, matrix={
+        "tp": {"tp2": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp2"}}},
+               "tp4": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp4"}}}},
+        "conc": {"c4": {"load": {"concurrency": 4}}, "c8": {"load": {"concurrency": 8}}}})), str(tmp_path / "s"))
+    for point in ("tp2-c4", "tp2-c8", "tp4-c4", "tp4-c8"):
+        shutil.copytree(RECORDED_RUN, root / "runs" / point)
+    return root
+
+
+def test_the_summary_has_a_column_per_matrix_axis(tmp_path):
+    import pandas as pd
+
+    from pipeline.sweep import write_sweep_report
+
+    root = _matrix_2x2_done(tmp_path)
+    write_sweep_report(root)
+    df = pd.read_csv(root / "sweep_summary.csv")
+    assert list(df.columns[:4]) == ["point", "tp", "conc", "gpus"]
+    assert df[["point", "tp", "conc"]].drop_duplicates().values.tolist() == [
+        ["tp2-c4", "tp2", "c4"], ["tp2-c8", "tp2", "c8"], ["tp4-c4", "tp4", "c4"], ["tp4-c8", "tp4", "c8"]]

@@ -56,6 +56,7 @@ def test_explicit_points(tmp_path):
     ({"points": {}}, r"points: no points; give at least one"),
     ({"points": {"a b": {}}}, r"points: point name 'a b' may hold only letters"),
     ({"matrix": {"conc": {"c 4": {}}}}, r"\nmatrix: axis 'conc': point name 'c 4' may hold only letters"),
+    ({"matrix": {"arm": {"a": {}}}}, r"matrix: axis name 'arm' is a column of sweep_summary.csv already"),
     ({"points": {"..": {}}}, r"points: point name '\.\.' names a folder that exists already, not a run dir"),
     ({"matrix": {"conc": {".": {}}}}, r"matrix: axis 'conc': point name '\.' names a folder that exists already"),
     # 2 x 2 values, but 'x-y' + 'z' and 'x' + 'y-z' both join into x-y-z
