@@ -150,7 +150,7 @@ def _gpus(point: str, recipe: dict, spec: dict) -> int:
 
 def write_sweep_report(root: Path) -> Path:
     from analysis.sweep import md_cell, pareto_plot, summary_frame, sweep_report_md
-    from pipeline.config.sweep import point_labels
+    from pipeline.config.sweep import line_axis, point_labels
 
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
@@ -167,7 +167,8 @@ def write_sweep_report(root: Path) -> Path:
     if not df.empty:
         paths.summary_csv.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(paths.summary_csv, index=False)
-        png = pareto_plot(df, paths.pareto_png)
+        png = pareto_plot(df, paths.pareto_png, list(doc["spec"].get("matrix") or {}),
+                          line_axis(doc["spec"].get("matrix")))
     write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png,
                                                     {p: d for p, d in run_dirs.items() if d.is_dir()}))
     return paths.report

@@ -120,6 +120,17 @@ def point_labels(matrix: dict | None) -> dict[str, dict[str, str]]:
             for names in itertools.product(*(map(str, matrix[a]) for a in axes))}
 
 
+def line_axis(matrix: dict | None) -> str | None:
+    """The matrix axis a Pareto line runs along: the one whose values set load.concurrency, else the last (the
+    fastest-varying); None for explicit points."""
+    if not matrix:
+        return None
+    for axis, values in matrix.items():
+        if any(isinstance(ov.get("load"), dict) and "concurrency" in ov["load"] for ov in values.values()):
+            return axis
+    return list(matrix)[-1]
+
+
 def load_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
     data = read_yaml(path, "sweep")

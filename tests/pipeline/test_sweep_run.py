@@ -232,3 +232,25 @@ def test_the_summary_has_a_column_per_matrix_axis(tmp_path):
     assert list(df.columns[:4]) == ["point", "tp", "conc", "gpus"]
     assert df[["point", "tp", "conc"]].drop_duplicates().values.tolist() == [
         ["tp2-c4", "tp2", "c4"], ["tp2-c8", "tp2", "c8"], ["tp4-c4", "tp4", "c4"], ["tp4-c8", "tp4", "c8"]]
+
+
+def test_pareto_lines_stay_within_one_series_of_a_matrix(tmp_path):
+    import pandas as pd
+
+    from analysis.sweep import pareto_lines
+    from pipeline.config.sweep import line_axis
+    from pipeline.sweep import write_sweep_report
+
+    root = _matrix_2x2_done(tmp_path)
+    write_sweep_report(root)
+    assert (root / "plots/pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    matrix = json.loads((root / "sweep.json").read_text())["spec"]["matrix"]
+    assert line_axis(matrix) == "conc"  # the axis that sets load.concurrency, though not the last
+    assert line_axis({"tp": matrix["tp"], "hw": {"h200": {}, "mi355x": {}}}) == "hw"  # none does: the last
+    df = pd.read_csv(root / "sweep_summary.csv")
+    lines = [(arm, series, list(rows["point"])) for arm, series, rows in pareto_lines(df, list(matrix), "conc")]
+    assert lines == [("off", "tp2", ["tp2-c4", "tp2-c8"]), ("off", "tp4", ["tp4-c4", "tp4-c8"]),
+                     ("on", "tp2", ["tp2-c4", "tp2-c8"]), ("on", "tp4", ["tp4-c4", "tp4-c8"])]
+    # explicit points (no axes): one line per arm through every point, in sweep order, as before
+    assert [(arm, list(rows["point"])) for arm, _, rows in pareto_lines(df)] == \
+        [(arm, ["tp2-c4", "tp2-c8", "tp4-c4", "tp4-c8"]) for arm in ("off", "on")]
