@@ -83,25 +83,53 @@ def summary_frame(points: list[dict]) -> "pd.DataFrame":
     return pd.DataFrame(rows)
 
 
-def pareto_plot(df: "pd.DataFrame", path: Path) -> Path:
-    """Interactivity (at TPOT p50, solid; p90, dashed) against output throughput per GPU, off and on,
-    each point with 95% CI bars on both axes."""
+def pareto_lines(df: "pd.DataFrame", axes: list[str] = (),
+                 along: str | None = None) -> list[tuple[str, str, "pd.DataFrame"]]:
+    """[(arm, series, rows)]: the plot's lines. A line joins the points of one arm that differ only in `along` (the
+    matrix axis that sets concurrency), in sweep order; series names the values of the other axes ("" if none),
+    so that a 2 x 2 matrix draws two lines per arm, not one zigzag across TP2 and TP4."""
+    others = [a for a in axes if a != along and a in df.columns]
+    groups = list(df.groupby(others, sort=False)) if others else [((), df)]
+    lines = []
+    for arm in ("off", "on"):
+        for key, g in groups:
+            key = key if isinstance(key, tuple) else (key,)
+            lines.append((arm, ", ".join(map(str, key)), g[g["arm"] == arm]))
+    return lines
+
+
+def pareto_plot(df: "pd.DataFrame", path: Path, axes: list[str] = (), along: str | None = None) -> Path:
+    """Interactivity (at TPOT p50, solid, filled markers; p90, dashed, hollow) against output throughput per GPU,
+    one line per arm (colour) and values of the matrix's other axes (marker), each point with 95% CI bars on
+    both axes and labelled with its `along` value (its point name without a matrix)."""
+    from matplotlib.lines import Line2D
+
     from analysis.plots import COLORS, _figure, _save
 
     fig, ax = _figure("Sweep: interactivity vs output throughput per GPU", "output throughput per GPU (tok/s)",
                       "interactivity (tok/s/user)")
-    for i, arm in enumerate(("off", "on")):
-        a = df[df["arm"] == arm]  # in sweep order: the line follows the matrix (e.g. rising concurrency)
+    lines = pareto_lines(df, axes, along)
+    series = list(dict.fromkeys(s for _, s, _ in lines))
+    markers = "os^Dv<>PX*"
+    for arm, s, a in lines:
+        color, marker = COLORS[("off", "on").index(arm)], markers[series.index(s) % len(markers)]
         x = a["tput_per_gpu"].to_numpy(float)
         xerr = _err(x, a["tput_per_gpu_lo"], a["tput_per_gpu_hi"])
-        for key, style, marker in (("inter_p50", "-", "o"), ("inter_p90", "--", "s")):
+        for key, style, face in (("inter_p50", "-", color), ("inter_p90", "--", "none")):
             y = a[key].to_numpy(float)
-            ax.errorbar(x, y, xerr=xerr, yerr=_err(y, a[f"{key}_lo"], a[f"{key}_hi"]), ls=style,
-                        marker=marker, capsize=4, color=COLORS[i], label=f"{arm}, at TPOT {key[-3:]}")
-        for _, r in a.iterrows():
-            ax.annotate(r["point"], (r["tput_per_gpu"], r["inter_p50"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=7)
-    ax.legend(fontsize=8)
+            ax.errorbar(x, y, xerr=xerr, yerr=_err(y, a[f"{key}_lo"], a[f"{key}_hi"]), ls=style, marker=marker,
+                        mfc=face, capsize=3, color=color)
+        for _, r in a.iterrows():  # off's labels above its markers, on's below: the arms' points sit close
+            ax.annotate(str(r[along]) if along else r["point"], (r["tput_per_gpu"], r["inter_p50"]),
+                        textcoords="offset points", xytext=(4, 4 if arm == "off" else -10), fontsize=7,
+                        color=color)
+    handles = [Line2D([], [], color=COLORS[i], label=arm) for i, arm in enumerate(("off", "on"))]
+    handles += [Line2D([], [], color="gray", ls="-", marker="o", label="at TPOT p50"),
+                Line2D([], [], color="gray", ls="--", marker="o", mfc="none", label="at TPOT p90")]
+    if len(series) > 1:
+        handles += [Line2D([], [], color="gray", ls="none", marker=markers[i % len(markers)], label=s)
+                    for i, s in enumerate(series)]
+    ax.legend(handles=handles, fontsize=7)
     return _save(fig, path)
 
 
@@ -146,13 +174,27 @@ def deltas_md(df: "pd.DataFrame") -> list[str]:
     return lines
 
 
+def md_cell(text: str, limit: int) -> str:
+    """The first line of `text` as one markdown table cell of at most about `limit` characters: no '|', and no
+    backtick left open where the cut fell inside a code span (it would swallow the rest of the row)."""
+    line = (text.splitlines() or [""])[0].replace("|", "/")
+    if len(line) > limit:
+        line = line[:limit].rstrip() + "..."
+    if line.count("`") % 2:
+        i = line.rindex("`")
+        line = line[:i] + line[i + 1:]
+    return line
+
+
 def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], report_dir: Path,
-                    png: Path | None) -> str:
+                    png: Path | None, run_dirs: dict[str, Path] | None = None) -> str:
+    """run_dirs: {point: run dir} of the points that have one, finished or not (else the finished ones' from df)."""
     parts = [f"# Sweep {name}: kernel off vs on across {len(status)} points", "",
              "| point | status | run dir |", "|---|---|---|"]
     for point, st in status.items():
         rd = df[df["point"] == point]["run_dir"] if not df.empty else ()
-        rel = os.path.relpath(rd.iloc[0], report_dir) if len(rd) else ""
+        rd = [run_dirs[point]] if run_dirs and point in run_dirs else list(rd)
+        rel = os.path.relpath(rd[0], report_dir) if rd else ""
         parts.append(f"| {point} | {st} | {rel} |")
     if df.empty:
         return "\n".join(parts + ["", "No point has finished yet: nothing to compare."]) + "\n"

@@ -80,7 +80,11 @@ def cmd_sweep(args) -> int:
     else:
         raise SystemExit("error: give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR")
     progress(f"sweep dir: {root} ({'resuming' if args.resume else 'new'})")
-    return execute_sweep(root)
+    try:
+        return execute_sweep(root)
+    except KeyboardInterrupt as e:  # main's hint names a run; the sweep resumes as a whole
+        print(f"interrupted ({e}); finished points are kept: pipeline sweep --resume {root}", file=sys.stderr)
+        return 130
 
 
 def cmd_eval(args) -> int:

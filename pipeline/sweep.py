@@ -7,6 +7,7 @@ whose run finished, resumes points whose run started, and starts the rest.
 """
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -28,16 +29,33 @@ def create_sweep(sweep_file: str, out: str | None) -> Path:
     recipes = point_recipes(spec, Path(sweep_file))
     root = Path(out) if out else Path(spec.output_dir) / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     paths = SweepPaths(root)
+    if root.exists() and not root.is_dir():
+        raise SystemExit(f"error: --out: {root} is a file, not a folder; give a sweep dir that does not exist yet "
+                         f"or is empty")
     if root.exists() and any(root.iterdir()):
         raise SystemExit(f"error: --out: sweep dir {root} already exists and is not empty; use "
                          f"`pipeline sweep --resume {root}` to finish it, or another --out")
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file on the way (--out FILE/sub), no permission, ...
+        raise SystemExit(f"error: --out: cannot make sweep dir {root}: {e.strerror or e}") from None
     write_json_exclusive(paths.manifest, {
         "name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
         "created": now(), "finished": None,
-        "points": {p: {"status": "pending", "recipe": r, "run_dir": str(paths.run_dir(p))}
+        "points": {p: {"status": "pending", "recipe": r, "run_dir": str(paths.run_dir(p).relative_to(root))}
                    for p, r in recipes.items()}})
     return root
+
+
+def point_run_dir(root: Path, point: str, entry: dict) -> Path:
+    """A point's run dir: sweep.json records it relative to the sweep dir, so a resume from another cwd, or of a
+    moved sweep dir, finds it."""
+    rd = Path(entry["run_dir"])
+    if rd.is_absolute():
+        return rd
+    if len(rd.parts) > 2 and rd.parts[-2:] == ("runs", point):
+        return root / "runs" / point  # an older sweep.json: relative to the cwd it was made in, not the sweep dir
+    return root / rd
 
 
 def _point_state(run_dir: Path) -> str:
@@ -51,7 +69,7 @@ def _point_state(run_dir: Path) -> str:
 def _run_point(point: str, entry: dict, root: Path) -> None:
     from pipeline.launch import run_recipe
 
-    run_dir = Path(entry["run_dir"])
+    run_dir = point_run_dir(root, point, entry)
     state = _point_state(run_dir)
     if state == "done":
         progress(f"{point}: finished before (resume): skipped")
@@ -69,8 +87,26 @@ def _run_point(point: str, entry: dict, root: Path) -> None:
     run_recipe(str(recipe_file), out=str(run_dir))
 
 
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, SystemExit):  # run_recipe's refusals (a run dir taken by something else): one line each
+        return e.code.removeprefix("error: ") if isinstance(e.code, str) else f"exited with status {e.code}"
+    return f"{type(e).__name__}: {e}"
+
+
 def execute_sweep(root: Path) -> int:
-    """Run the points not yet finished, one after another; a failed point is recorded and the rest go on."""
+    """Run the points not yet finished, one after another; a failed point is recorded and the rest go on.
+    Ctrl-C or SIGTERM writes the report of the points finished so far, then raises KeyboardInterrupt."""
+    def on_term(signum, frame):  # as within a run (runner.execute), so that SIGTERM between points unwinds too
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return _execute_sweep(root)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _execute_sweep(root: Path) -> int:
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
     failed = []
@@ -83,9 +119,14 @@ def execute_sweep(root: Path) -> int:
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
             write_json_atomic(paths.manifest, doc)
+            progress(f"{point}: interrupted; writing the report of the points finished so far")
+            try:
+                progress(f"report: {write_sweep_report(root)}")
+            except Exception as e:  # the interrupt is what the user must see; a resume writes the report again
+                progress(f"no report: {type(e).__name__}: {e}")
             raise
-        except Exception as e:  # one point's failure must not lose the others; its run dir says more
-            entry["status"], entry["error"] = "failed", f"{type(e).__name__}: {e}"[:2000]
+        except (Exception, SystemExit) as e:  # one point's failure must not lose the others; its run dir says more
+            entry["status"], entry["error"] = "failed", _error_text(e)[:2000]
             failed.append(point)
             progress(f"{point}: failed: {entry['error'][:300]}")
         write_json_atomic(paths.manifest, doc)
@@ -100,26 +141,34 @@ def execute_sweep(root: Path) -> int:
     return 0
 
 
-def _gpus(recipe: dict, spec: dict) -> int:
-    return (recipe.get("placement") or {}).get("gpus_per_arm") or spec.get("gpus_per_server", 1)
+def _gpus(point: str, recipe: dict, spec: dict) -> int:
+    from pipeline.config.sweep import check_point
+
+    # the merged recipe's: a preset (configs/servers/*) may be what sets gpus_per_arm
+    return check_point(point, recipe).placement.gpus_per_arm or spec.get("gpus_per_server", 1)
 
 
 def write_sweep_report(root: Path) -> Path:
-    from analysis.sweep import pareto_plot, summary_frame, sweep_report_md
+    from analysis.sweep import md_cell, pareto_plot, summary_frame, sweep_report_md
+    from pipeline.config.sweep import line_axis, point_labels
 
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
-    status = {p: _point_state(Path(e["run_dir"])) for p, e in doc["points"].items()}
+    run_dirs = {p: point_run_dir(root, p, e) for p, e in doc["points"].items()}
+    status = {p: _point_state(run_dirs[p]) for p in doc["points"]}
     for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
         if status[p] != "done" and e.get("status") == "failed":
-            status[p] = "failed: " + e["error"].splitlines()[0][:160].replace("|", "/")
-    done = [{"point": p, "run_dir": e["run_dir"], "gpus": _gpus(e["recipe"], doc["spec"])}
-            for p, e in doc["points"].items() if status[p] == "done"]
+            status[p] = "failed: " + md_cell(e.get("error") or "", 160)
+    labels = point_labels(doc["spec"].get("matrix"))  # a matrix's {axis: value}: columns of the CSV
+    done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(p, e["recipe"], doc["spec"]),
+             "labels": labels.get(p, {})} for p, e in doc["points"].items() if status[p] == "done"]
     df = summary_frame(done)
     png = None
     if not df.empty:
         paths.summary_csv.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(paths.summary_csv, index=False)
-        png = pareto_plot(df, paths.pareto_png)
-    write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png))
+        png = pareto_plot(df, paths.pareto_png, list(doc["spec"].get("matrix") or {}),
+                          line_axis(doc["spec"].get("matrix")))
+    write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png,
+                                                    {p: d for p, d in run_dirs.items() if d.is_dir()}))
     return paths.report

@@ -22,10 +22,37 @@ def deep_merge(base: dict, top: dict) -> dict:
     return out
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first: int, again: int):
+        super().__init__(f"key {key!r} is given twice in one mapping (lines {first} and {again}); keep one")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error: YAML keeps the last silently, so a point or
+    an axis value written twice would vanish without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges may override keys by design
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+            except TypeError:  # an unhashable key: the base constructor names it
+                continue
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path, what: str) -> dict:
-    """The mapping in a YAML file; RecipeError (naming `what`) if it is missing, invalid or not a mapping."""
+    """The mapping in a YAML file; RecipeError (naming `what`) if it is missing, invalid, not a mapping, or gives a
+    key twice in one mapping."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except _DuplicateKey as e:
+        raise RecipeError(f"{what}: {path}: {e}") from None
     except FileNotFoundError:
         raise RecipeError(f"{what}: file {str(path)!r} does not exist") from None
     except IsADirectoryError:

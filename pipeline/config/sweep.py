@@ -26,6 +26,9 @@ from pipeline.config.presets import deep_merge, file_kind, merged_recipe_dict, r
 from pipeline.config.recipe import Recipe, _format_errors, _resolve_paths
 
 _NAME = r"^[A-Za-z0-9._-]+$"
+# sweep_summary.csv's own columns (analysis.sweep.point_rows), which an axis's column must not replace
+_SUMMARY_COLUMNS = {"point", "arm", "gpus", "run_dir", "requests", "matched_n"}
+_SUMMARY_PREFIXES = ("d_", "off_", "on_", "inter_", "tput_")
 
 
 class SweepSpec(Strict):
@@ -48,6 +51,9 @@ class SweepSpec(Strict):
         if not m:
             raise ValueError("no axes; give at least one, e.g. {conc: {c8: {load: {concurrency: 8}}}}")
         for axis, values in m.items():
+            if axis in _SUMMARY_COLUMNS or axis.startswith(_SUMMARY_PREFIXES):
+                raise ValueError(f"axis name {axis!r} is a column of sweep_summary.csv already (which holds one "
+                                 f"column per axis); rename the axis")
             if not values:
                 raise ValueError(f"axis {axis!r} has no values; give at least one, e.g. {{c8: {{load: "
                                  f"{{concurrency: 8}}}}}}")
@@ -81,6 +87,9 @@ def _check_name(where: str, name: str) -> None:
     if not re.match(_NAME, str(name)):
         raise ValueError(f"{where}point name {name!r} may hold only letters, digits, '.', '_' and '-' "
                          f"(it names the point's run dir)")
+    if str(name) in (".", ".."):  # runs/. is the runs folder itself, runs/.. the sweep dir
+        raise ValueError(f"{where}point name {name!r} names a folder that exists already, not a run dir of its "
+                         f"own; give a name with a letter, digit, '_' or '-'")
 
 
 def point_overlays(spec: SweepSpec) -> dict[str, dict]:
@@ -100,6 +109,26 @@ def point_overlays(spec: SweepSpec) -> dict[str, dict]:
                               f"{point!r}; rename a value so that no two join alike")
         out[point], combos[point] = overlay, names
     return out
+
+
+def point_labels(matrix: dict | None) -> dict[str, dict[str, str]]:
+    """{point: {axis: value name}} of a matrix (SweepSpec.matrix), in point_overlays' order; {} for points."""
+    if not matrix:
+        return {}
+    axes = list(matrix)
+    return {"-".join(names): dict(zip(axes, names))
+            for names in itertools.product(*(map(str, matrix[a]) for a in axes))}
+
+
+def line_axis(matrix: dict | None) -> str | None:
+    """The matrix axis a Pareto line runs along: the one whose values set load.concurrency, else the last (the
+    fastest-varying); None for explicit points."""
+    if not matrix:
+        return None
+    for axis, values in matrix.items():
+        if any(isinstance(ov.get("load"), dict) and "concurrency" in ov["load"] for ov in values.values()):
+            return axis
+    return list(matrix)[-1]
 
 
 def load_sweep(path: str | Path) -> SweepSpec:
@@ -143,7 +172,7 @@ def _bool_arm_keys(d: dict) -> dict:
     return d
 
 
-def check_point(point: str, recipe: dict) -> None:
+def check_point(point: str, recipe: dict) -> Recipe:
     """Validate one point's recipe (presets merged) as `pipeline run` would; the error names the point."""
     import tempfile
 
@@ -152,7 +181,7 @@ def check_point(point: str, recipe: dict) -> None:
         f.write_text(yaml.safe_dump(recipe, sort_keys=False))
         merged = merged_recipe_dict(f)
     try:
-        Recipe.model_validate(merged)
+        return Recipe.model_validate(merged)
     except (ValidationError, RecipeError) as e:
         msg = _format_errors(e, Recipe) if isinstance(e, ValidationError) else str(e)
         raise RecipeError(f"sweep point {point!r}: invalid recipe\n{msg}") from None

@@ -3,10 +3,15 @@ report says which failed and why, and --resume retries only them (the Slurm e2e 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,3 +52,205 @@ def test_sweep_errors_name_the_fix(tmp_path):
     assert p.returncode != 0 and f"{tmp_path} has no sweep.json; not a sweep dir" in p.stderr
     p = subprocess.run(_pipeline("sweep"), cwd=REPO, capture_output=True, text=True)
     assert "give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR" in p.stderr
+
+
+RECORDED_RUN = REPO / "tests/analysis/data/quickstart_run"  # a finished quickstart run
+
+
+def _failing_sweep(tmp_path: Path, **fields) -> Path:
+    """A sweep whose points, if they ever ran, fail at once (the emulator's hardware profile is missing)."""
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "f", "base": str(REPO / "recipes/quickstart.yaml"),
+        "overrides": {"accuracy": None, "server": {"args": {"hardware": "/nonexistent/hardware-profile.yaml"},
+                                                   "port": 30431}},
+        "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}, **fields},
+        sort_keys=False))
+    return sweep
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_resume_from_another_cwd_or_of_a_moved_sweep_dir_finds_the_finished_runs(tmp_path, monkeypatch):
+    from pipeline.sweep import create_sweep
+
+    sweep = _failing_sweep(tmp_path)
+    made_in, elsewhere = tmp_path / "a", tmp_path / "b"
+    made_in.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(made_in)
+    root = create_sweep(str(sweep), "s")  # a relative --out, as the default runs/<name>-<ts> is
+    monkeypatch.chdir(REPO)
+    for point in ("c1", "c2"):  # both points finished
+        shutil.copytree(RECORDED_RUN, made_in / "s/runs" / point)
+    p = subprocess.run(_pipeline("sweep", "--resume", str(made_in / root)), cwd=elsewhere, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert p.stdout.count("finished before (resume): skipped") == 2 and not list(elsewhere.iterdir())
+    moved = tmp_path / "moved"
+    (made_in / "s").rename(moved)
+    doc = json.loads((moved / "sweep.json").read_text())
+    assert [e["run_dir"] for e in doc["points"].values()] == ["runs/c1", "runs/c2"]
+    for point, e in doc["points"].items():  # as older sweeps recorded it: relative to the cwd they were made in
+        e["run_dir"] = f"s/runs/{point}"
+    (moved / "sweep.json").write_text(json.dumps(doc))
+    p = subprocess.run(_pipeline("sweep", "--resume", str(moved)), cwd=elsewhere, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.count("finished before (resume): skipped") == 2, p.stdout + p.stderr
+    assert (moved / "sweep_report.md").read_text().count("| done | runs/c") == 2
+
+
+def test_per_gpu_throughput_divides_by_the_gpus_a_preset_gives(tmp_path):
+    import pandas as pd
+
+    from pipeline.sweep import create_sweep, write_sweep_report
+
+    base = yaml.safe_load((REPO / "recipes/mi355x-tp2-c8.yaml").read_text())
+    del base["placement"]["gpus_per_arm"]  # left to the server preset each point names
+    base.update(presets=[], accuracy=None)
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "g", "base": "base.yaml", "gpus_per_server": 1, "points": {
+        "tp2": {"presets": ["servers/qwen3.5-397b-a17b-mtp-tp2"]},
+        "tp4": {"presets": ["servers/qwen3.5-397b-a17b-mtp-tp4"]}}}))
+    root = create_sweep(str(sweep), str(tmp_path / "s"))
+    for point in ("tp2", "tp4"):
+        shutil.copytree(RECORDED_RUN, root / "runs" / point)
+    write_sweep_report(root)
+    df = pd.read_csv(root / "sweep_summary.csv")
+    assert df.groupby("point")["gpus"].first().to_dict() == {"tp2": 2, "tp4": 4}
+    on = df[df["arm"] == "on"].set_index("point")["tput_per_gpu"]
+    assert on["tp2"] == pytest.approx(2 * on["tp4"])  # the same recorded run, divided by 2 and by 4
+
+
+def test_a_point_that_run_refuses_fails_alone(tmp_path):
+    from pipeline.sweep import create_sweep
+
+    root = create_sweep(str(_failing_sweep(tmp_path)), str(tmp_path / "s"))
+    (root / "runs/c1").mkdir(parents=True)
+    (root / "runs/c1/notes.txt").write_text("not a run\n")  # `pipeline run` refuses a non-empty dir it did not make
+    p = subprocess.run(_pipeline("sweep", "--resume", str(root)), cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    points = json.loads((root / "sweep.json").read_text())["points"]
+    assert points["c1"]["status"] == "failed"
+    assert points["c1"]["error"].startswith(f"--out: run dir {root}/runs/c1 already exists and is not empty")
+    assert points["c2"]["status"] == "failed" and "server exited with code 2" in points["c2"]["error"]
+    assert "c1: failed: --out: run dir" in p.stdout and "2 point(s) failed: c1, c2" in p.stdout
+
+
+def test_out_that_is_a_file_is_one_error_line(tmp_path):
+    sweep, taken = _failing_sweep(tmp_path), tmp_path / "notes.txt"
+    taken.write_text("a file\n")
+    for out, says in ((taken, f"error: --out: {taken} is a file, not a folder; give a sweep dir that does not exist"),
+                      (taken / "s", f"error: --out: cannot make sweep dir {taken}/s: Not a directory")):
+        p = subprocess.run(_pipeline("sweep", str(sweep), "--out", str(out)), cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 1 and p.stderr.startswith(says) and p.stderr.count("\n") == 1, p.stderr
+    assert taken.read_text() == "a file\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_sweep_reports_what_finished_and_names_the_sweep_resume(tmp_path, wait_for, sig):
+    from pipeline.sweep import create_sweep
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "i", "base": str(REPO / "recipes/quickstart.yaml"),
+        "overrides": {"accuracy": None, "server": {"port": _free_port()},
+                      "load": {"trace": "data/traces/short", "warmup_requests": 4, "benchmark_duration_s": 60}},
+        "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}}))
+    root = create_sweep(str(sweep), str(tmp_path / "s"))
+    shutil.copytree(RECORDED_RUN, root / "runs/c1")  # finished before
+    # SIGINT at its default in the child, as in a terminal (a background test run hands it down ignored)
+    proc = subprocess.Popen(_pipeline("sweep", "--resume", str(root)), cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    c2 = root / "runs/c2/manifest.json"
+    wait_for(lambda: c2.is_file() and json.loads(c2.read_text())["stages"].get("off", {}).get("load", {})
+             .get("status") == "running", 120, proc)
+    proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert f"finished points are kept: pipeline sweep --resume {root}" in err and "pipeline run --resume" not in err
+    report = (root / "sweep_report.md").read_text()
+    assert "| c1 | done |" in report and "| c2 | unfinished |" in report and "Four-point table" in report
+    assert json.loads((root / "sweep.json").read_text())["points"]["c2"]["status"] == "interrupted"
+
+
+def test_a_failed_point_shows_its_run_dir_and_its_cut_error_keeps_the_row_whole(tmp_path):
+    from pipeline.sweep import write_sweep_report
+
+    out = tmp_path / "s"
+    p = subprocess.run(_pipeline("sweep", str(_failing_sweep(tmp_path)), "--out", str(out)), cwd=REPO,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and (out / "runs/c1/manifest.json").is_file(), p.stdout[-2000:] + p.stderr[-2000:]
+    rows = [r for r in (out / "sweep_report.md").read_text().splitlines() if r.startswith("| c")]
+    assert [r.rsplit("|", 2)[1].strip() for r in rows] == ["runs/c1", "runs/c2"]
+    doc = json.loads((out / "sweep.json").read_text())
+    # the cut at 160 falls inside the code span, which holds a '|'; the second line is the run's traceback
+    doc["points"]["c1"]["error"] = "RunError: " + "x" * 140 + " `python -m a | grep b` " + "y" * 50 + "\nline 2"
+    (out / "sweep.json").write_text(json.dumps(doc))
+    write_sweep_report(out)
+    row = next(r for r in (out / "sweep_report.md").read_text().splitlines() if r.startswith("| c1 |"))
+    assert row.count("`") % 2 == 0 and row.count("|") == 4 and "line 2" not in row, row
+    assert row.startswith("| c1 | failed: RunError: xxx") and row.endswith("... | runs/c1 |"), row
+
+
+def _matrix_2x2_done(tmp_path: Path) -> Path:
+    """A 2 x 2 sweep (conc x tp) whose four points finished: each the recorded quickstart run."""
+    from pipeline.sweep import create_sweep
+
+    root = create_sweep(str(_failing_sweep(tmp_path, matrix={
+        "tp": {"tp2": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp2"}}},
+               "tp4": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp4"}}}},
+        "conc": {"c4": {"load": {"concurrency": 4}}, "c8": {"load": {"concurrency": 8}}}})), str(tmp_path / "s"))
+    for point in ("tp2-c4", "tp2-c8", "tp4-c4", "tp4-c8"):
+        shutil.copytree(RECORDED_RUN, root / "runs" / point)
+    return root
+
+
+def test_the_summary_has_a_column_per_matrix_axis(tmp_path):
+    import pandas as pd
+
+    from pipeline.sweep import write_sweep_report
+
+    root = _matrix_2x2_done(tmp_path)
+    write_sweep_report(root)
+    df = pd.read_csv(root / "sweep_summary.csv")
+    assert list(df.columns[:4]) == ["point", "tp", "conc", "gpus"]
+    assert df[["point", "tp", "conc"]].drop_duplicates().values.tolist() == [
+        ["tp2-c4", "tp2", "c4"], ["tp2-c8", "tp2", "c8"], ["tp4-c4", "tp4", "c4"], ["tp4-c8", "tp4", "c8"]]
+
+
+def test_pareto_lines_stay_within_one_series_of_a_matrix(tmp_path):
+    import pandas as pd
+
+    from analysis.sweep import pareto_lines
+    from pipeline.config.sweep import line_axis
+    from pipeline.sweep import write_sweep_report
+
+    root = _matrix_2x2_done(tmp_path)
+    write_sweep_report(root)
+    assert (root / "plots/pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    matrix = json.loads((root / "sweep.json").read_text())["spec"]["matrix"]
+    assert line_axis(matrix) == "conc"  # the axis that sets load.concurrency, though not the last
+    assert line_axis({"tp": matrix["tp"], "hw": {"h200": {}, "mi355x": {}}}) == "hw"  # none does: the last
+    df = pd.read_csv(root / "sweep_summary.csv")
+    lines = [(arm, series, list(rows["point"])) for arm, series, rows in pareto_lines(df, list(matrix), "conc")]
+    assert lines == [("off", "tp2", ["tp2-c4", "tp2-c8"]), ("off", "tp4", ["tp4-c4", "tp4-c8"]),
+                     ("on", "tp2", ["tp2-c4", "tp2-c8"]), ("on", "tp4", ["tp4-c4", "tp4-c8"])]
+    # explicit points (no axes): one line per arm through every point, in sweep order, as before
+    assert [(arm, list(rows["point"])) for arm, _, rows in pareto_lines(df)] == \
+        [(arm, ["tp2-c4", "tp2-c8", "tp4-c4", "tp4-c8"]) for arm in ("off", "on")]

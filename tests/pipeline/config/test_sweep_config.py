@@ -56,6 +56,9 @@ def test_explicit_points(tmp_path):
     ({"points": {}}, r"points: no points; give at least one"),
     ({"points": {"a b": {}}}, r"points: point name 'a b' may hold only letters"),
     ({"matrix": {"conc": {"c 4": {}}}}, r"\nmatrix: axis 'conc': point name 'c 4' may hold only letters"),
+    ({"matrix": {"arm": {"a": {}}}}, r"matrix: axis name 'arm' is a column of sweep_summary.csv already"),
+    ({"points": {"..": {}}}, r"points: point name '\.\.' names a folder that exists already, not a run dir"),
+    ({"matrix": {"conc": {".": {}}}}, r"matrix: axis 'conc': point name '\.' names a folder that exists already"),
     # 2 x 2 values, but 'x-y' + 'z' and 'x' + 'y-z' both join into x-y-z
     ({"matrix": {"a": {"x-y": {}, "x": {}}, "b": {"z": {}, "y-z": {}}}},
      r"matrix: the combinations \['x', 'y-z'\] and \['x-y', 'z'\] both name point 'x-y-z'"),  # keys sorted
@@ -108,3 +111,29 @@ def test_validate_checks_every_point_of_a_sweep(tmp_path):
     assert ok.returncode == 0 and "ok (sweep of 2 points: c4, c8)" in ok.stdout, ok.stderr
     bad = validate(_sweep(tmp_path, points={"good": {}, "bad": {"load": {"concurrency": 0}}}))
     assert bad.returncode != 0 and "sweep point 'bad': invalid recipe" in bad.stderr
+
+
+@pytest.mark.parametrize("text, match", [
+    ("name: s\nbase: b.yaml\npoints:\n  c4: {load: {concurrency: 4}}\n  c8: {}\n  c4: {load: {concurrency: 8}}\n",
+     r"sweep: .*sweep.yaml: key 'c4' is given twice in one mapping \(lines 4 and 6\); keep one$"),
+    ("name: s\nbase: b.yaml\nmatrix:\n  conc: {c4: {}, c4: {load: {concurrency: 8}}}\n",
+     r"sweep: .*sweep.yaml: key 'c4' is given twice in one mapping \(lines 4 and 4\); keep one$"),
+])
+def test_a_key_given_twice_is_refused(tmp_path, text, match):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=match):
+        load_sweep(path)
+
+
+def test_a_recipe_key_given_twice_is_refused(tmp_path):
+    text = (REPO / "recipes/quickstart.yaml").read_text().replace("placement:\n", "placement:\n  mode: concurrent\n")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=r"recipe: .*recipe.yaml: key 'mode' is given twice in one mapping "
+                                          r"\(lines \d+ and \d+\); keep one"):
+        load_recipe(path)
+    merge = tmp_path / "merge.yaml"  # a YAML merge key may override what it merges: not a key given twice
+    merge.write_text("name: s\nbase: b.yaml\nx: &o {a: 1}\npoints:\n  c4: {<<: *o, a: 2}\n")
+    with pytest.raises(RecipeError, match=r"x: unknown field"):
+        load_sweep(merge)
