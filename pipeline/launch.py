@@ -5,6 +5,7 @@ A new run claims its run dir by writing the manifest exclusively; a resume runs 
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from pipeline import dirlock
@@ -62,14 +63,14 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
         run_dir = _new_run_dir(recipe, out)
     else:
         raise SystemExit("error: give a recipe (pipeline run recipe.yaml) or --resume RUN_DIR")
-    lock = dirlock.exclusive(run_dir)
-    try:
-        lock.__enter__()
-    except dirlock.DirInUse as e:
-        if resume:
-            raise SystemExit(f"error: --resume: run dir {e}; wait for it to finish or stop it, then resume") from None
-        raise _run_dir_taken(run_dir, f"is held by another pipeline process (pid {e.pid})") from None
-    try:
+    with ExitStack() as held:
+        try:
+            held.enter_context(dirlock.exclusive(run_dir))
+        except dirlock.DirInUse as e:
+            if resume:
+                raise SystemExit(f"error: --resume: run dir {e}; wait for it to finish or stop it, then "
+                                 "resume") from None
+            raise _run_dir_taken(run_dir, f"is held by another pipeline process (pid {e.pid})") from None
         if resume:
             recipe, manifest = _resume(run_dir, recipe_path)  # read again, now that no one else writes it
             run_id = manifest.data.get("run_id")
@@ -92,8 +93,6 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
               f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
         execute(recipe, plan, manifest, hosts)
         return _report(run_dir)
-    finally:
-        lock.__exit__(None, None, None)
 
 
 def _report(run_dir: Path) -> int:

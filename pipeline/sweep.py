@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import signal
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import yaml
 
+from pipeline import dirlock
 from pipeline.io import read_json, write_json_atomic, write_json_exclusive, write_text_atomic
 from pipeline.manifest import now
 from pipeline.paths import RunPaths, SweepPaths
@@ -99,11 +101,16 @@ def execute_sweep(root: Path) -> int:
     def on_term(signum, frame):  # as within a run (runner.execute), so that SIGTERM between points unwinds too
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        return _execute_sweep(root)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with ExitStack() as held:
+        try:  # two sweeps in one dir would run its points twice, into the same run dirs
+            held.enter_context(dirlock.exclusive(root))
+        except dirlock.DirInUse as e:
+            raise SystemExit(f"error: sweep dir {e}; wait for it to finish or stop it, then resume") from None
+        previous = signal.signal(signal.SIGTERM, on_term)
+        try:
+            return _execute_sweep(root)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _execute_sweep(root: Path) -> int:

@@ -254,3 +254,23 @@ def test_pareto_lines_stay_within_one_series_of_a_matrix(tmp_path):
     # explicit points (no axes): one line per arm through every point, in sweep order, as before
     assert [(arm, list(rows["point"])) for arm, _, rows in pareto_lines(df)] == \
         [(arm, ["tp2-c4", "tp2-c8", "tp4-c4", "tp4-c8"]) for arm in ("off", "on")]
+
+
+def test_a_second_sweep_in_a_sweep_dir_that_another_process_holds_is_refused(tmp_path):
+    """Two sweeps in one dir would run each point twice, into the same run dirs."""
+    from pipeline.sweep import create_sweep
+
+    root = create_sweep(str(_failing_sweep(tmp_path)), str(tmp_path / "s"))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pipeline import dirlock\n"
+                               "with dirlock.exclusive(sys.argv[1]):\n    print('held', flush=True)\n"
+                               "    time.sleep(120)\n", str(root)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        p = subprocess.run(_pipeline("sweep", "--resume", str(root)), cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    assert p.returncode != 0 and (f"error: sweep dir {root} is held by another pipeline process (pid {holder.pid}); "
+                                  "wait for it to finish or stop it, then resume") in p.stderr
+    assert {e["status"] for e in json.loads((root / "sweep.json").read_text())["points"].values()} == {"pending"}
