@@ -209,3 +209,15 @@ class SshHost:
 
     def read_tail(self, path, lines=40) -> str:
         return self.run(["tail", "-n", str(lines), path]).stdout
+
+    def kill_writers(self, log: str) -> list[int]:
+        """SIGKILL the process group of every remote process whose stdout is `log` (how `start` runs a server,
+        under setsid) and return the groups: a server left by a killed run would hold its port. Reads the
+        remote /proc, so a Linux host."""
+        script = ('t=$(readlink -f "$1") || exit 0; for d in /proc/[0-9]*; do '
+                  '[ "$(readlink "$d/fd/1" 2>/dev/null)" = "$t" ] || continue; '
+                  'g=$(ps -o pgid= -p "${d#/proc/}" | tr -d " "); '
+                  '[ -n "$g" ] && [ "$g" != "$(ps -o pgid= -p $$ | tr -d " ")" ] && kill -s KILL -- "-$g" && echo "$g"; '
+                  'done; true')
+        r = self.run(["sh", "-c", script, "sh", log])
+        return sorted({int(g) for g in r.stdout.split() if g.isdigit()})

@@ -80,11 +80,15 @@ def check_same_gpu_models(stages: dict, arm_run: str, job: dict) -> None:
                            f"with hosts.<host>.slurm.constraint")
 
 
-def _kill_leftover(manifest: Manifest, arm_run: ArmRun) -> None:
+def _kill_leftover(manifest: Manifest, arm_run: ArmRun, host: Host | None = None) -> None:
     """A server left running by a killed run would hold the port: stop it if it is still ours. Ours: the
     manifest's pid running the arm's command, or any process writing to the arm's own server log (a kill can
-    land between the server's start and the manifest's record of it)."""
+    land between the server's start and the manifest's record of it). On an SSH host, the latter; a Slurm
+    host cancels the job instead (run_arm)."""
     if arm_run.host != "local":
+        kill_writers = getattr(host, "kill_writers", None)
+        if kill_writers and kill_writers(f"{arm_run.artifact_dir}/server.log"):
+            time.sleep(0.5)
         return
     pids = set(_writing_to(f"{arm_run.artifact_dir}/server.log"))
     pid = manifest.stage(arm_run.name, "server").get("pid")
@@ -139,7 +143,7 @@ def _supersede_half_finished(plan: RunPlan, manifest: Manifest, hosts: dict[str,
         return
     paths = RunPaths(Path(plan.run_dir))
     for a in done:
-        _kill_leftover(manifest, a)
+        _kill_leftover(manifest, a, hosts.get(a.host))
         attempt = manifest.next_attempt(a.name)
         local = paths.arm(a.name).root
         if local.is_dir():
@@ -164,7 +168,7 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
     arm = RunPaths(Path(plan.run_dir)).arm(a.name)
     pending = _pending(plan, manifest, a)
     engine = get_engine(recipe.engine)
-    _kill_leftover(manifest, a)
+    _kill_leftover(manifest, a, host)
     say = lambda stage: (lambda msg: progress_line(a.name, stage, msg))  # noqa: E731
     if hasattr(host, "cancel_leftover"):  # a scheduler's job outlives a hard-killed pipeline
         left = host.cancel_leftover(a.artifact_dir)

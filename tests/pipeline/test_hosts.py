@@ -62,3 +62,21 @@ def test_ssh_unreachable_host_names_the_host_and_fix():
     with pytest.raises(HostError, match=r"host 'gpu-node' \(root@127.0.0.1:\d+\) is unreachable over SSH: .*"
                                         r"Check hosts.gpu-node.address/port/user/key"):
         host.run(["true"])
+
+
+def test_ssh_kill_writers_stops_a_server_a_killed_run_left_behind(sshd, tmp_path):
+    """Its pid lived only in the dead controller: the log it writes to is how a resume finds it."""
+    host = _host(sshd)
+    log = f"{tmp_path}/arm/server.log"
+    left = host.start(["sh", "-c", "echo up; sleep 300 & sleep 300"], env={}, log=log)  # a server and a worker
+    other = host.start(["sleep", "300"], env={}, log=f"{tmp_path}/other.log")
+    time.sleep(0.5)
+    assert left.poll() is None and other.poll() is None
+    assert host.kill_writers(log) == [left.pid]
+    deadline = time.monotonic() + 10  # until init has reaped it: a zombie still answers kill -0
+    while left.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left.poll() == 0 and other.poll() is None  # dead, with its group; the other log's process untouched
+    assert host.run(["sh", "-c", f"pgrep -g {left.pid} || true"]).stdout.strip() == ""
+    assert host.kill_writers(log) == []
+    other.stop(grace_s=1)
