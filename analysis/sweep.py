@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analysis import stats
+from analysis import stats, window
 from analysis.compare import compare, pool
 from analysis.formatting import fmt
 from analysis.rundir import load_run
@@ -20,9 +20,7 @@ from analysis.rundir import load_run
 if TYPE_CHECKING:
     import pandas as pd
 
-# the arm-level figures the plot and the four-point table need: key in analysis.metrics.ARM_METRICS
-PLOT_KEYS = ("inter_p50", "inter_p90", "throughput")
-DELTA_KEYS = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput")
+DELTA_KEYS = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput_equal_window")
 
 
 def arm_ci(values: np.ndarray, sessions: np.ndarray, stat: stats.Stat, n_boot: int = stats.N_BOOT,
@@ -39,17 +37,22 @@ def arm_ci(values: np.ndarray, sessions: np.ndarray, stat: stats.Stat, n_boot: i
     return est, float(lo), float(hi)
 
 
-def _arm_figures(runs, gpus: int) -> dict:
-    d = pool(runs)
-    ok = d.ok
-    tpot, osl, sess = ok["tpot_ms"].to_numpy(float), ok["osl"].to_numpy(float), ok["conversation_id"].to_numpy()
+def _arm_figures(runs, gpus: int, window_s: float) -> dict:
+    """Interactivity at TPOT p50 / p90, and output tokens a second a GPU over the point's equal window
+    (analysis.window): a point whose last requests spill into the grace period, where few requests are left in
+    flight, must not get a lower throughput for it; each with its session-bootstrap CI."""
+    ok = pool(runs).ok
+    tpot, sess = ok["tpot_ms"].to_numpy(float), ok["conversation_id"].to_numpy()
     keep = np.isfinite(tpot)
     out = {}
     for key, q in (("inter_p50", 50), ("inter_p90", 90)):
         out[key], out[f"{key}_lo"], out[f"{key}_hi"] = arm_ci(tpot[keep], sess[keep],
                                                               stats.inverse_quantile_stat(q))
-    keep = np.isfinite(osl)
-    t, lo, hi = arm_ci(osl[keep], sess[keep], stats.rate_stat(d.window_s * gpus))
+    tokens = [window.tokens_in_window(r.records, window.window_start_ns(r.records, r.phase_window_ns), window_s)
+              for r in runs]
+    t_sess = np.concatenate([r.records.loc[t.index, "conversation_id"].to_numpy() for r, t in zip(runs, tokens)])
+    t, lo, hi = arm_ci(np.concatenate([t.to_numpy(float) for t in tokens]), t_sess,
+                       stats.rate_stat(window_s * len(runs) * gpus))
     out.update(tput_per_gpu=t, tput_per_gpu_lo=lo, tput_per_gpu_hi=hi, requests=int(len(ok)))
     return out
 
@@ -58,19 +61,19 @@ def point_rows(point: str, run_dir: Path, gpus: int, labels: dict[str, str]) -> 
     """Two rows (off, on) for one point: arm figures with CIs, and the on-vs-off deltas with CIs."""
     run = load_run(run_dir)
     by_arm = {arm: [r for r in run.arm_runs if r.arm == arm] for arm in ("off", "on")}
-    c = compare(by_arm["off"], by_arm["on"], "off", "on")
+    duration = ((run.manifest.get("recipe") or {}).get("load") or {}).get("benchmark_duration_s")
+    c = compare(by_arm["off"], by_arm["on"], "off", "on", duration_s=duration)
     deltas = {}
     for _, r in c.arm_table.iterrows():
         if r["key"] in DELTA_KEYS:
             deltas.update({f"d_{r['key']}": r["delta_pct"], f"d_{r['key']}_lo": r["lo"],
                            f"d_{r['key']}_hi": r["hi"], f"off_{r['key']}": r["a"], f"on_{r['key']}": r["b"]})
-    tpot = c.matched[c.matched["key"] == "tpot_ms"] if not c.matched.empty else c.matched
-    if len(tpot):
-        t = tpot.iloc[0]
-        deltas.update(d_matched_tpot=t["delta_pct"], d_matched_tpot_lo=t["lo"], d_matched_tpot_hi=t["hi"],
-                      matched_n=int(t["n"]))
+    e = c.primary  # the run's verdict: the same statistic, so the sweep never disagrees with a point's report
+    if e is not None and e.n:
+        deltas.update(d_matched_tpot=e.pct, d_matched_tpot_lo=e.lo, d_matched_tpot_hi=e.hi, matched_n=e.n)
+    w = window.equal_window([r.window_s for r in by_arm["off"] + by_arm["on"]], duration)
     base = {"point": point, **labels, "gpus": gpus, "run_dir": str(run_dir)}
-    return [{**base, "arm": arm, **_arm_figures(by_arm[arm], gpus), **deltas} for arm in ("off", "on")]
+    return [{**base, "arm": arm, **_arm_figures(by_arm[arm], gpus, w), **deltas} for arm in ("off", "on")]
 
 
 def summary_frame(points: list[dict]) -> "pd.DataFrame":
@@ -153,7 +156,7 @@ def _pair(off, on, key: str) -> str:
 
 def four_point_md(df: "pd.DataFrame") -> list[str]:
     """The MI355X reference's table shape: one row per point, off / on and the delta with its CI."""
-    lines = ["| point | matched TPOT delta | TPOT p50 ms off / on | interactivity p50 off / on (delta) "
+    lines = ["| point | matched TPOT delta (the verdict) | TPOT p50 ms off / on | interactivity p50 off / on (delta) "
              "| interactivity p90 off / on (delta) | tok/s/GPU off / on (delta) |",
              "|---|---|---|---|---|---|"]
     for point, g in df.groupby("point", sort=False):
@@ -161,12 +164,12 @@ def four_point_md(df: "pd.DataFrame") -> list[str]:
         lines.append(f"| {point} | {_delta(on, 'matched_tpot')} | {fmt(on.get('off_tpot_p50'))} / "
                      f"{fmt(on.get('on_tpot_p50'))} | {_pair(off, on, 'inter_p50')} ({_delta(on, 'inter_p50')}) "
                      f"| {_pair(off, on, 'inter_p90')} ({_delta(on, 'inter_p90')}) "
-                     f"| {_pair(off, on, 'tput_per_gpu')} ({_delta(on, 'throughput')}) |")
+                     f"| {_pair(off, on, 'tput_per_gpu')} ({_delta(on, 'throughput_equal_window')}) |")
     return lines
 
 
 def deltas_md(df: "pd.DataFrame") -> list[str]:
-    keys = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput")
+    keys = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput_equal_window")
     lines = ["| point | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for point, g in df.groupby("point", sort=False):
         on = g[g["arm"] == "on"].iloc[0]
@@ -206,5 +209,7 @@ def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], repor
                   f"![pareto]({os.path.relpath(png, report_dir)})", "",
                   "Each marker is one point and arm; bars are 95% CIs from resampling whole sessions. "
                   "Interactivity = 1000 / TPOT[ms] at the TPOT p50 (solid) and p90 (dashed). Throughput per "
-                  "GPU = output tokens of completed requests / measured window / GPUs per server.", ""]
+                  "GPU = output tokens emitted in the point's equal window (the recipe's duration from the "
+                  "profiling start, as report.md's equal-window row) / that window / GPUs per server. The matched "
+                  "TPOT delta is each run's verdict: its report's primary estimate and CI.", ""]
     return "\n".join(parts)

@@ -36,12 +36,17 @@ def test_summary_of_a_recorded_run_matches_its_report(tmp_path):
     df = summary_frame([{"point": "c8", "run_dir": str(RUN), "gpus": 2}])
     assert list(df["arm"]) == ["off", "on"]
     run = load_run(RUN)
-    c = compare([r for r in run.arm_runs if r.arm == "off"], [r for r in run.arm_runs if r.arm == "on"], "off", "on")
-    tput = c.arm_table.set_index("key").loc["throughput"]
+    duration = run.manifest["recipe"]["load"]["benchmark_duration_s"]
+    c = compare([r for r in run.arm_runs if r.arm == "off"], [r for r in run.arm_runs if r.arm == "on"], "off", "on",
+                duration_s=duration)
+    tput = c.arm_table.set_index("key").loc["throughput_equal_window"]
     on = df[df["arm"] == "on"].iloc[0]
-    # the same deltas and CIs as the single-run report
-    assert on["d_throughput"] == pytest.approx(tput["delta_pct"]) and on["d_throughput_lo"] == pytest.approx(tput["lo"])
-    # per GPU: the arm's throughput halved; interactivity = 1000 / TPOT p50
+    # the same deltas and CIs as the single-run report, and its verdict as the matched TPOT delta
+    assert on["d_throughput_equal_window"] == pytest.approx(tput["delta_pct"])
+    assert on["d_throughput_equal_window_lo"] == pytest.approx(tput["lo"])
+    assert (on["d_matched_tpot"], on["d_matched_tpot_lo"], on["matched_n"]) == pytest.approx(
+        (c.primary.pct, c.primary.lo, c.primary.n))
+    # per GPU: the arm's equal-window throughput halved; interactivity = 1000 / TPOT p50
     assert on["tput_per_gpu"] == pytest.approx(tput["b"] / 2)
     assert on["inter_p50"] == pytest.approx(c.arm_table.set_index("key").loc["inter_p50", "b"])
     for arm in ("off", "on"):
