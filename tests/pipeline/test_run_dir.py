@@ -70,7 +70,7 @@ def test_two_runs_started_at_once_on_one_dir_one_wins(tmp_path):
             assert refused[0].returncode != 0 and re.search(
                 rf"error: --out: run dir {re.escape(str(out))} (already exists and is not empty|was claimed by "
                 rf"another `pipeline run` started at the same time|is held by another pipeline process "
-                rf"\(pid \d+\)); a run never overwrites or shares another's "
+                rf"\(pid (\d+|unknown)\)); a run never overwrites or shares another's "
                 rf"dir\. Use `pipeline run --resume {re.escape(str(out))}` to finish that run, or another --out",
                 refused[0].stderr), refused[0].stderr
 
