@@ -144,7 +144,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
 
 
 def point_recipes(spec: SweepSpec, sweep_file: Path) -> dict[str, dict]:
-    """{point: recipe dict}, each validated; relative paths resolved against the base recipe's folder."""
+    """{point: recipe dict}, each validated. A relative path resolves against the folder of the file that
+    wrote it: the base recipe's paths against its folder, the sweep's overrides and matrix against the sweep
+    file's."""
     base_path = (Path(sweep_file).resolve().parent / spec.base).resolve()
     if not base_path.is_file():
         what = "is a directory" if base_path.is_dir() else "does not exist"
@@ -154,11 +156,12 @@ def point_recipes(spec: SweepSpec, sweep_file: Path) -> dict[str, dict]:
     if file_kind(raw) == "sweep":
         raise RecipeError(f"base: {str(base_path)!r} is a sweep file; `base` names a recipe (one with `arms`), "
                           f"such as the base of that sweep")
+    base = _resolve_paths(_bool_arm_keys(raw), base_path.parent)
     out = {}
     for point, overlay in point_overlays(spec).items():
-        d = deep_merge(deep_merge(raw, spec.overrides), overlay)
+        ours = _resolve_paths(_bool_arm_keys(deep_merge(spec.overrides, overlay)), Path(sweep_file).resolve().parent)
+        d = deep_merge(base, ours)
         d["name"] = f"{spec.name}-{point}"
-        d = _resolve_paths(_bool_arm_keys(d), base_path.parent)
         out[point] = d
         check_point(point, d)
     return out

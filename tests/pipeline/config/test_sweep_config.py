@@ -36,6 +36,18 @@ def test_matrix_is_the_cross_product_in_order(tmp_path):
     assert Path(r["load"]["trace"]).is_absolute() and Path(r["load"]["trace"]).is_dir()
 
 
+def test_a_relative_path_resolves_against_the_file_that_wrote_it(tmp_path):
+    """The sweep's own paths against the sweep file's folder, the base's against the base's."""
+    import shutil
+
+    shutil.copytree(REPO / "recipes/data/traces/short", tmp_path / "mytrace")
+    path = _sweep(tmp_path, matrix={"conc": {"c4": {"load": {"concurrency": 4}},
+                                             "c8": {"load": {"concurrency": 8, "trace": "mytrace"}}}})
+    recipes = point_recipes(load_sweep(path), path)
+    assert recipes["c8"]["load"]["trace"] == str(tmp_path / "mytrace")
+    assert recipes["c4"]["load"]["trace"] == str(REPO / "recipes/data/traces/quickstart")
+
+
 def test_shipped_sweeps_expand():
     for path in sorted((REPO / "recipes").glob("sweep-*.yaml")):
         recipes = point_recipes(load_sweep(path), path)
