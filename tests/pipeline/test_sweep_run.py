@@ -166,7 +166,7 @@ def test_an_interrupted_sweep_reports_what_finished_and_names_the_sweep_resume(t
     sweep.write_text(yaml.safe_dump({
         "name": "i", "base": str(REPO / "recipes/quickstart.yaml"),
         "overrides": {"accuracy": None, "server": {"port": _free_port()},
-                      "load": {"trace": "data/traces/short", "warmup_requests": 4, "benchmark_duration_s": 60}},
+                      "load": {"trace": str(REPO / "recipes/data/traces/short"), "warmup_requests": 4, "benchmark_duration_s": 60}},
         "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}}))
     root = create_sweep(str(sweep), str(tmp_path / "s"))
     shutil.copytree(RECORDED_RUN, root / "runs/c1")  # finished before
