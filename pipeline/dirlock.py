@@ -12,7 +12,7 @@ import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 LOCK_NAME = ".lock"
 
@@ -26,8 +26,9 @@ class DirInUse(RuntimeError):
 
 
 @contextmanager
-def exclusive(directory: Path) -> Iterator[None]:
-    """Hold `directory`'s lock for the block, creating the dir if needed; DirInUse if another process holds it."""
+def exclusive(directory: Path, refusal: Callable[[DirInUse], str] | None = None) -> Iterator[None]:
+    """Hold `directory`'s lock for the block, creating the dir if needed. If another process holds it: DirInUse,
+    or with `refusal`, SystemExit(refusal(that DirInUse)): the command line's one-line refusal."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
@@ -35,7 +36,10 @@ def exclusive(directory: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DirInUse(directory, os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown") from None
+            in_use = DirInUse(directory, os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown")
+            if refusal:
+                raise SystemExit(refusal(in_use)) from None
+            raise in_use from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -5,7 +5,6 @@ A new run claims its run dir by writing the manifest exclusively; a resume runs 
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 from pipeline import dirlock
@@ -58,30 +57,29 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
     if resume:
         run_dir = Path(resume)
         _resume(run_dir, recipe_path)  # its errors before the lock creates anything in a wrong path
+
+        def refusal(e):
+            return f"error: --resume: run dir {e}; wait for it to finish or stop it, then resume"
     elif recipe_path:
         recipe = _load(recipe_path)
         run_dir = _new_run_dir(recipe, out)
-    else:
-        raise SystemExit("error: give a recipe (pipeline run recipe.yaml) or --resume RUN_DIR")
-    with ExitStack() as held:
-        try:
-            held.enter_context(dirlock.exclusive(run_dir))
-        except dirlock.DirInUse as e:
-            if resume:
-                raise SystemExit(f"error: --resume: run dir {e}; wait for it to finish or stop it, then "
-                                 "resume") from None
-            raise _run_dir_taken(run_dir, f"is held by another pipeline process (pid {e.pid})") from None
-        if resume:
-            recipe, manifest = _resume(run_dir, recipe_path)  # read again, now that no one else writes it
-            run_id = manifest.data.get("run_id")
-        else:
-            created = now()
-            run_id = new_run_id(run_dir, created)
+        created = now()
+        run_id = new_run_id(run_dir, created)
         plan = build_plan(recipe, run_dir, run_id)
         hosts = make_hosts(recipe)
-        if not resume:
-            facts = host_facts(recipe, hosts)
-            check_matched_gpus(plan, facts)
+        facts = host_facts(recipe, hosts)  # before the lock makes the dir: a failed check leaves nothing behind
+        check_matched_gpus(plan, facts)
+
+        def refusal(e):
+            return _run_dir_taken(run_dir, f"is held by another pipeline process (pid {e.pid})").code
+    else:
+        raise SystemExit("error: give a recipe (pipeline run recipe.yaml) or --resume RUN_DIR")
+    with dirlock.exclusive(run_dir, refusal):
+        if resume:
+            recipe, manifest = _resume(run_dir, recipe_path)  # read again, now that no one else writes it
+            plan = build_plan(recipe, run_dir, manifest.data.get("run_id"))
+            hosts = make_hosts(recipe)
+        else:
             try:
                 manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
                                            recipe_path=str(recipe_path), plan=plan.to_dict(), hosts=facts,

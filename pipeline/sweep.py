@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import yaml
@@ -101,11 +100,8 @@ def execute_sweep(root: Path) -> int:
     def on_term(signum, frame):  # as within a run (runner.execute), so that SIGTERM between points unwinds too
         raise KeyboardInterrupt(f"signal {signum}")
 
-    with ExitStack() as held:
-        try:  # two sweeps in one dir would run its points twice, into the same run dirs
-            held.enter_context(dirlock.exclusive(root))
-        except dirlock.DirInUse as e:
-            raise SystemExit(f"error: sweep dir {e}; wait for it to finish or stop it, then resume") from None
+    # two sweeps in one dir would run its points twice, into the same run dirs
+    with dirlock.exclusive(root, lambda e: f"error: sweep dir {e}; wait for it to finish or stop it, then resume"):
         previous = signal.signal(signal.SIGTERM, on_term)
         try:
             return _execute_sweep(root)

@@ -3,6 +3,7 @@ are keyed by a run id that the manifest keeps for --resume."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -182,3 +183,20 @@ def test_a_resume_refuses_a_run_dir_another_process_holds_and_takes_it_once_that
         holder.wait()
     with dirlock.exclusive(run):  # the kernel dropped the dead holder's lock: nothing stale to clean
         assert (run / dirlock.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+
+
+def test_a_new_run_refused_by_its_host_check_leaves_no_run_dir(tmp_path):
+    # nvidia-smi is the interface the host check reads; this one reports GPU 0 and GPU 1 as different models
+    smi = tmp_path / "bin/nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA H200, u0, 1980, 1980, 3201, 143771, 570'\n"
+                   "echo '1, NVIDIA H100 80GB HBM3, u1, 1980, 1980, 2619, 81559, 570'\n")
+    smi.chmod(0o755)
+    recipe = write_recipe(tmp_path, hosts={"local": {"kind": "local", "gpus": [0, 1]}},
+                          placement={"mode": "concurrent", "hosts": ["local"], "gpus_per_arm": 1})
+    out = tmp_path / "run"
+    env = {**os.environ, "PATH": f"{smi.parent}:{os.environ['PATH']}"}
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(recipe), "--out", str(out)], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "concurrent arms got GPUs of different models" in p.stderr, p.stderr[-2000:]
+    assert not out.exists()
