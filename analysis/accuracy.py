@@ -38,17 +38,36 @@ def tasks_of(arm: ArmPaths) -> list[str]:
     return sorted(names)
 
 
-def _records(arm: ArmPaths, task: str) -> list[dict[str, Any]] | None:
-    """The arm's per-question records; None where the file is missing or torn (paired_comparison names which)."""
-    try:
-        return read_jsonl(arm.accuracy_records(task))
-    except (OSError, AnalysisError):
-        return None
+class TaskRecords:
+    """Each arm's per-question records of one task (accuracy/<task>.jsonl), read once however many tables
+    and checks use them."""
+
+    def __init__(self, task: str):
+        self.task = task
+        self._read: dict[str, tuple[list[dict[str, Any]] | None, str]] = {}
+
+    def rows(self, arm: ArmPaths) -> list[dict[str, Any]] | None:
+        """The records; None where the file is missing or torn (`why_none` says which)."""
+        return self._get(arm)[0]
+
+    def why_none(self, arm: ArmPaths) -> str:
+        return self._get(arm)[1]
+
+    def _get(self, arm: ArmPaths) -> tuple[list[dict[str, Any]] | None, str]:
+        path = arm.accuracy_records(self.task)
+        if str(path) not in self._read:
+            try:  # read_jsonl names a torn line, which the accuracy stage's own reader would skip
+                self._read[str(path)] = (read_jsonl(path), "")
+            except FileNotFoundError:
+                self._read[str(path)] = (None, f"{path} missing")
+            except (OSError, AnalysisError) as e:
+                self._read[str(path)] = (None, str(e))
+        return self._read[str(path)]
 
 
-def arm_accuracy(arm: ArmPaths, task: str) -> dict[str, Any] | None:
+def arm_accuracy(arm: ArmPaths, task: str, records: TaskRecords | None = None) -> dict[str, Any] | None:
     """{accuracy, n, questions, repeats, failed} from the per-question file, else from the summary."""
-    rows = _records(arm, task)  # missing or torn: the summary's numbers below
+    rows = (records or TaskRecords(task)).rows(arm)  # missing or torn: the summary's numbers below
     if rows:
         # A failed record counts as wrong: the denominator is every question asked (as the summary does).
         correct = [bool(r.get("correct")) for r in rows]
@@ -75,23 +94,19 @@ def arm_accuracy(arm: ArmPaths, task: str) -> dict[str, Any] | None:
     return None
 
 
-def paired_comparison(task: str, a: ArmPaths, b: ArmPaths, a_label: str = "off",
+def paired_comparison(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str = "off",
                       b_label: str = "on") -> tuple[str, list[str]]:
     """(table cell, discordant-question lines) from pipeline.accuracy.compare, which owns the paired tests."""
     try:
-        from pipeline.accuracy.compare import compare_files
+        from pipeline.accuracy.compare import compare_records
     except ImportError:
         return "paired test not available (pipeline.accuracy.compare missing)", []
-    missing = [str(p) for p in (a.accuracy_records(task), b.accuracy_records(task)) if not p.is_file()]
-    if missing:  # an arm's numbers came from its summary alone: no question can be paired
-        return f"paired test not possible: {', '.join(missing)} missing", []
+    unread = [records.why_none(arm) for arm in (a, b) if records.rows(arm) is None]
+    if unread:  # an arm's numbers came from its summary alone: no question can be paired
+        return f"paired test not possible: {'; '.join(unread)}", []
     try:
-        for arm in (a, b):
-            read_jsonl(arm.accuracy_records(task))  # names a torn line, which the stage's reader would skip
-    except AnalysisError as e:
-        return f"paired test not possible: {e}", []
-    try:
-        result = compare_files(task, a.accuracy_records(task), b.accuracy_records(task))
+        result = compare_records(records.task, *([r for r in records.rows(arm) if isinstance(r, dict) and
+                                                  {"id", "repeat"} <= r.keys()] for arm in (a, b)))
     except (KeyError, ValueError, TypeError) as e:  # a malformed record file must not sink the whole report
         return f"paired test failed: {type(e).__name__}: {e}", []
     disc = list(getattr(result.test, "discordant", ()))
@@ -102,7 +117,8 @@ def paired_comparison(task: str, a: ArmPaths, b: ArmPaths, a_label: str = "off",
     return result.cell(a_label, b_label).replace("|", "/"), lines
 
 
-def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, note: str = "") -> list[str]:
+def identity_lines(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str,
+                   note: str = "") -> list[str]:
     """Outputs compared answer by answer (analysis.outputs): how many are identical, where the others first
     differ, in words (tokens, for the emulator), and, where both arms kept logprobs, how far the chosen
     tokens' logprobs moved over the tokens the answers share."""
@@ -110,7 +126,7 @@ def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: s
 
     from analysis.outputs import identity_summary, logprob_drift, output_identity
 
-    recs = [_records(p, task) for p in (a, b)]
+    task, recs = records.task, [records.rows(p) for p in (a, b)]
     if None in recs:
         return []
     ra, rb = (pd.DataFrame(r) for r in recs)
@@ -135,15 +151,15 @@ def identity_lines(task: str, a: ArmPaths, b: ArmPaths, a_label: str, b_label: s
     return lines + drift
 
 
-def ignored_prompt_lines(task: str, arms: dict) -> list[str]:
+def ignored_prompt_lines(records: TaskRecords, arms: dict) -> list[str]:
     """One warning naming the arm runs ({label: ArmPaths}) that gave every question of `task` one and the same
     answer: their model ignores the prompt (sglang's `load_format: dummy` weights do), so no kernel change
     could show in their outputs or logprobs, and identity between them proves nothing."""
     import pandas as pd
 
-    blind, questions = [], 0
+    task, blind, questions = records.task, [], 0
     for label, paths in arms.items():
-        rows = _records(paths, task)
+        rows = records.rows(paths)
         r = pd.DataFrame(rows) if rows is not None else None
         if r is not None and {"id", "output"} <= set(r.columns) and r["id"].nunique() >= 2 \
                 and r["output"].nunique() == 1:
@@ -202,19 +218,20 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
     discordant: list[str] = []
     identity: list[str] = []
     for t in tasks:
-        ra, rb = arm_accuracy(a, t), arm_accuracy(b, t)
+        records = TaskRecords(t)
+        ra, rb = arm_accuracy(a, t, records), arm_accuracy(b, t, records)
         fa, fb = _cell(ra), _cell(rb)
         dd = f"{(rb['accuracy'] - ra['accuracy']) * 100:+.1f}" if ra and rb else "-"
         n = f"{ra['n'] if ra else '-'} / {rb['n'] if rb else '-'}"
         failed = f"{ra['failed'] if ra else '-'} / {rb['failed'] if rb else '-'}"
-        test, disc = paired_comparison(t, a, b, a_label, b_label) if ra and rb else ("-", [])
+        test, disc = paired_comparison(records, a, b, a_label, b_label) if ra and rb else ("-", [])
         lines.append(f"| {t} | {fa} | {fb} | {dd} | {n} | {failed} | {test} |")
         if disc:
             discordant += ["", f"Discordant questions, {t} ({a_label} -> {b_label}):", *disc]
         pairs = [(a, b, a_label, b_label, "")] + [(*r, ", A/A baseline") for r in repeats]
         for x, y, x_label, y_label, note in pairs:
-            if x.accuracy_records(t).is_file() and y.accuracy_records(t).is_file():
-                identity += ["", *identity_lines(t, x, y, x_label, y_label, note)]
-        identity += ignored_prompt_lines(t, {label: arm for x, y, x_label, y_label, _ in pairs
+            if records.rows(x) is not None and records.rows(y) is not None:
+                identity += ["", *identity_lines(records, x, y, x_label, y_label, note)]
+        identity += ignored_prompt_lines(records, {label: arm for x, y, x_label, y_label, _ in pairs
                                              for label, arm in ((x_label, x), (y_label, y))})
     return lines + identity + discordant
