@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis import stats
+from analysis.load import root_sessions
 from analysis.metrics import match_requests
 
 if TYPE_CHECKING:
@@ -81,9 +82,9 @@ def matched_acceptance(a: "pd.DataFrame", b: "pd.DataFrame", n_boot: int = stats
     if pairs.empty:
         return None
     xa, xb = pairs["accept_len_a"].to_numpy(float), pairs["accept_len_b"].to_numpy(float)
-    d = stats.paired_ratio_bootstrap(xa, xb, pairs["conversation_id"].to_numpy(), n_boot, seed)
+    d = stats.paired_ratio_bootstrap(xa, xb, root_sessions(pairs["conversation_id"]), n_boot, seed)
     lower, higher, _ = stats.sign_test(xb - xa)
-    p = stats.session_sign_test(xb - xa, pairs["conversation_id"].to_numpy())
+    p = stats.session_sign_test(xb - xa, root_sessions(pairs["conversation_id"]))
     return {"n": len(pairs), "a": d.a, "b": d.b, "delta": d, "lower": lower, "higher": higher, "sign_p": p,
             "same": int(np.sum(xa == xb))}
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from analysis import estimate as est
 from analysis import stats, window
+from analysis.load import root_sessions
 from analysis.metrics import ArmData, arm_deltas, match_counts, match_requests, matched_deltas, per_request_delta
 from analysis.rundir import ArmRun
 
@@ -90,14 +91,15 @@ def equal_window_row(a_runs: list[ArmRun], b_runs: list[ArmRun], duration_s: flo
                      n_boot: int, seed: int) -> dict:
     """Arm-table row: output tokens per second inside the same window W in every arm run."""
     w = window.equal_window([r.window_s for r in a_runs + b_runs], duration_s)
-    sessions = sorted({s for r in a_runs + b_runs for s in r.records["conversation_id"]}, key=str)
+    sessions = sorted({s for r in a_runs + b_runs for s in root_sessions(r.records["conversation_id"])},
+                      key=str)
 
     def sample(runs: list[ArmRun]) -> stats.Sample:
         vals, sess = [], []
         for r in runs:
             t = window.tokens_in_window(r.records, window.window_start_ns(r.records, r.phase_window_ns), w)
             vals.append(t.to_numpy())
-            sess.append(r.records.loc[t.index, "conversation_id"].to_numpy())
+            sess.append(root_sessions(r.records.loc[t.index, "conversation_id"]))
         return stats.make_sample(np.concatenate(vals), np.concatenate(sess), sessions, stats.rate_stat(w * len(runs)))
 
     d = stats.paired_bootstrap(sample(a_runs), sample(b_runs), len(sessions), n_boot, seed)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis import stats
+from analysis.load import root_sessions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -88,7 +89,7 @@ def log_ratios(pairs: "pd.DataFrame", col: str = "tpot_ms") -> "pd.DataFrame":
     a, b = m[f"{col}_a"].to_numpy(float), m[f"{col}_b"].to_numpy(float)
     keep = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
     launch = m["pair"].to_numpy()[keep] if "pair" in m else np.zeros(int(keep.sum()), dtype=int)
-    return pd.DataFrame({"session": m["conversation_id"].to_numpy()[keep], "launch": launch,
+    return pd.DataFrame({"session": root_sessions(m["conversation_id"])[keep], "launch": launch,
                          "r": np.log(b[keep] / a[keep])})
 
 

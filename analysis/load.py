@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 
@@ -81,6 +82,16 @@ def records_frame(lines: list[dict[str, Any]]) -> "pd.DataFrame":
     # A cancelled request is also an error in aiperf's export; "ok" means it completed and has a TPOT.
     df["ok"] = ~df["cancelled"] & df["error"].isna() & df["tpot_ms"].notna()
     return df[RECORD_COLUMNS]
+
+
+def root_sessions(conversation_ids) -> "np.ndarray":
+    """The session each request belongs to, the unit every CI resamples and every sign test counts: aiperf
+    names a subagent's or a spawned chain's conversation `<trace>::sa:<id>` or `<trace>::fa:NNN`, and those
+    requests hang on their parent session (they start from its context and run while it waits), so they are
+    one independent unit with it, not units of their own."""
+    import numpy as np
+
+    return np.array([c.split("::", 1)[0] if isinstance(c, str) else c for c in conversation_ids], dtype=object)
 
 
 def profiling_only(df: "pd.DataFrame") -> "pd.DataFrame":

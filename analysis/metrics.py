@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from analysis import stats
+from analysis.load import root_sessions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,14 +68,14 @@ def _sample(d: ArmData, spec: MetricSpec, sessions: list) -> stats.Sample:
     ok = d.ok
     vals = np.ones(len(ok)) if spec.column == "one" else ok[spec.column].to_numpy(float)
     keep = np.isfinite(vals)
-    return stats.make_sample(vals[keep], ok["conversation_id"].to_numpy()[keep], sessions, spec.make_stat(d))
+    return stats.make_sample(vals[keep], root_sessions(ok["conversation_id"])[keep], sessions, spec.make_stat(d))
 
 
 def arm_deltas(a: ArmData, b: ArmData, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> "pd.DataFrame":
     """metric | a | b | delta_pct | lo | hi for every ARM_METRICS entry, CIs by paired session bootstrap."""
     import pandas as pd
 
-    sessions = sorted(set(a.ok["conversation_id"]) | set(b.ok["conversation_id"]), key=str)
+    sessions = sorted({*root_sessions(a.ok["conversation_id"]), *root_sessions(b.ok["conversation_id"])}, key=str)
     rows = []
     for spec in ARM_METRICS:
         d = stats.paired_bootstrap(_sample(a, spec, sessions), _sample(b, spec, sessions), len(sessions), n_boot, seed)
@@ -127,7 +128,7 @@ def matched_deltas(m: "pd.DataFrame", n_boot: int = stats.N_BOOT, seed: int = st
     for col, label in MATCHED_METRICS:
         xa, xb = pairs[f"{col}_a"].to_numpy(float), pairs[f"{col}_b"].to_numpy(float)
         keep = np.isfinite(xa) & np.isfinite(xb)
-        xa, xb, sess = xa[keep], xb[keep], pairs["conversation_id"].to_numpy()[keep]
+        xa, xb, sess = xa[keep], xb[keep], root_sessions(pairs["conversation_id"])[keep]
         if len(xa) == 0:
             continue
         d = stats.paired_ratio_bootstrap(xa, xb, sess, n_boot, seed)

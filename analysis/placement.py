@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from analysis import stats
+from analysis.load import root_sessions
 from analysis.formatting import fmt
 from analysis.metrics import KEY, MATCHED_METRICS
 
@@ -114,7 +115,7 @@ def contrast(long: "pd.DataFrame", a_runs: list[str], b_runs: list[str], col: st
     wide = long.pivot_table(index=KEY, columns="arm_run", values=col, aggfunc="first")
     runs = list(a_runs) + list(b_runs)
     wide = wide.reindex(columns=runs).dropna()
-    sess = wide.index.get_level_values("conversation_id").to_numpy()
+    sess = root_sessions(wide.index.get_level_values("conversation_id"))
     a = np.concatenate([wide[r].to_numpy(float) for r in a_runs]) if len(wide) else np.array([])
     b = np.concatenate([wide[r].to_numpy(float) for r in b_runs]) if len(wide) else np.array([])
     if len(a) == 0:
@@ -240,7 +241,8 @@ def placement_md(run: "Run", n_boot: int = stats.N_BOOT, seed: int = stats.SEED)
     lines = [pairing_line(placement), "",
              f"GPU sets: {set_label(placement, 'A')}; {set_label(placement, 'B')}. "
              f"Requests completed in all {len(placement)} arm runs: {long[KEY].drop_duplicates().shape[0]} "
-             f"(from {long['conversation_id'].nunique()} sessions); every estimate below uses only these, "
+             f"(from {len(set(root_sessions(long['conversation_id'])))} sessions); every estimate below uses only "
+             "these, "
              "as a ratio of means (delta % of the second side over the first), with a session bootstrap CI.", ""]
     if long.empty:
         return lines + ["No request completed in every arm run: no decomposition."]

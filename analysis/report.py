@@ -38,7 +38,8 @@ _METRIC_DEFINITIONS = (
     "request's first token at its TTFT, the rest spread evenly to its end), so an arm whose last requests "
     "spill into the grace period is not measured over a longer window. Percentiles interpolate linearly between order statistics.")
 _CI_DEFINITIONS = (
-    "95% CIs come from a paired bootstrap that resamples whole sessions (conversation_id) "
+    "95% CIs come from a paired bootstrap that resamples whole sessions (a conversation together with its "
+    "subagents' conversations, which aiperf names `<session>::sa:<agent>`) "
     f"{stats.N_BOOT} times with seed {stats.SEED}. The A/A noise floor, when an arm ran twice, is the "
     "largest |delta| inside the 95% CI of the same statistic between the two runs of one arm: a delta "
     "smaller than it cannot be told from run-to-run drift.")

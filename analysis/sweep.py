@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis import stats, window
+from analysis.load import root_sessions
 from analysis.compare import compare, pool
 from analysis.formatting import fmt
 from analysis.rundir import load_run
@@ -42,7 +43,7 @@ def _arm_figures(runs, gpus: int, window_s: float) -> dict:
     (analysis.window): a point whose last requests spill into the grace period, where few requests are left in
     flight, must not get a lower throughput for it; each with its session-bootstrap CI."""
     ok = pool(runs).ok
-    tpot, sess = ok["tpot_ms"].to_numpy(float), ok["conversation_id"].to_numpy()
+    tpot, sess = ok["tpot_ms"].to_numpy(float), root_sessions(ok["conversation_id"])
     keep = np.isfinite(tpot)
     out = {}
     for key, q in (("inter_p50", 50), ("inter_p90", 90)):
@@ -50,7 +51,7 @@ def _arm_figures(runs, gpus: int, window_s: float) -> dict:
                                                               stats.inverse_quantile_stat(q))
     tokens = [window.tokens_in_window(r.records, window.window_start_ns(r.records, r.phase_window_ns), window_s)
               for r in runs]
-    t_sess = np.concatenate([r.records.loc[t.index, "conversation_id"].to_numpy() for r, t in zip(runs, tokens)])
+    t_sess = np.concatenate([root_sessions(r.records.loc[t.index, "conversation_id"]) for r, t in zip(runs, tokens)])
     t, lo, hi = arm_ci(np.concatenate([t.to_numpy(float) for t in tokens]), t_sess,
                        stats.rate_stat(window_s * len(runs) * gpus))
     out.update(tput_per_gpu=t, tput_per_gpu_lo=lo, tput_per_gpu_hi=hi, requests=int(len(ok)))

@@ -95,6 +95,17 @@ def test_sign_test_counts_sessions_not_requests():
     assert (row["faster"], row["slower"]) == (20, 0) and row["sign_p"] == pytest.approx(0.5)
 
 
+
+def test_a_subagent_conversation_is_one_session_with_its_parent():
+    """aiperf names a subagent's conversation `<session>::sa:<agent>`: its requests hang on the parent's, so
+    s0 and its two subagents are one unit for the sign test and the bootstrap, not three."""
+    ids = ["s0", "s0::sa:agent_001", "s0::sa:agent_002", "s1", "s1::fa:000"]
+    a = frame([record(c, 0, 0, tpot=10) for c in ids])
+    b = frame([record(c, 0, 0, tpot=9) for c in ids])
+    row = matched_deltas(match_requests(a, b), n_boot=200).set_index("key").loc["tpot_ms"]
+    assert row["sessions"] == 2 and row["sign_p"] == pytest.approx(0.5)   # 2 signs, not 5 (p 0.0625)
+    assert arm_deltas(ArmData(a, 1.0), ArmData(b, 1.0), n_boot=200)["sessions"].eq(2).all()
+
 def test_matched_deltas_empty_when_nothing_matches():
     a = frame([record("s0", 0, 0)])
     b = frame([record("s1", 0, 0)])
