@@ -42,12 +42,34 @@ def cmd_validate(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from pipeline.plan import build_plan, format_plan
+    from pipeline.config.presets import file_kind, read_yaml
 
+    if file_kind(read_yaml(Path(args.recipe), "recipe")) == "sweep":
+        return _plan_sweep(args.recipe, args.out)
     recipe = _load(args.recipe)
     run_dir = Path(args.out) if args.out else Path(recipe.output_dir) / f"{recipe.name}-<timestamp>"
+    print(_plan_text(recipe, run_dir))
+    return 0
+
+
+def _plan_text(recipe, run_dir: Path) -> str:
+    from pipeline.plan import build_plan, format_plan
+
     plan = build_plan(recipe, run_dir, run_id="<run-id>")  # the id exists once `pipeline run` creates the dir
-    print(format_plan(plan, recipe, _load_commands(recipe, plan)))
+    return format_plan(plan, recipe, _load_commands(recipe, plan))
+
+
+def _plan_sweep(sweep_file: str, out: str | None) -> int:
+    """Each point's plan, as `pipeline sweep` would run it: hosts, GPUs, ports and commands, before any job."""
+    from pipeline.config.sweep import check_point, load_sweep, point_recipes
+    from pipeline.paths import SweepPaths
+
+    spec = load_sweep(sweep_file)
+    paths = SweepPaths(Path(out) if out else Path(spec.output_dir) / f"{spec.name}-<timestamp>")
+    points = point_recipes(spec, Path(sweep_file))
+    for n, (point, data) in enumerate(points.items(), 1):
+        print(f"== point {n}/{len(points)}: {point} ==")
+        print(_plan_text(check_point(point, data), paths.run_dir(point)))  # presets merged, as the run will
     return 0
 
 
@@ -101,10 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("recipe", help="recipe.yaml or sweep.yaml")
     v.set_defaults(func=cmd_validate)
 
-    pl = sub.add_parser("plan", help="print the resolved plan (arms, order, hosts, GPUs, ports, commands); "
-                                     "launch nothing")
-    pl.add_argument("recipe")
-    pl.add_argument("--out", help="run dir to show in paths")
+    pl = sub.add_parser("plan", help="print the resolved plan (arms, order, hosts, GPUs, ports, commands), of a "
+                                     "recipe or of each point of a sweep file; launch nothing")
+    pl.add_argument("recipe", help="recipe.yaml or sweep.yaml")
+    pl.add_argument("--out", help="run dir (sweep dir, for a sweep file) to show in paths")
     pl.set_defaults(func=cmd_plan)
 
     r = sub.add_parser("run", help="run the A/B and write a run dir and report")

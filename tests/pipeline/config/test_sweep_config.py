@@ -149,3 +149,16 @@ def test_a_recipe_key_given_twice_is_refused(tmp_path):
     merge.write_text("name: s\nbase: b.yaml\nx: &o {a: 1}\npoints:\n  c4: {<<: *o, a: 2}\n")
     with pytest.raises(RecipeError, match=r"x: unknown field"):
         load_sweep(merge)
+
+
+def test_plan_of_a_sweep_file_shows_each_point_as_its_run_would(tmp_path):
+    path = _sweep(tmp_path, matrix={"conc": {"c4": {"load": {"concurrency": 4}}, "c8": {"load": {"concurrency": 8}}}})
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", str(path), "--out", str(tmp_path / "sw")],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    heads = [line for line in p.stdout.splitlines() if line.startswith("== point")]
+    assert heads == ["== point 1/2: c4 ==", "== point 2/2: c8 =="]
+    c4, c8 = p.stdout.split("== point 2/2: c8 ==")
+    assert f"--artifact-dir {tmp_path}/sw/runs/c4/arms/off/aiperf" in c4 and "--concurrency 4 " in c4
+    assert f"--artifact-dir {tmp_path}/sw/runs/c8/arms/off/aiperf" in c8 and "--concurrency 8 " in c8
+    assert not (tmp_path / "sw").exists()  # a plan launches and writes nothing
