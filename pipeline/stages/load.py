@@ -84,8 +84,9 @@ def aiperf_command(spec: LoadSpec, *, url: str, model: str, tokenizer: str,
     return cmd + list(spec.extra_args)
 
 
-def count_records(profile_export: Path) -> tuple[int, int]:
-    """(successful, failed) profiling records in an aiperf profile_export.jsonl (0, 0 if absent)."""
+def count_records(profile_export: Path, phase: str = "profiling") -> tuple[int, int]:
+    """(successful, failed) records of `phase` (profiling or warmup) in an aiperf profile_export.jsonl (0, 0 if
+    absent)."""
     ok = failed = 0
     if not profile_export.is_file():
         return 0, 0
@@ -97,7 +98,7 @@ def count_records(profile_export: Path) -> tuple[int, int]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line aiperf is still writing
-            if rec.get("metadata", {}).get("benchmark_phase", "profiling") != "profiling":
+            if rec.get("metadata", {}).get("benchmark_phase", "profiling") != phase:
                 continue
             if rec.get("error"):
                 failed += 1
@@ -206,14 +207,23 @@ def _run_aiperf(cmd: list[str], env: dict[str, str], spec: LoadSpec, arm: ArmPat
                     _kill_group(proc)
                     break
                 if now >= next_say:
-                    say(f"aiperf running {now - t0:.0f}s, "
-                        f"{count_records(arm.profile_export)[0]} records so far")
+                    say(f"aiperf running {now - t0:.0f}s, {_progress(spec, arm)}")
                     next_say += progress_every_s
                 time.sleep(POLL_S)
         except BaseException:
             _kill_group(proc, grace_s=2.0)
             raise
     return proc, timed_out
+
+
+def _progress(spec: LoadSpec, arm: ArmPaths) -> str:
+    """Records so far; before the first measured one, the warm-up's count: a long first prefill there would
+    otherwise look like a stuck run."""
+    ok, failed = count_records(arm.profile_export)
+    if ok + failed or not spec.warmup_requests:
+        return f"{ok} records so far"
+    done = sum(count_records(arm.profile_export, "warmup"))
+    return f"warm-up: {done}/{spec.warmup_requests} requests done; the measured window starts after it"
 
 
 def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:

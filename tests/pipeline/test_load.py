@@ -129,7 +129,7 @@ def test_count_records(tmp_path):
     lines = [ok, ok, {"metadata": {"benchmark_phase": "warmup"}, "metrics": {}},
              {"metadata": {"benchmark_phase": "profiling"}, "error": {"code": 500}}]
     f.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"metadata": {"bench')
-    assert count_records(f) == (2, 1)
+    assert count_records(f) == (2, 1) and count_records(f, "warmup") == (1, 0)
     assert count_records(tmp_path / "missing.jsonl") == (0, 0)
 
 
@@ -226,6 +226,20 @@ def _proc_groups() -> dict[int, tuple[int, str]]:
                 continue
     return out
 
+
+
+def test_progress_counts_the_warm_up_until_the_first_measured_record(tmp_path):
+    from pipeline.stages.load import _progress
+
+    arm = ArmPaths(tmp_path / "arms" / "off")
+    arm.profile_export.parent.mkdir(parents=True)
+    spec = LoadSpec(trace=QUICKSTART, warmup_requests=8, benchmark_duration_s=10)
+    warm = {"metadata": {"benchmark_phase": "warmup"}, "metrics": {}}
+    arm.profile_export.write_text(json.dumps(warm) + "\n" + json.dumps(warm) + "\n")
+    assert _progress(spec, arm) == "warm-up: 2/8 requests done; the measured window starts after it"
+    with open(arm.profile_export, "a") as f:
+        f.write(json.dumps({"metadata": {"benchmark_phase": "profiling"}, "metrics": {}}) + "\n")
+    assert _progress(spec, arm) == "1 records so far"
 
 @pytest.mark.slow
 def test_run_load_replays_the_trace_faithfully(server, tmp_path):
