@@ -23,6 +23,7 @@ from pipeline.config.load import LoadSpec
 from pipeline.config.placement import HostSpec, PlacementSpec, check_placement
 from pipeline.config.presets import merged_recipe_dict
 from pipeline.config.server import ServerSpec, args_to_argv
+from pipeline.paths import file_in_the_way
 from vattn.switch import SWITCH_VARS
 
 
@@ -61,6 +62,14 @@ class Recipe(Strict):
         if v is not None and not 0 < v < 100:
             raise ValueError("must be a percentage between 0 and 100, exclusive: the smallest change of decode "
                              "time per token worth detecting; write `target_effect: 5` for 5%")
+        return v
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v):
+        if (f := file_in_the_way(Path(v))) is not None:  # else `pipeline run` would fail making the run dir
+            raise ValueError(f"'{f}' is not a directory; run dirs are made inside output_dir: give a folder "
+                             f"(relative to the cwd), or leave the field out for ./runs")
         return v
 
     @field_validator("switch_vars")
