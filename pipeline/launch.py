@@ -10,6 +10,14 @@ from pathlib import Path
 from pipeline import dirlock
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM (str: the signal's name) in a run whose dir exists: the CLI names that dir to resume."""
+
+    def __init__(self, signal_name: str, run_dir: Path):
+        super().__init__(signal_name)
+        self.run_dir = run_dir
+
+
 def _load(path: str):
     from pipeline.config.recipe import load_recipe
 
@@ -102,8 +110,11 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
                                      "time") from None
         print(f"run dir: {run_dir}  ({'resuming' if resume else 'new'}; "
               f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
-        execute(recipe, plan, manifest, hosts)
-        return _report(run_dir)
+        try:
+            execute(recipe, plan, manifest, hosts)
+            return _report(run_dir)
+        except KeyboardInterrupt as e:
+            raise RunInterrupted(str(e), run_dir) from None
 
 
 def _report(run_dir: Path) -> int:

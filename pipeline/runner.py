@@ -265,7 +265,7 @@ def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:
 
 def execute(recipe: Recipe, plan: RunPlan, manifest: Manifest, hosts: dict[str, Host]) -> None:
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stages unwind and stop their servers
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise KeyboardInterrupt(signal.Signals(signum).name)  # the CLI names it and exits 128 + its number
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
