@@ -6,8 +6,16 @@ instant.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+
+
+def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
+    """The signal's name and the exit code a shell gives it (128 + its number). Ctrl-C raises a bare
+    KeyboardInterrupt; the run's and the sweep's SIGTERM handlers raise one that names the signal."""
+    sig = signal.Signals.__members__.get(str(e), signal.SIGINT)
+    return sig.name, 128 + sig
 
 
 def _load(path: str):
@@ -104,9 +112,10 @@ def cmd_sweep(args) -> int:
     progress(f"sweep dir: {root} ({'resuming' if args.resume else 'new'})")
     try:
         return execute_sweep(root)
-    except KeyboardInterrupt as e:  # main's hint names a run; the sweep resumes as a whole
-        print(f"interrupted ({e}); finished points are kept: pipeline sweep --resume {root}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # a point's run is resumed by the sweep's resume, not on its own
+        name, code = _interrupted(e)
+        print(f"interrupted ({name}); finished points are kept: pipeline sweep --resume {root}", file=sys.stderr)
+        return code
 
 
 def cmd_eval(args) -> int:
@@ -168,8 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"interrupted ({e}); finished stages are kept: pipeline run --resume RUN_DIR", file=sys.stderr)
-        return 130
+        from pipeline.launch import RunInterrupted
+
+        name, code = _interrupted(e)
+        # only a run that made its dir has stages to resume; report, eval and validate just stop
+        hint = (f"; finished stages are kept: pipeline run --resume {e.run_dir}" if isinstance(e, RunInterrupted)
+                else "")
+        print(f"interrupted ({name}){hint}", file=sys.stderr)
+        return code
     except Exception as e:  # a user-facing one-line error; the traceback helps nobody here
         from pipeline.hosts import HostError
         from pipeline.runner import RunError

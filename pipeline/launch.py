@@ -10,6 +10,14 @@ from pathlib import Path
 from pipeline import dirlock
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM (str: the signal's name) in a run whose dir exists: the CLI names that dir to resume."""
+
+    def __init__(self, signal_name: str, run_dir: Path):
+        super().__init__(signal_name)
+        self.run_dir = run_dir
+
+
 def _load(path: str):
     from pipeline.config.recipe import load_recipe
 
@@ -23,10 +31,22 @@ def _run_dir_taken(run_dir: Path, why: str) -> SystemExit:
 
 def _new_run_dir(recipe, out: str | None) -> Path:
     """A fast first check; the atomic claim is the exclusive write of the manifest (Manifest.create)."""
+    from pipeline.paths import file_in_the_way
+
     run_dir = Path(out) if out else Path(recipe.output_dir) / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (f := file_in_the_way(run_dir)) is not None:
+        raise SystemExit(f"error: {'--out' if out else 'output_dir'}: '{f}' is not a directory, so run dir "
+                         f"{run_dir} cannot be made; give a folder")
     if run_dir.exists() and any(p.name != dirlock.LOCK_NAME for p in run_dir.iterdir()):
         raise _run_dir_taken(run_dir, "already exists and is not empty")
     return run_dir
+
+
+def _make_run_dir(run_dir: Path, field: str) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # no permission, a file made there since _new_run_dir looked, ...
+        raise SystemExit(f"error: {field}: cannot make run dir {run_dir}: {e.strerror or e}") from None
 
 
 def _resume(run_dir: Path, recipe_path: str | None):
@@ -69,6 +89,7 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
         hosts = make_hosts(recipe)
         facts = host_facts(recipe, hosts)  # before the lock makes the dir: a failed check leaves nothing behind
         check_matched_gpus(plan, facts)
+        _make_run_dir(run_dir, "--out" if out else "output_dir")
 
         def refusal(e):
             return _run_dir_taken(run_dir, f"is held by another pipeline process (pid {e.pid})").code
@@ -89,8 +110,11 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
                                      "time") from None
         print(f"run dir: {run_dir}  ({'resuming' if resume else 'new'}; "
               f"{len(plan.arm_runs)} arm runs, stages {' -> '.join(plan.stages)})", flush=True)
-        execute(recipe, plan, manifest, hosts)
-        return _report(run_dir)
+        try:
+            execute(recipe, plan, manifest, hosts)
+            return _report(run_dir)
+        except KeyboardInterrupt as e:
+            raise RunInterrupted(str(e), run_dir) from None
 
 
 def _report(run_dir: Path) -> int:

@@ -108,6 +108,10 @@ class Manifest:
         with self._lock:
             entry = self.data["stages"].setdefault(arm_run, {}).setdefault(stage, {})
             entry["status"] = status
+            if status != "failed":  # an earlier attempt's error (say, an interrupt) would blame a stage that ran again
+                entry.pop("error", None)
+            if status == "running":  # and its end time would precede this attempt's start
+                entry.pop("finished", None)
             entry["started" if status == "running" else "finished"] = now()
             entry.update(extra)
             self.save()

@@ -32,6 +32,11 @@ CYCLE_LOG_DIR = "emulator_cycles"
 _LIFETIME = re.compile(r"lifetime-(\d+)\.jsonl")
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The existing non-directory at `path` or above it, which would make `mkdir -p path` fail; None if none."""
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
 def cycle_log_file(log_dir: str | Path, lifetime: int) -> Path:
     """The cycle log of one server lifetime (the emulator claims the lowest free n at start)."""
     return Path(log_dir) / f"lifetime-{lifetime}.jsonl"

@@ -233,17 +233,18 @@ def _load_prefix(recipe: Recipe, a: ArmRun, proc) -> list[str]:
     return []
 
 
-def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:
+def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> bool:
+    """Run the group's unfinished arm runs; False if every one was done already."""
     _supersede_half_finished(plan, manifest, hosts, group)
     todo = [a for a in group if _pending(plan, manifest, a)]
     for a in group:
         if a not in todo:
             progress_line(a.name, "-", "all stages done (resume): skipped")
     if not todo:
-        return
+        return False
     if len(todo) == 1:
         run_arm(recipe, plan, manifest, hosts[todo[0].host], todo[0], None)
-        return
+        return True
     barrier = threading.Barrier(len(todo))
     errors: list[BaseException] = []
 
@@ -261,16 +262,18 @@ def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> None:
     real = [e for e in errors if not isinstance(e, threading.BrokenBarrierError)]
     if real or errors:
         raise (real or errors)[0]
+    return True
 
 
 def execute(recipe: Recipe, plan: RunPlan, manifest: Manifest, hosts: dict[str, Host]) -> None:
     def on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stages unwind and stop their servers
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise KeyboardInterrupt(signal.Signals(signum).name)  # the CLI names it and exits 128 + its number
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        for group in plan.groups():
-            _run_group(recipe, plan, manifest, hosts, group)
-        manifest.set("finished", now())
+        ran = [_run_group(recipe, plan, manifest, hosts, group) for group in plan.groups()]
+        # a resume with nothing left to run keeps the finish time: the report's wall time ends there
+        if any(ran) or not manifest.data.get("finished"):
+            manifest.set("finished", now())
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -98,7 +98,7 @@ def execute_sweep(root: Path) -> int:
     """Run the points not yet finished, one after another; a failed point is recorded and the rest go on.
     Ctrl-C or SIGTERM writes the report of the points finished so far, then raises KeyboardInterrupt."""
     def on_term(signum, frame):  # as within a run (runner.execute), so that SIGTERM between points unwinds too
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     # two sweeps in one dir would run its points twice, into the same run dirs
     with dirlock.exclusive(root, lambda e: f"error: sweep dir {e}; wait for it to finish or stop it, then resume"):

@@ -13,6 +13,32 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_v
 from pipeline.config.base import NoBoolNumbers
 
 
+# aiperf flags the load stage sets itself (pipeline/stages/load.py aiperf_command; a test holds the two in step),
+# under aiperf 0.13's other names too, and what sets each. extra_args may not repeat them: aiperf takes the last
+# one, so it would run with a value that the manifest and the report do not show.
+PIPELINE_FLAGS = {
+    **dict.fromkeys(("--model", "--model-names", "-m"), "from model"),
+    **dict.fromkeys(("--url", "-u"), "from the placement and server.port"),
+    "--endpoint-type": "always chat",
+    "--streaming": "always: load.streaming",
+    "--tokenizer": "from tokenizer",
+    "--custom-dataset-type": "from load.trace",
+    "--input-file": "from load.trace",
+    "--public-dataset": "from load.scenario",
+    "--concurrency": "from load.concurrency",
+    "--benchmark-duration": "from load.benchmark_duration_s",
+    "--benchmark-grace-period": "from load.grace_period_s",
+    **dict.fromkeys(("--request-count", "--num-requests"), "from load.request_count"),
+    **dict.fromkeys(("--warmup-request-count", "--num-warmup-requests"), "from load.warmup_requests"),
+    "--random-seed": "from load.seed",
+    **dict.fromkeys(("--artifact-dir", "--output-artifact-dir"), "from the run dir"),
+    **dict.fromkeys(("--ui", "--ui-type"), "always none: nobody watches aiperf's terminal"),
+    "--no-gpu-telemetry": "from load.gpu_telemetry",
+}
+# aiperf adds up repeated --extra-inputs, so one in extra_args adds to the pipeline's ignore_eos:true
+APPENDABLE_FLAGS = ("--extra-inputs",)
+
+
 class LoadSpec(NoBoolNumbers):
     """The recipe's `load:` block: what aiperf replays, how hard, for how long."""
 
@@ -66,6 +92,14 @@ class LoadSpec(NoBoolNumbers):
             v = Path(base) / v
         check_trace_dir(v, field="")  # pydantic's error location already names load.trace
         return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_the_pipelines(cls, args: list[str]) -> list[str]:
+        ours = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in PIPELINE_FLAGS]  # --flag and --flag=value
+        if ours:
+            raise ValueError("; ".join(f"{f}: set by the pipeline ({PIPELINE_FLAGS[f]}); remove it" for f in ours))
+        return args
 
     @model_validator(mode="after")
     def _one_of_each(self) -> "LoadSpec":

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from pipeline.config.accuracy import AccuracySpec
+from pipeline.config.accuracy import AccuracySpec, check_task_data
 from pipeline.config.arms import ARM_NAMES, ArmSpec, arm_server_args, check_arms, check_switch_vars
 from pipeline.config.base import RecipeError, Strict
 from pipeline.config.emulator import check_server_args
@@ -23,6 +23,7 @@ from pipeline.config.load import LoadSpec
 from pipeline.config.placement import HostSpec, PlacementSpec, check_placement
 from pipeline.config.presets import merged_recipe_dict
 from pipeline.config.server import ServerSpec, args_to_argv
+from pipeline.paths import file_in_the_way
 from vattn.switch import SWITCH_VARS
 
 
@@ -63,6 +64,14 @@ class Recipe(Strict):
                              "time per token worth detecting; write `target_effect: 5` for 5%")
         return v
 
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v):
+        if (f := file_in_the_way(Path(v))) is not None:  # else `pipeline run` would fail making the run dir
+            raise ValueError(f"'{f}' is not a directory; run dirs are made inside output_dir: give a folder "
+                             f"(relative to the cwd), or leave the field out for ./runs")
+        return v
+
     @field_validator("switch_vars")
     @classmethod
     def _fixed_switch(cls, names):
@@ -72,6 +81,8 @@ class Recipe(Strict):
     def _check(self):
         check_arms(self.arms, self.server, self.switch_vars)
         check_placement(self.placement, self.hosts)
+        for i, task in enumerate(self.accuracy.tasks if self.accuracy else ()):
+            check_task_data(task, f"accuracy.tasks[{i}]")
         # The emulator's flags and tokenizer are ours to read before anything starts; another engine's are its
         # own. On an SSH host the server reads them (and any file they name) itself.
         if self.engine == "emulator" and all(self.hosts[h].kind != "ssh" for h in self.placement.hosts):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pipeline.config.load import LoadSpec
+from pipeline.config.load import APPENDABLE_FLAGS, PIPELINE_FLAGS, LoadSpec
 from pipeline.paths import ArmPaths
 from pipeline.stages.load import LoadError, aiperf_command, count_records, run_load
 from pipeline.tracegen import PRESETS, read_traces, write_traces
@@ -110,6 +110,27 @@ def test_command_scenario_request_count():
     assert "--public-dataset semianalysis-cc-traces-weka" in line and "--request-count 50" in line
     assert "--input-file" not in cmd and "--benchmark-duration" not in cmd
     assert "--no-gpu-telemetry" not in cmd and "--warmup-request-count" not in cmd
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--concurrency", "3"], r"extra_args\n.*--concurrency: set by the pipeline \(from load.concurrency\); remove it"),
+    (["--use-server-token-count", "--artifact-dir=/x"], r"--artifact-dir: set by the pipeline \(from the run dir\)"),
+    (["--num-requests", "9"], r"--num-requests: set by the pipeline \(from load.request_count\)"),  # an alias
+])
+def test_extra_args_may_not_set_the_pipelines_own_flags(args, match):
+    """Else aiperf runs with a value that the manifest and report do not show (the last --concurrency wins)."""
+    with pytest.raises(ValidationError, match=match):
+        LoadSpec(trace=QUICKSTART, benchmark_duration_s=60, extra_args=args)
+    assert LoadSpec(trace=QUICKSTART, benchmark_duration_s=60,
+                    extra_args=["--use-server-token-count", "--extra-inputs", "top_k:1"]).extra_args
+
+
+def test_the_refused_flags_cover_every_flag_the_command_sets():
+    s = LoadSpec(trace=QUICKSTART, benchmark_duration_s=60, warmup_requests=1)
+    s2 = LoadSpec(scenario="sharegpt", request_count=5, timeout_s=60)
+    used = set(_flags(aiperf_command(s, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
+    used |= set(_flags(aiperf_command(s2, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
+    assert used - set(APPENDABLE_FLAGS) <= PIPELINE_FLAGS.keys(), used - set(APPENDABLE_FLAGS) - PIPELINE_FLAGS.keys()
 
 
 def test_every_flag_exists_in_the_installed_aiperf():

@@ -200,3 +200,27 @@ def test_a_new_run_refused_by_its_host_check_leaves_no_run_dir(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "concurrent arms got GPUs of different models" in p.stderr, p.stderr[-2000:]
     assert not out.exists()
+
+
+def test_a_run_dir_that_cannot_be_made_is_one_error_line_naming_the_path(tmp_path):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("a file\n")
+    recipe = write_recipe(tmp_path)
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+
+    for out in (taken, taken / "run"):  # the file itself, or a file on the way
+        p = run("run", str(recipe), "--out", str(out))
+        assert p.returncode == 1 and p.stderr.startswith(f"error: --out: '{taken}' is not a directory"), p.stderr
+        assert p.stderr.count("\n") == 1, p.stderr
+    # any other OSError of the mkdir (here: /proc takes no new folders)
+    p = run("run", str(recipe), "--out", "/proc/no-run-dir-here/run")
+    assert p.returncode == 1 and p.stderr == ("error: --out: cannot make run dir /proc/no-run-dir-here/run: "
+                                              "No such file or directory\n"), p.stderr
+    # a recipe's output_dir: refused when the recipe is read, so validate says so too
+    for output_dir in (taken, taken / "runs"):
+        p = run("validate", str(write_recipe(tmp_path, output_dir=str(output_dir))))
+        assert p.returncode == 2 and f"\noutput_dir: '{taken}' is not a directory; " in p.stderr, p.stderr
+    assert taken.read_text() == "a file\n"

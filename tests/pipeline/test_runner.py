@@ -108,3 +108,20 @@ def test_a_half_finished_concurrent_group_sets_its_finished_arm_aside(tmp_path):
     assert [(e["arm_run"], e["attempt"], e["stages"]) for e in manifest.data["superseded"]] == [("off", 1, DONE)]
     assert (tmp_path / "run/superseded/off.1/load_result.json").is_file()
     assert not (tmp_path / "run/arms/off").exists()
+
+
+def test_a_resume_with_nothing_left_to_run_keeps_the_finish_time_and_wall_time(tmp_path):
+    """The report's wall time runs from `created` to `finished`: a no-op resume a week later must not stretch it."""
+    import json
+    import shutil
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+    shutil.copytree(repo / "tests/analysis/data/quickstart_run", run)  # a finished quickstart run
+    finished = json.loads((run / "manifest.json").read_text())["finished"]
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--resume", str(run)], cwd=repo,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "all stages done (resume): skipped" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert json.loads((run / "manifest.json").read_text())["finished"] == finished
+    assert f"finished: {finished}; wall time: 191.0 s" in (run / "report.md").read_text()

@@ -1,6 +1,7 @@
 """Recipe validation: every user-facing error names the field, the value and the fix."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,19 @@ def test_missing_accuracy_data_file(write_recipe):
     """Named by validate, not by the accuracy stage after the first arm's load."""
     with pytest.raises(RecipeError, match=r"accuracy.tasks.0.data: no such file; allowed: .* \(found '.*/no/gsm8k.jsonl'\)"):
         load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "data": "no/gsm8k.jsonl"}]}))
+
+
+@pytest.mark.parametrize("task, data, missing", [
+    ("gsm8k", "gpqa_synthetic.jsonl", "['question', 'answer']"),
+    ("gpqa_diamond", "gsm8k_synthetic.jsonl", "['Question', 'Correct Answer', "),
+])
+def test_accuracy_data_of_another_task_is_named_by_validate(write_recipe, task, data, missing):
+    """The eval's own row check (pipeline eval --data says the same), run when the recipe is read: not after the
+    first arm's load."""
+    path = REPO / "recipes/data/accuracy" / data
+    with pytest.raises(RecipeError, match=re.escape(f"\naccuracy.tasks[0].data: row 0 of {path} lacks field(s) "
+                                                    f"{missing}")):
+        load_recipe(write_recipe(accuracy={"tasks": [{"name": task, "data": str(path)}]}))
 
 
 def test_placement_errors(write_recipe):

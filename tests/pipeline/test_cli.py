@@ -1,0 +1,67 @@
+"""`pipeline` as a user runs it, in a subprocess: what Ctrl-C and SIGTERM print and return."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*args: str) -> subprocess.Popen:
+    # SIGINT at its default in the child, as in a terminal (a background test run hands it down ignored)
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_an_interrupted_run_names_the_signal_and_its_own_run_dir_to_resume(tmp_path, wait_for):
+    recipe = yaml.safe_load((REPO / "recipes/quickstart.yaml").read_text())
+    recipe.pop("accuracy")
+    recipe["tokenizer"] = str(REPO / "recipes/data/tokenizer")
+    recipe["load"]["trace"] = str(REPO / "recipes/data/traces/short")
+    recipe["server"]["port"] = _free_port()
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+
+    def server_starting() -> bool:  # inside the runner, with its SIGTERM handler in place
+        m = out / "manifest.json"
+        return m.is_file() and json.loads(m.read_text())["stages"].get("off", {}).get("server", {}).get(
+            "status") == "running"
+
+    for sig, args in ((signal.SIGINT, ("run", str(path), "--out", str(out))),  # a new run, then its resume
+                      (signal.SIGTERM, ("run", "--resume", str(out)))):
+        proc = _start(*args)
+        wait_for(server_starting, 120, proc)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 128 + sig, err[-2000:]  # the shell's convention
+        assert err.endswith(f"interrupted ({sig.name}); finished stages are kept: pipeline run --resume {out}\n"), \
+            err[-2000:]
+
+
+def test_an_interrupted_eval_says_so_and_advises_no_run_resume(tmp_path):
+    with socket.socket() as server:  # an endpoint that takes the request and never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.settimeout(120)
+        proc = _start("eval", "--task", "gsm8k", "--data", str(REPO / "recipes/data/accuracy/gsm8k_synthetic.jsonl"),
+                      "--url", f"http://127.0.0.1:{server.getsockname()[1]}", "--model", "m",
+                      "--out", str(tmp_path / "eval"))
+        conn, _ = server.accept()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        conn.close()
+    assert proc.returncode == 130 and err.endswith("\ninterrupted (SIGINT)\n"), err[-2000:]
