@@ -19,9 +19,9 @@ def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
 
 
 def _load(path: str):
-    from pipeline.config.recipe import load_recipe
+    from pipeline.launch import load_checked_recipe
 
-    return load_recipe(path)
+    return load_checked_recipe(path)
 
 
 def _load_commands(recipe, plan) -> dict[str, list[str]]:
@@ -38,9 +38,16 @@ def cmd_validate(args) -> int:
     from pipeline.plan import env_diff
 
     if file_kind(read_yaml(Path(args.recipe), "recipe")) == "sweep":
-        from pipeline.config.sweep import load_sweep, point_recipes
+        from pipeline.accuracy.data import DataError
+        from pipeline.accuracy.stage import check_task_files
+        from pipeline.config.sweep import check_point, load_sweep, point_recipes
 
         points = point_recipes(load_sweep(args.recipe), Path(args.recipe))  # each point validated as a recipe
+        for point, data in points.items():
+            try:
+                check_task_files(check_point(point, data).accuracy)
+            except DataError as e:
+                raise DataError(f"sweep point {point!r}: {e}") from None
         print(f"{args.recipe}: ok (sweep of {len(points)} points: {', '.join(points)})")
         return 0
     recipe = _load(args.recipe)

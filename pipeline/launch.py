@@ -18,10 +18,15 @@ class RunInterrupted(KeyboardInterrupt):
         self.run_dir = run_dir
 
 
-def _load(path: str):
+def load_checked_recipe(path: str):
+    """The recipe, with its accuracy files' fields checked (pipeline.accuracy.stage.check_task_files), which the
+    recipe model leaves to the stage that reads them."""
+    from pipeline.accuracy.stage import check_task_files
     from pipeline.config.recipe import load_recipe
 
-    return load_recipe(path)
+    recipe = load_recipe(path)
+    check_task_files(recipe.accuracy)
+    return recipe
 
 
 def _run_dir_taken(run_dir: Path, why: str) -> SystemExit:
@@ -59,7 +64,7 @@ def _resume(run_dir: Path, recipe_path: str | None):
         raise SystemExit(f"error: --resume: {run_dir} has no manifest.json; not a run directory")
     manifest = Manifest.load(paths.manifest)
     recipe = Recipe.model_validate(manifest.data["recipe"])
-    if recipe_path and recipe_to_dict(_load(recipe_path)) != manifest.data["recipe"]:
+    if recipe_path and recipe_to_dict(load_checked_recipe(recipe_path)) != manifest.data["recipe"]:
         raise SystemExit(f"error: {recipe_path} differs from the recipe recorded in {paths.manifest}; "
                          f"resume runs the recorded recipe: drop the recipe argument or start a new run")
     return recipe, manifest
@@ -81,7 +86,7 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
         def refusal(e):
             return f"error: --resume: run dir {e}; wait for it to finish or stop it, then resume"
     elif recipe_path:
-        recipe = _load(recipe_path)
+        recipe = load_checked_recipe(recipe_path)
         run_dir = _new_run_dir(recipe, out)
         created = now()
         run_id = new_run_id(run_dir, created)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.accuracy import gpqa, gsm8k
-from pipeline.accuracy.data import DataError, sibling
+from pipeline.accuracy.data import DataError, read_rows, require_fields, sibling
 from pipeline.accuracy.records import prompt_hash, read_records, summarize, write_records
 from pipeline.config.accuracy import AccuracySpec, TaskSpec
 from pipeline.io import write_json_atomic
@@ -85,6 +85,18 @@ def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
         results.append(_run_task(task, jobs, n_questions, url=url, model=model, out_dir=Path(out_dir),
                                  progress=progress or (lambda _: None), where=where))
     return AccuracyResult(tuple(results))
+
+
+def check_task_files(spec: AccuracySpec | None) -> None:
+    """Raise DataError unless the first row of each task's local data and shots file has the fields the task
+    reads: the stage's own check, made before a run starts (`pipeline validate`, `plan` and `run`), since the
+    stage itself runs only after the first arm's whole load. Hub sources are checked when they are fetched."""
+    for i, task in enumerate(spec.tasks if spec else ()):
+        fields = gsm8k.FIELDS if task.name == "gsm8k" else gpqa.FIELDS
+        for key in ("data", "shots_data"):
+            path, where = getattr(task, key, None), f"accuracy.tasks[{i}].{key}"
+            if path is not None:
+                require_fields(read_rows(path, where)[:1], fields, where, path)
 
 
 def _plan(task: TaskSpec, where: str) -> tuple[list[_Job], int]:

@@ -134,16 +134,3 @@ class AccuracySpec(BaseModel):
             seen.add(task.name)
         return self
 
-
-def check_task_data(task: TaskSpec, where: str) -> None:
-    """Raise DataError unless the first row of each of the task's local files has the fields the task reads
-    (where: the task's path, e.g. accuracy.tasks[0]). The same check the accuracy stage and `pipeline eval` run,
-    made when the recipe is read: the stage itself runs only after the first arm's whole load."""
-    from pipeline.accuracy import gpqa, gsm8k  # they import this module
-    from pipeline.accuracy.data import read_rows, require_fields
-
-    fields = gsm8k.FIELDS if task.name == "gsm8k" else gpqa.FIELDS
-    for key in ("data", "shots_data"):
-        path = getattr(task, key)
-        if path is not None:
-            require_fields(read_rows(path, f"{where}.{key}")[:1], fields, f"{where}.{key}", path)

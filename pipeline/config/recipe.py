@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from pipeline.config.accuracy import AccuracySpec, check_task_data
+from pipeline.config.accuracy import AccuracySpec
 from pipeline.config.arms import ARM_NAMES, ArmSpec, arm_server_args, check_arms, check_switch_vars
 from pipeline.config.base import RecipeError, Strict
 from pipeline.config.emulator import check_server_args
@@ -81,8 +81,6 @@ class Recipe(Strict):
     def _check(self):
         check_arms(self.arms, self.server, self.switch_vars)
         check_placement(self.placement, self.hosts)
-        for i, task in enumerate(self.accuracy.tasks if self.accuracy else ()):
-            check_task_data(task, f"accuracy.tasks[{i}]")
         # The emulator's flags and tokenizer are ours to read before anything starts; another engine's are its
         # own. On an SSH host the server reads them (and any file they name) itself.
         if self.engine == "emulator" and all(self.hosts[h].kind != "ssh" for h in self.placement.hosts):

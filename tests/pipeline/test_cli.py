@@ -1,4 +1,5 @@
-"""`pipeline` as a user runs it, in a subprocess: what Ctrl-C and SIGTERM print and return."""
+"""`pipeline` as a user runs it, in a subprocess: what Ctrl-C and SIGTERM print and return, and what it
+refuses before a run starts."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,3 +67,30 @@ def test_an_interrupted_eval_says_so_and_advises_no_run_resume(tmp_path):
         _, err = proc.communicate(timeout=120)
         conn.close()
     assert proc.returncode == 130 and err.endswith("\ninterrupted (SIGINT)\n"), err[-2000:]
+
+
+@pytest.mark.parametrize("task, data, missing", [
+    ("gsm8k", "gpqa_synthetic.jsonl", "['question', 'answer']"),
+    ("gpqa_diamond", "gsm8k_synthetic.jsonl", "['Question', 'Correct Answer', "),
+])
+def test_accuracy_data_of_another_task_is_refused_before_a_run_starts(tmp_path, task, data, missing):
+    """The accuracy stage's own row check (`pipeline eval --data` says the same), made by validate, plan and run:
+    the stage itself would find it only after the first arm's whole load. A sweep's validate names the point."""
+    data = REPO / "recipes/data/accuracy" / data
+    recipe = yaml.safe_load((REPO / "recipes/quickstart.yaml").read_text())
+    recipe["tokenizer"] = str(REPO / "recipes/data/tokenizer")
+    recipe["load"]["trace"] = str(REPO / "recipes/data/traces/short")
+    recipe["accuracy"] = {"tasks": [{"name": task, "data": str(data)}]}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({"name": "s", "base": str(path),
+                                     "points": {"c2": {"load": {"concurrency": 2}}}}))
+    says = f"accuracy.tasks[0].data: row 0 of {data} lacks field(s) {missing}"
+    for args, prefix in ((["validate", str(path)], ""), (["plan", str(path)], ""),
+                         (["run", str(path), "--out", str(tmp_path / "run")], ""),
+                         (["validate", str(sweep)], "sweep point 'c2': ")):
+        p = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 1 and p.stderr.startswith(f"error: {prefix}{says}"), (args, p.stderr[-2000:])
+    assert not (tmp_path / "run").exists()

@@ -98,19 +98,6 @@ def test_missing_accuracy_data_file(write_recipe):
         load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "data": "no/gsm8k.jsonl"}]}))
 
 
-@pytest.mark.parametrize("task, data, missing", [
-    ("gsm8k", "gpqa_synthetic.jsonl", "['question', 'answer']"),
-    ("gpqa_diamond", "gsm8k_synthetic.jsonl", "['Question', 'Correct Answer', "),
-])
-def test_accuracy_data_of_another_task_is_named_by_validate(write_recipe, task, data, missing):
-    """The eval's own row check (pipeline eval --data says the same), run when the recipe is read: not after the
-    first arm's load."""
-    path = REPO / "recipes/data/accuracy" / data
-    with pytest.raises(RecipeError, match=re.escape(f"\naccuracy.tasks[0].data: row 0 of {path} lacks field(s) "
-                                                    f"{missing}")):
-        load_recipe(write_recipe(accuracy={"tasks": [{"name": task, "data": str(path)}]}))
-
-
 def test_placement_errors(write_recipe):
     with pytest.raises(RecipeError, match=r"hosts.local.gpus: \[0\] has 1 GPU\(s\); placement needs 2 "
                                           r"\(concurrent, gpus_per_arm=1\)"):
