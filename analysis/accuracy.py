@@ -99,14 +99,14 @@ def paired_comparison(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: s
     """(table cell, discordant-question lines) from pipeline.accuracy.compare, which owns the paired tests."""
     try:
         from pipeline.accuracy.compare import compare_records
+        from pipeline.accuracy.records import answer_records
     except ImportError:
         return "paired test not available (pipeline.accuracy.compare missing)", []
     unread = [records.why_none(arm) for arm in (a, b) if records.rows(arm) is None]
     if unread:  # an arm's numbers came from its summary alone: no question can be paired
         return f"paired test not possible: {'; '.join(unread)}", []
     try:
-        result = compare_records(records.task, *([r for r in records.rows(arm) if isinstance(r, dict) and
-                                                  {"id", "repeat"} <= r.keys()] for arm in (a, b)))
+        result = compare_records(records.task, *(answer_records(records.rows(arm)) for arm in (a, b)))
     except (KeyError, ValueError, TypeError) as e:  # a malformed record file must not sink the whole report
         return f"paired test failed: {type(e).__name__}: {e}", []
     disc = list(getattr(result.test, "discordant", ()))

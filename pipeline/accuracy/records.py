@@ -33,12 +33,15 @@ def read_records(path: Path) -> list[dict]:
     out = []
     for line in path.read_text().splitlines():
         try:
-            rec = json.loads(line)
+            out.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        if isinstance(rec, dict) and "id" in rec and "repeat" in rec:
-            out.append(rec)
-    return out
+    return answer_records(out)
+
+
+def answer_records(rows: list) -> list[dict]:
+    """The rows that are answers to a question: dicts with an id and a repeat."""
+    return [r for r in rows if isinstance(r, dict) and "id" in r and "repeat" in r]
 
 
 def write_records(path: Path, records: Iterable[dict]) -> None:

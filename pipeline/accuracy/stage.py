@@ -93,9 +93,9 @@ def check_task_files(spec: AccuracySpec | None) -> None:
     stage itself runs only after the first arm's whole load. Hub sources are checked when they are fetched."""
     for i, task in enumerate(spec.tasks if spec else ()):
         fields = gsm8k.FIELDS if task.name == "gsm8k" else gpqa.FIELDS
-        for key in ("data", "shots_data"):
-            path, where = getattr(task, key, None), f"accuracy.tasks[{i}].{key}"
+        for key, path in (("data", task.data), ("shots_data", task.shots_data)):
             if path is not None:
+                where = f"accuracy.tasks[{i}].{key}"
                 require_fields(read_rows(path, where)[:1], fields, where, path)
 
 

@@ -133,4 +133,3 @@ class AccuracySpec(BaseModel):
                                  "writes accuracy/<name>.jsonl, so list it once")
             seen.add(task.name)
         return self
-
