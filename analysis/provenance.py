@@ -55,6 +55,44 @@ def duration(started: Any, finished: Any) -> str:
         return UNKNOWN
 
 
+def _stage_times(manifest: dict) -> list[datetime]:
+    stages = _get(manifest, "stages", default={})
+    times = [_parse_time(info.get(k)) for per in (stages.values() if isinstance(stages, dict) else [])
+             if isinstance(per, dict) for info in per.values() if isinstance(info, dict)
+             for k in ("started", "finished")]
+    return [t for t in times if t is not None]
+
+
+def wall_time(manifest: dict) -> str:
+    """The time the run's invocations spent working: the sum of each `pipeline run` or `--resume` span, so an
+    interrupted run's idle time before its resume does not count. A span killed before it recorded its end ends
+    at the last stage time recorded within it. Manifests from before spans were recorded: started to finished."""
+    spans = _get(manifest, "invocations", default=[])
+    if not isinstance(spans, list) or not spans:
+        return duration(_get(manifest, "started", default=_get(manifest, "created")), _get(manifest, "finished"))
+    starts = [_parse_time(s.get("started")) if isinstance(s, dict) else None for s in spans]
+    if any(t is None for t in starts):
+        return UNKNOWN
+    stage_times = _stage_times(manifest)
+    total, killed = 0.0, 0
+    for i, (span, start) in enumerate(zip(spans, starts)):
+        end = _parse_time(span.get("finished"))
+        if end is None:
+            until = starts[i + 1] if i + 1 < len(starts) else None
+            within = [t for t in stage_times if t >= start and (until is None or t < until)]
+            end, killed = max(within, default=start), killed + 1
+        try:
+            total += (end - start).total_seconds()
+        except TypeError:  # one aware, one naive
+            return UNKNOWN
+    parts = [f"{total:.1f} s"]
+    if len(spans) > 1:
+        parts.append(f"over {len(spans)} invocations, the gaps between them not counted")
+    if killed:
+        parts.append(f"{killed} ended without recording its end: counted to its last stage time")
+    return parts[0] + (f" ({'; '.join(parts[1:])})" if len(parts) > 1 else "")
+
+
 def stage_rows(manifest: dict) -> list[tuple[str, str, str, str]]:
     """(arm_run, stage, status, duration) for each stage the manifest records."""
     rows = []
@@ -108,7 +146,7 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
         f"- git sha: `{_get(manifest, 'git_sha')}`",
         f"- engine: {_get(recipe, 'engine', default=_get(manifest, 'engine'))}",
         f"- started: {started}; finished: {_get(manifest, 'finished')}; "
-        f"wall time: {duration(started, _get(manifest, 'finished'))}",
+        f"wall time: {wall_time(manifest)}",
         f"- placement: {_get(plan, 'mode', default=_get(recipe, 'placement', 'mode'))}; "
         f"order: {_get(plan, 'order', default=_get(recipe, 'placement', 'order'))}; "
         f"repeats: {_get(recipe, 'placement', 'repeats')}",

@@ -87,7 +87,7 @@ class Manifest:
                 "arm_runs": [{k: a[k] for k in ("name", "arm", "round", "group", "host", "gpus", "port")}
                              for a in plan["arm_runs"]],
                 "versions": package_versions(), "git_sha": git_sha(), "hosts": hosts, "run_id": run_id,
-                "created": created, "finished": None, "stages": {}}
+                "created": created, "finished": None, "stages": {}, "invocations": []}
         write_json_exclusive(path, data)
         return cls(path, data)
 
@@ -132,6 +132,26 @@ class Manifest:
             self.data.setdefault("superseded", []).append(
                 {"arm_run": arm_run, "attempt": attempt, "at": now(), **why,
                  "stages": self.data["stages"].pop(arm_run, {})})
+            self.save()
+
+    def open_invocation(self) -> dict | None:
+        """Record that a `pipeline run` (new or --resume) starts working on this run dir; close it with
+        close_invocation. The report's wall time sums these spans, so the idle time between an interrupt and its
+        resume does not count. A manifest written before spans were kept gets none: its spans would miss the
+        first run's."""
+        if "invocations" not in self.data:
+            return None
+        with self._lock:
+            span = {"started": now(), "finished": None}
+            self.data["invocations"].append(span)
+            self.save()
+            return span
+
+    def close_invocation(self, span: dict | None) -> None:
+        if span is None:
+            return
+        with self._lock:
+            span["finished"] = now()
             self.save()
 
     def set(self, key: str, value) -> None:

@@ -270,10 +270,12 @@ def execute(recipe: Recipe, plan: RunPlan, manifest: Manifest, hosts: dict[str, 
         raise KeyboardInterrupt(signal.Signals(signum).name)  # the CLI names it and exits 128 + its number
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    span = manifest.open_invocation()
     try:
         ran = [_run_group(recipe, plan, manifest, hosts, group) for group in plan.groups()]
         # a resume with nothing left to run keeps the finish time: the report's wall time ends there
         if any(ran) or not manifest.data.get("finished"):
             manifest.set("finished", now())
     finally:
+        manifest.close_invocation(span)
         signal.signal(signal.SIGTERM, previous)

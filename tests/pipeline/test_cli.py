@@ -52,6 +52,10 @@ def test_an_interrupted_run_names_the_signal_and_its_own_run_dir_to_resume(tmp_p
         assert proc.returncode == 128 + sig, err[-2000:]  # the shell's convention
         assert err.endswith(f"interrupted ({sig.name}); finished stages are kept: pipeline run --resume {out}\n"), \
             err[-2000:]
+    # each invocation closed its span on the way out, so the report's wall time can leave out the gap between them
+    spans = json.loads((out / "manifest.json").read_text())["invocations"]
+    assert len(spans) == 2 and all(s["finished"] for s in spans), spans
+    assert spans[0]["started"] <= spans[0]["finished"] <= spans[1]["started"] <= spans[1]["finished"], spans
 
 
 def test_an_interrupted_eval_says_so_and_advises_no_run_resume(tmp_path):
