@@ -16,11 +16,19 @@ def fmt(v: float) -> str:
     return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
+NO_SPREAD = "no spread"
+
+
 def fmt_delta(pct: float, lo: float, hi: float) -> str:
     if not np.isfinite(pct):
         return "n/a"
-    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else f" [no CI: < {stats.MIN_SESSIONS} sessions]"
-    return f"{pct:+.1f}%{ci}"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"{pct:+.1f}% [no CI: < {stats.MIN_SESSIONS} sessions]"
+    if hi - lo <= 1e-9 * max(1.0, abs(pct)):
+        # Every resample gave the same delta: each session did the same work in both arms (a rate over the same
+        # completed requests), so the delta is the windows' ratio and a CI of no width would read as certainty.
+        return f"{pct:+.1f}% [{NO_SPREAD}]"
+    return f"{pct:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
 
 
 def fmt_floor(v, has_repeat: bool = True) -> str:

@@ -42,7 +42,10 @@ _CI_DEFINITIONS = (
     "subagents' conversations, which aiperf names `<session>::sa:<agent>`) "
     f"{stats.N_BOOT} times with seed {stats.SEED}. The A/A noise floor, when an arm ran twice, is the "
     "largest |delta| inside the 95% CI of the same statistic between the two runs of one arm: a delta "
-    "smaller than it cannot be told from run-to-run drift.")
+    "smaller than it cannot be told from run-to-run drift. A delta marked \"no spread\" did not move when sessions "
+    "were resampled: every session did the same work in both arms (the same requests completed with the same "
+    "tokens), so a rate's delta is the ratio of the windows; only the A/A floor of a repeat says whether it is "
+    "more than drift.")
 
 
 def definitions(c: Comparison) -> str:

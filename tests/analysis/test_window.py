@@ -53,4 +53,21 @@ def test_grace_period_spill_alone_changes_no_equal_window_throughput(tmp_path):
     assert "| 14.92 | 14.06 | -5.8% [" in old       # (1608 + 238) / 123.72 vs (1608 + 500) / 149.92
     row = next(x for x in md.splitlines() if x.startswith("| Output throughput, equal 120 s window"))
     # 8 x 201 tokens + 1 + (120 - 100.02) / 0.1 = 1608 + 200.8 tokens in 120 s, in both arms.
-    assert row.startswith("| Output throughput, equal 120 s window (tok/s) | 15.07 | 15.07 | +0.0% [+0.0, +0.0]")
+    assert row.startswith("| Output throughput, equal 120 s window (tok/s) | 15.07 | 15.07 | +0.0% [no spread]")
+
+
+def test_a_rate_over_the_same_requests_shows_no_spread_where_per_request_times_keep_their_ci(tmp_path):
+    """Both arms complete the same 8 requests with the same tokens, in windows that differ as their TPOTs do:
+    every session resample gives the windows' ratio, so the throughput row may not print a zero-width CI as if
+    it were certain. Their TPOTs differ request by request, so that row keeps a CI with width."""
+    off = [record(f"s{i}", 0, 1000.0 * i, tpot=50.0 + i, osl=201) for i in range(8)]
+    on = [record(f"s{i}", 0, 1000.0 * i, tpot=48.0 + 2 * (i % 3), osl=201) for i in range(8)]
+    run = make_run(tmp_path / "same", {"off": off, "on": on})
+    md = write_report(run, n_boot=200).read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| Output throughput (tok/s)"))
+    a, b, delta = row.split(" | ")[1:4]
+    assert delta == f"{(float(b) / float(a) - 1) * 100:+.1f}% [no spread]", row
+    row = next(x for x in md.splitlines() if x.startswith("| TPOT mean (ms)"))
+    lo, hi = (float(v) for v in row.split("[")[1].split("]")[0].split(","))
+    assert lo < hi, row
+    assert 'A delta marked "no spread"' in md
