@@ -103,9 +103,8 @@ def cmd_report(args) -> int:
 def cmd_sweep(args) -> int:
     from pipeline.sweep import create_sweep, execute_sweep, progress
 
-    if args.resume and args.sweep:
-        raise SystemExit("error: give a sweep file or --resume SWEEP_DIR, not both: a resume runs the points "
-                         "recorded in SWEEP_DIR/sweep.json")
+    if args.resume and args.out:
+        raise SystemExit("error: --out and --resume: a resume writes into SWEEP_DIR; give one of them")
     if args.resume:
         root = Path(args.resume)
         from pipeline.paths import SweepPaths
@@ -118,7 +117,7 @@ def cmd_sweep(args) -> int:
         raise SystemExit("error: give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR")
     progress(f"sweep dir: {root} ({'resuming' if args.resume else 'new'})")
     try:
-        return execute_sweep(root)
+        return execute_sweep(root, replan_from=args.sweep if args.resume else None)
     except KeyboardInterrupt as e:  # a point's run is resumed by the sweep's resume, not on its own
         name, code = _interrupted(e)
         print(f"interrupted ({name}); finished points are kept: pipeline sweep --resume {root}", file=sys.stderr)
@@ -160,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sw = sub.add_parser("sweep", help="run a base recipe over a matrix of points (one run dir each) and write "
                                       "sweep_report.md, sweep_summary.csv and the Pareto plot")
-    sw.add_argument("sweep", nargs="?", help="sweep.yaml (omit with --resume)")
+    sw.add_argument("sweep", nargs="?", help="sweep.yaml (with --resume: an edited sweep file to re-plan the "
+                                              "unfinished points from, and to add points)")
     sw.add_argument("--out", help="sweep dir (default: <output_dir>/<name>-<timestamp>)")
     sw.add_argument("--resume", metavar="SWEEP_DIR", help="finish a sweep: skip finished points, resume "
                                                           "started ones, start the rest")

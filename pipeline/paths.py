@@ -236,6 +236,7 @@ class SweepPaths:
         SWEEP_DIR/
           sweep.json              the sweep spec, its points and each point's run dir and status
           runs/<point>/           an ordinary run dir (manifest.json, arms/, report.md)
+          superseded/<point>.<n>  a point's unfinished run set aside when an edited sweep file re-planned it
           sweep_report.md         per-point deltas with CIs, the four-point table, the plot
           sweep_summary.csv       one row per point and arm
           plots/pareto.png        interactivity against output throughput per GPU, off and on
@@ -249,6 +250,10 @@ class SweepPaths:
 
     def run_dir(self, point: str) -> Path:
         return self.root / "runs" / point
+
+    def superseded(self, point: str, attempt: int) -> Path:
+        """Where a re-planned point's earlier, unfinished run is kept (`pipeline sweep sweep.yaml --resume`)."""
+        return self.root / "superseded" / f"{point}.{attempt}"
 
     @property
     def report(self) -> Path:

@@ -3,7 +3,8 @@
 Each point is its own run dir under SWEEP_DIR/runs/<point>, made and resumed exactly as `pipeline run` does,
 so a point's stages survive a crash like any run's. sweep.json holds the expanded point recipes (a resume
 runs what was recorded, not what the sweep file says now) and each point's status. `--resume` skips points
-whose run finished, resumes points whose run started, and starts the rest.
+whose run finished, resumes points whose run started, and starts the rest. Given the sweep file too, a resume
+first re-plans from it the points that have not finished (a failed point's fix), and adds its new points.
 """
 from __future__ import annotations
 
@@ -59,6 +60,52 @@ def point_run_dir(root: Path, point: str, entry: dict) -> Path:
     return root / rd
 
 
+def replan_sweep(root: Path, sweep_file: str) -> None:
+    """Take an edited sweep file's recipe for every point of the sweep in `root` that has not finished, and add
+    its new points; an unfinished point whose recipe changed starts a new run, its earlier one kept under
+    superseded/. Finished points keep their runs: a file that changes one, or drops a point, is refused (a
+    sweep's points must come from one plan), before anything is changed."""
+    from pipeline.config.sweep import load_sweep, point_recipes
+
+    spec = load_sweep(sweep_file)
+    recipes = point_recipes(spec, Path(sweep_file))
+    paths = SweepPaths(root)
+    doc = read_json(paths.manifest)
+    dropped = [p for p in doc["points"] if p not in recipes]
+    if dropped:
+        raise SystemExit(f"error: {sweep_file}: points {', '.join(dropped)} of {root} are not in it; a re-plan may "
+                         f"change unfinished points and add new ones, not drop points")
+    state = {p: _point_state(point_run_dir(root, p, e)) for p, e in doc["points"].items()}
+    changed_done = [p for p, e in doc["points"].items() if state[p] == "done" and e["recipe"] != recipes[p]]
+    if changed_done:
+        raise SystemExit(f"error: {sweep_file}: it changes points {', '.join(changed_done)}, which finished in "
+                         f"{root}; a re-plan changes only unfinished points. To run one again, move its run dir "
+                         f"({paths.run_dir(changed_done[0])}) out of the sweep, or start a new sweep")
+    for point, recipe in recipes.items():
+        entry = doc["points"].get(point)
+        if entry is None:
+            doc["points"][point] = {"status": "pending", "recipe": recipe,
+                                    "run_dir": str(paths.run_dir(point).relative_to(root))}
+            progress(f"{point}: new point from {sweep_file}")
+            continue
+        if entry["recipe"] == recipe:
+            continue
+        run_dir = point_run_dir(root, point, entry)
+        note = ""
+        if run_dir.exists():  # its stages ran under the old recipe: none of them can stand for the new one
+            attempt = 1 + len(entry.get("superseded", []))
+            aside = paths.superseded(point, attempt)
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.rename(aside)
+            entry.setdefault("superseded", []).append({"attempt": attempt, "at": now(), "status": entry["status"],
+                                                       "error": entry.get("error"), "run_dir": str(aside.relative_to(root))})
+            note = f"; its earlier run is kept in {aside}"
+        entry.update(recipe=recipe, status="pending", error=None)
+        progress(f"{point}: re-planned from {sweep_file}{note}")
+    doc.update(spec=spec.model_dump(mode="json"), sweep_file=str(sweep_file), name=spec.name)
+    write_json_atomic(paths.manifest, doc)
+
+
 def _point_state(run_dir: Path) -> str:
     """missing (no run yet) | unfinished (a manifest, not finished) | done."""
     m = RunPaths(run_dir).manifest
@@ -94,14 +141,17 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def execute_sweep(root: Path) -> int:
-    """Run the points not yet finished, one after another; a failed point is recorded and the rest go on.
-    Ctrl-C or SIGTERM writes the report of the points finished so far, then raises KeyboardInterrupt."""
+def execute_sweep(root: Path, replan_from: str | None = None) -> int:
+    """Run the points not yet finished, one after another (first re-planned from the sweep file `replan_from`,
+    if given); a failed point is recorded and the rest go on. Ctrl-C or SIGTERM writes the report of the points
+    finished so far, then raises KeyboardInterrupt."""
     def on_term(signum, frame):  # as within a run (runner.execute), so that SIGTERM between points unwinds too
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     # two sweeps in one dir would run its points twice, into the same run dirs
     with dirlock.exclusive(root, lambda e: f"error: sweep dir {e}; wait for it to finish or stop it, then resume"):
+        if replan_from:
+            replan_sweep(root, replan_from)
         previous = signal.signal(signal.SIGTERM, on_term)
         try:
             return _execute_sweep(root)
@@ -139,7 +189,8 @@ def _execute_sweep(root: Path) -> int:
     progress(f"report: {report}")
     if failed:
         progress(f"{len(failed)} point(s) failed: {', '.join(failed)}; rerun them with "
-                 f"`pipeline sweep --resume {root}`")
+                 f"`pipeline sweep --resume {root}`, or, after fixing the sweep file, "
+                 f"`pipeline sweep SWEEP_FILE --resume {root}`")
         return 1
     return 0
 

@@ -274,3 +274,50 @@ def test_a_second_sweep_in_a_sweep_dir_that_another_process_holds_is_refused(tmp
     assert p.returncode != 0 and (f"error: sweep dir {root} is held by another pipeline process (pid {holder.pid}); "
                                   "wait for it to finish or stop it, then resume") in p.stderr
     assert {e["status"] for e in json.loads((root / "sweep.json").read_text())["points"].values()} == {"pending"}
+
+
+def test_an_edited_sweep_file_replans_the_unfinished_points_and_keeps_the_finished(tmp_path):
+    """A failed point's fix: `pipeline sweep sweep.yaml --resume DIR` takes the edited recipe of every point
+    that has not finished (its earlier run set aside), adds new points, and refuses to change a finished one."""
+    from pipeline.sweep import create_sweep
+
+    root = create_sweep(str(_failing_sweep(tmp_path)), str(tmp_path / "s"))
+    shutil.copytree(RECORDED_RUN, root / "runs/c1")  # c1 finished
+    p = subprocess.run(_pipeline("sweep", "--resume", str(root)), cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1 and (root / "runs/c2/manifest.json").is_file(), p.stdout[-2000:] + p.stderr[-2000:]
+
+    def edited(name: str, **matrix) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        doc = yaml.safe_load(_failing_sweep(tmp_path).read_text())
+        doc["matrix"]["conc"] = matrix
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    before = (root / "sweep.json").read_text()
+    other = "/nonexistent/other-profile.yaml"  # c2 still fails at once, now naming the new profile in its recipe
+    for bad, says in (
+            (edited("changes-c1", c1={"load": {"concurrency": 5}}, c2={"load": {"concurrency": 2}}),
+             "it changes points c1, which finished in"),
+            (edited("drops-c2", c1={"load": {"concurrency": 1}}), "points c2 of")):
+        p = subprocess.run(_pipeline("sweep", str(bad), "--resume", str(root)), cwd=REPO, capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 1 and says in p.stderr, p.stderr[-2000:]
+        assert (root / "sweep.json").read_text() == before  # refused before anything changed
+
+    fixed = edited("fixed", c1={"load": {"concurrency": 1}},
+                   c2={"load": {"concurrency": 2}, "server": {"args": {"hardware": other}}},
+                   c3={"load": {"concurrency": 3}})
+    p = subprocess.run(_pipeline("sweep", str(fixed), "--resume", str(root)), cwd=REPO, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert f"c2: re-planned from {fixed}; its earlier run is kept in {root}/superseded/c2.1" in p.stdout
+    assert f"c3: new point from {fixed}" in p.stdout and "c1: finished before (resume): skipped" in p.stdout
+    assert "c2: new run " in p.stdout  # not a resume of the run made under the old recipe
+    doc = json.loads((root / "sweep.json").read_text())
+    assert list(doc["points"]) == ["c1", "c2", "c3"] and doc["sweep_file"] == str(fixed)
+    assert doc["points"]["c2"]["superseded"][0]["run_dir"] == "superseded/c2.1"
+    assert (root / "superseded/c2.1/manifest.json").is_file()
+    run = json.loads((root / "runs/c2/manifest.json").read_text())
+    assert run["recipe"]["server"]["args"]["hardware"] == other
+    assert [doc["points"][c]["status"] for c in ("c1", "c2", "c3")] == ["done", "failed", "failed"]
