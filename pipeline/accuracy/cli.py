@@ -47,8 +47,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model name sent in each request")
     parser.add_argument("--task", required=True, choices=TASK_NAMES)
     parser.add_argument("--data", type=Path, default=None,
-                        help="local JSONL, CSV (GPQA's published gpqa_diamond.csv) or parquet in the "
-                             "published field names (default: the HF hub)")
+                        help="local JSONL, JSON (an array of objects), CSV (GPQA's published gpqa_diamond.csv) "
+                             "or parquet in the published field names (default: the HF hub)")
     parser.add_argument("--shots-data", type=Path, default=None,
                         help="gsm8k: file of solved problems for the shots")
     parser.add_argument("--num-shots", type=int, default=None,
