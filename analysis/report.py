@@ -234,6 +234,10 @@ def write_report(run_dir: Path, out: Path | None = None, *, compare: Path | None
     run = load_run(Path(run_dir))
     other = load_run(Path(compare)) if compare is not None else None
     a_arm, b_arm = arms or (("on", "on") if other else ("off", "on"))
+    if other is None and a_arm == b_arm:  # refused before anything is written: the run's report stays as it was
+        raise ReportError(f"--arms: names '{a_arm}' twice for the one run dir {run.root}: nothing to compare; name "
+                          f"two different arms of it (arms with exports: {', '.join(run.arms) or 'none'}), e.g. "
+                          f"--arms off on, or give a second run dir to compare '{a_arm}' across runs")
     a_runs = run.runs_of(a_arm)
     b_runs = (other or run).runs_of(b_arm)
     for arm, runs, src in ((a_arm, a_runs, run), (b_arm, b_runs, other or run)):

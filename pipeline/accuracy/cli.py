@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from pipeline.config.accuracy import TASK_NAMES
+
+
+KEY_ENV = "OPENAI_API_KEY"  # what OpenAI's own clients read
+_KEY_HELP = f"the key comes from --api-key, else the {KEY_ENV} environment variable"
 
 
 def _json_object(text: str) -> dict:
@@ -45,10 +50,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", required=True,
                         help="server root, /v1 base or full /v1/chat/completions URL")
     parser.add_argument("--model", required=True, help="model name sent in each request")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"sent as 'Authorization: Bearer KEY' (vLLM's --api-key, hosted APIs); default: the "
+                             f"{KEY_ENV} environment variable, none if unset. A command line shows in `ps`: prefer "
+                             "the variable")
     parser.add_argument("--task", required=True, choices=TASK_NAMES)
     parser.add_argument("--data", type=Path, default=None,
-                        help="local JSONL, CSV (GPQA's published gpqa_diamond.csv) or parquet in the "
-                             "published field names (default: the HF hub)")
+                        help="local JSONL, JSON (an array of objects), CSV (GPQA's published gpqa_diamond.csv) "
+                             "or parquet in the published field names (default: the HF hub)")
     parser.add_argument("--shots-data", type=Path, default=None,
                         help="gsm8k: file of solved problems for the shots")
     parser.add_argument("--num-shots", type=int, default=None,
@@ -106,12 +115,12 @@ def _flags_in(msg: str) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Run the task; print one summary line per task to stdout, progress to stderr.
-    Returns 0, or 1 with a one-line error for bad data, bad flags or URL, a foreign out folder or an endpoint that
-    answered none of a task's requests."""
+    Returns 0, or 1 with a one-line error for bad data, bad flags or URL, a foreign out folder, an endpoint that
+    refused the API key (or wanted one) or one that answered none of a task's requests."""
     from pydantic import ValidationError
 
     from pipeline.accuracy.data import DataError
-    from pipeline.accuracy.stage import NoAnswerError, ResumeError, run_accuracy
+    from pipeline.accuracy.stage import KeyRefusedError, NoAnswerError, ResumeError, run_accuracy
 
     if (bad := _url_error(args.url)) is not None:
         print(f"pipeline eval: error: {bad}", file=sys.stderr)
@@ -119,7 +128,8 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
         result = run_accuracy(spec, url=args.url, model=args.model, out_dir=args.out,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True), data_name="--data")
+                              progress=lambda line: print(line, file=sys.stderr, flush=True), data_name="--data",
+                              api_key=args.api_key or os.environ.get(KEY_ENV) or None, key_help=_KEY_HELP)
     except ValidationError as e:
         first = e.errors()[0]
         field = first["loc"][-1] if first["loc"] else None
@@ -130,7 +140,7 @@ def run_eval(args: argparse.Namespace) -> int:
             msg = f"{flag_of(field)}: {msg} (got {got!r})"
         print(f"pipeline eval: error: {_flags_in(msg)}", file=sys.stderr)
         return 1
-    except (DataError, ResumeError, NoAnswerError) as e:   # already one line that names the fix
+    except (DataError, ResumeError, NoAnswerError, KeyRefusedError) as e:   # already one line that names the fix
         print(f"pipeline eval: error: {e}", file=sys.stderr)
         return 1
     for task, t in zip(spec.tasks, result.tasks):

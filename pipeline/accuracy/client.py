@@ -3,6 +3,7 @@
 A request that still fails after its retries comes back as a `Reply` with `failed=True`
 and the last error, so the caller records it instead of losing the question. Where the server
 returned the chosen tokens' logprobs (OpenAI's `logprobs.content`), the reply keeps them.
+A 401 or 403 raises `Refused`: the credentials, not the question, failed, and every request would fail alike.
 """
 from __future__ import annotations
 
@@ -56,6 +57,19 @@ class _Retryable(Exception):
     pass
 
 
+class Refused(Exception):
+    """The endpoint answered 401 or 403: it refused the API key sent (or wanted one and got none)."""
+
+    def __init__(self, status: int, text: str):
+        super().__init__(f"HTTP {status}: {text}")
+        self.status, self.text = status, text
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The session's headers: OpenAI's bearer scheme, which vLLM's --api-key and hosted APIs check."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def _token_logprobs(choice: dict) -> tuple[list[str] | None, list[float] | None]:
     """(tokens, logprobs) from a chat choice's `logprobs.content`; (None, None) where it has none."""
     content = (choice.get("logprobs") or {}).get("content")
@@ -73,6 +87,8 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: dict,
     try:
         async with session.post(url, json=body, timeout=timeout) as resp:
             text = await resp.text()
+            if resp.status in (401, 403):
+                raise Refused(resp.status, text[:200])
             if resp.status in _RETRY_STATUS:
                 raise _Retryable(f"HTTP {resp.status}: {text[:200]}")
             if resp.status != 200:
@@ -93,7 +109,7 @@ async def _attempt(session: aiohttp.ClientSession, url: str, body: dict,
 
 async def chat(session: aiohttp.ClientSession, url: str, body: dict, *, timeout_s: float,
                retries: int, backoff_s: float) -> Reply:
-    """POST one chat request; retry connection errors, timeouts, 408/429/5xx."""
+    """POST one chat request; retry connection errors, timeouts, 408/429/5xx; raise Refused on 401/403."""
     error = None
     for attempt in range(1, retries + 2):
         start = time.perf_counter()

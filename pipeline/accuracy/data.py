@@ -1,4 +1,4 @@
-"""Dataset rows from a local JSONL/parquet file or, when reachable, the HF hub.
+"""Dataset rows from a local JSONL/JSON/CSV/parquet file or, when reachable, the HF hub.
 
 Rows keep the dataset's published field names; the task modules (gsm8k.py, gpqa.py)
 interpret them. Every failure is a `DataError` with one line that says how to fix it.
@@ -35,14 +35,17 @@ def sibling(where: str, field: str) -> str:
 
 
 def read_rows(path: Path, where: str) -> list[dict]:
-    """All rows of a local .jsonl/.json/.csv/.parquet file, as dicts. CSV is GPQA's published format
-    (gpqa_diamond.csv: Question, Correct Answer, Incorrect Answer 1..3, Record ID, ...)."""
+    """All rows of a local .jsonl/.json/.csv/.parquet file, as dicts. A .json file holds a JSON array of
+    objects or JSON Lines. CSV is GPQA's published format (gpqa_diamond.csv: Question, Correct Answer,
+    Incorrect Answer 1..3, Record ID, ...)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{where}: file not found: {path}")
     suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        return _read_jsonl(path, where)
+    if suffix == ".jsonl":
+        return _read_jsonl(path.read_text(), path, where)
+    if suffix == ".json":
+        return _read_json(path, where)
     if suffix == ".parquet":
         import pandas as pd
 
@@ -64,18 +67,38 @@ def _read_csv(path: Path, where: str) -> list[dict]:
     return df.to_dict("records")
 
 
-def _read_jsonl(path: Path, where: str) -> list[dict]:
+_JSON_ACCEPTED = "a .json file holds one JSON array of objects, or one JSON object per line (JSON Lines)"
+
+
+def _read_json(path: Path, where: str) -> list[dict]:
+    """A JSON array of objects (json.dump of a list of rows, pandas' orient='records'), or JSON Lines under a
+    .json name, which the `datasets` library's to_json writes and which this reader has always taken."""
+    text = path.read_text()
+    if not text.lstrip().startswith("["):
+        return _read_jsonl(text, path, where, hint=f"; {_JSON_ACCEPTED}")
+    try:
+        rows = json.loads(text)  # an array may spread over many lines: parse it whole
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: {path}:{e.lineno} is not valid JSON ({e.msg}); {_JSON_ACCEPTED}") from None
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: {path}: item {i} of the array is {json.dumps(row)[:60]}, "
+                            f"not an object; {_JSON_ACCEPTED}")
+    return rows
+
+
+def _read_jsonl(text: str, path: Path, where: str, hint: str = "") -> list[dict]:
     rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{where}: {path}:{lineno} is not valid JSON ({e.msg})") from None
+            raise DataError(f"{where}: {path}:{lineno} is not valid JSON ({e.msg}){hint}") from None
         if not isinstance(row, dict):
             raise DataError(f"{where}: {path}:{lineno} is a {type(row).__name__}, "
-                            "expected a JSON object per line")
+                            f"expected a JSON object per line{hint}")
         rows.append(row)
     return rows
 

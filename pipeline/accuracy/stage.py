@@ -32,6 +32,15 @@ class NoAnswerError(RuntimeError):
     """Every request of a task failed: the endpoint, not the model, is what such a run would measure."""
 
 
+class KeyRefusedError(ValueError):
+    """The endpoint answered 401 or 403: every request would be refused alike, so the task stops at the first."""
+
+
+# The engine a recipe starts serves without an API key (nor does aiperf's load send one): the stage sends none.
+ENGINE_KEY_HELP = ("the accuracy stage sends none to the engine the pipeline started: start it without an API key, "
+                   "or score a keyed endpoint with `pipeline eval --api-key`")
+
+
 @dataclass(frozen=True)
 class TaskResult:
     task: str
@@ -69,13 +78,16 @@ class _Job:
 
 
 def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
-                 progress: Progress | None = None, data_name: str | None = None) -> AccuracyResult:
+                 progress: Progress | None = None, data_name: str | None = None,
+                 api_key: str | None = None, key_help: str = ENGINE_KEY_HELP) -> AccuracyResult:
     """Run every task of `spec` against the OpenAI-compatible server at `url`.
 
     out_dir is the arm's accuracy folder (ArmPaths.accuracy_dir): records go to
     out_dir/<task>.jsonl (= ArmPaths.accuracy_records(task)), summaries to
     out_dir/<task>.summary.json. Synchronous (runs its own event loop); call it from a
-    worker thread if the caller already runs one.
+    worker thread if the caller already runs one. `api_key`, where given, goes out as
+    `Authorization: Bearer` and nowhere else (not in records, summaries or errors); `key_help`
+    says where a key comes from, for the one-line KeyRefusedError of a 401 or 403.
     """
     results = []
     for i, task in enumerate(spec.tasks):
@@ -83,7 +95,8 @@ def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
         where = data_name or f"accuracy.tasks[{i}].data"
         jobs, n_questions = _plan(task, where)
         results.append(_run_task(task, jobs, n_questions, url=url, model=model, out_dir=Path(out_dir),
-                                 progress=progress or (lambda _: None), where=where))
+                                 progress=progress or (lambda _: None), where=where, api_key=api_key,
+                                 key_help=key_help))
     return AccuracyResult(tuple(results))
 
 
@@ -172,7 +185,9 @@ def _shown(value) -> str:
 
 
 def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, model: str,
-              out_dir: Path, progress: Progress, where: str) -> TaskResult:
+              out_dir: Path, progress: Progress, where: str, api_key: str | None, key_help: str) -> TaskResult:
+    from pipeline.accuracy.client import Refused, chat_url
+
     start = time.perf_counter()
     path, spath = task_records(out_dir, task.name), task_summary(out_dir, task.name)
     gen = _generation(task)
@@ -182,7 +197,10 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
     write_records(path, [*kept.values(), *extra])
     progress(f"{task.name}: {n_questions} questions x {task.repeats} repeats; "
              f"{len(kept)} already answered, asking {len(todo)}")
-    new = asyncio.run(_ask_all(task, todo, url, model, gen, path, progress)) if todo else []
+    try:
+        new = asyncio.run(_ask_all(task, todo, url, model, gen, path, progress, api_key)) if todo else []
+    except Refused as e:
+        raise KeyRefusedError(_refused_line(task.name, chat_url(url), e.status, e.text, api_key, key_help)) from None
     records = {**kept, **{(r["id"], r["repeat"]): r for r in new}}
     ordered = [records[(j.id, j.repeat)] for j in jobs]
     write_records(path, [*ordered, *extra])
@@ -190,7 +208,7 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
                         repeats=task.repeats, generation=gen)
     write_json_atomic(spath, summary)
     if ordered and summary["n_failed"] == len(ordered):
-        from pipeline.accuracy.client import chat_url, timed_out
+        from pipeline.accuracy.client import timed_out
 
         first = ordered[0]["error"] or ""
         # An engine may refuse OpenAI's `logprobs` (some do under speculative decoding): name the switch.
@@ -216,11 +234,19 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
         n_reused=len(kept), wall_s=time.perf_counter() - start)
 
 
+def _refused_line(task: str, endpoint: str, status: int, text: str, api_key: str | None, key_help: str) -> str:
+    # The body may quote the key back (OpenAI's masks it; a proxy might not): it never reaches a log whole.
+    body = " ".join(text.split())[:200]
+    if api_key:
+        return f"{task}: {endpoint} refused the API key (HTTP {status}: {body.replace(api_key, '***')}); {key_help}"
+    return f"{task}: {endpoint} answered HTTP {status} ({body}) and no API key was given; {key_help}"
+
+
 async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, gen: dict, path: Path,
-                   progress: Progress) -> list[dict]:
+                   progress: Progress, api_key: str | None) -> list[dict]:
     import aiohttp
 
-    from pipeline.accuracy.client import chat, chat_url
+    from pipeline.accuracy.client import auth_headers, chat, chat_url
 
     queue: asyncio.Queue[_Job] = asyncio.Queue()
     for job in todo:
@@ -254,10 +280,15 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, gen: 
                          f"{n_failed} failed, {n_retried} retried, {rate:.1f}/s")
 
     connector = aiohttp.TCPConnector(limit=task.concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=auth_headers(api_key)) as session:
         with open(path, "a") as fh:
-            await asyncio.gather(*(worker(session, fh)
-                                   for _ in range(min(task.concurrency, len(todo)))))
+            workers = [asyncio.ensure_future(worker(session, fh)) for _ in range(min(task.concurrency, len(todo)))]
+            try:
+                await asyncio.gather(*workers)
+            finally:  # a refused key stops them all (their requests would be refused alike) before fh closes
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
     return done
 
 

@@ -33,7 +33,8 @@ class TaskSpec(NoBoolNumbers):
                                        "'gpqa_diamond' (4 shuffled options, 'Answer: X').")
     data: Path | None = Field(
         default=None,
-        description="Local JSONL or parquet file in the dataset's published field names "
+        description="Local JSONL, JSON (an array of objects, or JSON Lines), CSV or parquet file in the "
+                    "dataset's published field names "
                     "(gsm8k: question, answer ending in '#### N'; gpqa_diamond: Question, "
                     "Correct Answer, Incorrect Answer 1..3). An optional 'split' column "
                     "(train/test) supplies GSM8K shots from 'train'. None: load from the "

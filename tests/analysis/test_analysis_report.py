@@ -219,6 +219,23 @@ def test_cli_success_prints_path(run, capsys):
     assert "are one run and --arms names 'on' twice: nothing to compare" in capsys.readouterr().err
 
 
+def test_one_run_with_one_arm_twice_is_refused_and_writes_nothing(run, capsys):
+    assert cli_report([str(run)]) == 0
+    capsys.readouterr()
+    report, plots = run / "report.md", {p.name: p.read_bytes() for p in (run / "plots").iterdir()}
+    before = report.read_bytes()
+    assert cli_report([str(run)], arms=["off", "off"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"error: --arms: names 'off' twice for the one run dir {run}: nothing to compare; name "
+                           "two different arms of it (arms with exports: off, on), e.g. --arms off on, or give a "
+                           "second run dir to compare 'off' across runs")
+    assert report.read_bytes() == before  # the run's report and plots are left as they were
+    assert {p.name: p.read_bytes() for p in (run / "plots").iterdir()} == plots
+    with pytest.raises(ReportError, match=r"^--arms: names 'on' twice for the one run dir .*: nothing to compare"):
+        write_report(run, out=run.parent / "elsewhere.md", arms=("on", "on"), n_boot=N_BOOT)
+    assert not (run.parent / "elsewhere.md").exists() and not (run.parent / "plots").exists()
+
+
 @pytest.fixture(scope="session")
 def live_run(tmp_path_factory) -> Path:
     """A fresh run dir: real aiperf against two real local streaming servers (off 6 ms/token, on 4.5)."""

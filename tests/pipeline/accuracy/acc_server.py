@@ -10,6 +10,8 @@ Patterns, by question id (GPQA: applied to every repeat of the id):
     slow       the first attempt of each prompt stalls `slow_s` seconds (client timeout)
     truncated  cut off before its final answer, finish_reason 'length' (the max_tokens budget ran out)
 refuse_logprobs: HTTP 400 on every request that asks for `logprobs`, as an engine without them answers.
+api_key: every request must carry `Authorization: Bearer <api_key>`, as vLLM's --api-key checks; without one
+    HTTP 401, with another key HTTP 403 (as some gateways answer a wrong key), bodies in OpenAI's error form.
 """
 from __future__ import annotations
 
@@ -33,13 +35,15 @@ def load_jsonl(path: Path) -> list[dict]:
 
 class AnswerServer:
     def __init__(self, gsm_rows=(), gpqa_rows=(), *, wrong=(), invalid=(), loose=(), fail=(),
-                 flaky=(), slow=(), slow_s=5.0, truncated=(), refuse_logprobs=False):
+                 flaky=(), slow=(), slow_s=5.0, truncated=(), refuse_logprobs=False, api_key=None):
         self.gsm = {r["question"]: r for r in gsm_rows}
         self.gpqa = list(gpqa_rows)
         self.wrong, self.invalid, self.loose = set(wrong), set(invalid), set(loose)
         self.fail, self.flaky, self.slow, self.slow_s = set(fail), set(flaky), set(slow), slow_s
         self.truncated = set(truncated)
         self.refuse_logprobs = refuse_logprobs
+        self.api_key = api_key
+        self.authorizations: list[str | None] = []   # each request's Authorization header, refused ones too
         self.attempts: Counter = Counter()      # prompt text -> requests seen
         self.requests_by_id: Counter = Counter()
         self.bodies: list[dict] = []
@@ -71,6 +75,14 @@ class AnswerServer:
         return qid, f"Checking each option in turn.\n**Answer: {right}**"
 
     async def _handle(self, request: web.Request) -> web.Response:
+        auth = request.headers.get("Authorization")
+        self.authorizations.append(auth)
+        if self.api_key is not None and auth != f"Bearer {self.api_key}":
+            if auth is None:
+                status, why = 401, "no API key given"
+            else:  # the wrong key quoted back, as OpenAI's message does (masked there): the client must not log it
+                status, why = 403, f"Incorrect API key provided: {auth.removeprefix('Bearer ')}"
+            return web.json_response({"error": {"message": why, "type": "invalid_request_error"}}, status=status)
         body = await request.json()
         self.bodies.append(body)
         content = body["messages"][-1]["content"]

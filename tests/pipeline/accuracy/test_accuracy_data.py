@@ -130,6 +130,31 @@ def test_parquet_equals_jsonl(tmp_path):
     assert a == b and len(a) == 24
 
 
+def test_json_file_holds_an_array_of_objects_or_json_lines(tmp_path):
+    rows = [json.loads(x) for x in GSM.read_text().splitlines()]
+    array, lines = tmp_path / "gsm_array.json", tmp_path / "gsm_lines.json"
+    array.write_text(json.dumps(rows, indent=2))  # an array spread over many lines, as json.dump writes it
+    lines.write_text(GSM.read_text())             # JSON Lines under a .json name, as `datasets`' to_json writes it
+    assert read_rows(array, "w") == read_rows(lines, "w") == read_rows(GSM, "w") == rows
+    expected = gsm8k.load(TaskSpec(name="gsm8k", data=GSM), "w")
+    assert gsm8k.load(TaskSpec(name="gsm8k", data=array), "w") == expected
+    assert gsm8k.load(TaskSpec(name="gsm8k", data=lines), "w") == expected
+
+
+@pytest.mark.parametrize("text, where", [
+    ('[{"question": "q", "answer": "#### 1"},\n 3]', r": item 1 of the array is 3, not an object"),
+    ('[{"question": "q", "answer": "#### 1"},\n {"question": }]', r":2 is not valid JSON \(Expecting value\)"),
+    ('{\n  "question": "q"\n}', r":1 is not valid JSON \(Expecting property name enclosed in double quotes\)"),
+    ('"q"', r":1 is a str, expected a JSON object per line"),
+])
+def test_a_bad_json_file_is_told_what_a_json_file_holds(tmp_path, text, where):
+    bad = tmp_path / "gsm.json"
+    bad.write_text(text)
+    with pytest.raises(DataError, match=rf"^w: .*gsm\.json{where}; a \.json file holds one JSON array of objects, "
+                                        r"or one JSON object per line \(JSON Lines\)$"):
+        read_rows(bad, "w")
+
+
 def test_shuffle_is_deterministic_and_seeded():
     (q,) = gpqa.load(TaskSpec(name="gpqa_diamond", data=GPQA, limit=1), "w")
     assert gpqa.messages(q, 3, 0) == gpqa.messages(q, 3, 0)

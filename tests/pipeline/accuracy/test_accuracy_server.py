@@ -10,7 +10,7 @@ import pytest
 
 from acc_server import AnswerServer, load_jsonl
 from pipeline.config.accuracy import AccuracySpec
-from pipeline.accuracy.stage import NoAnswerError, ResumeError, run_accuracy
+from pipeline.accuracy.stage import KeyRefusedError, NoAnswerError, ResumeError, run_accuracy
 from pipeline.paths import ArmPaths
 
 DATA = Path(__file__).resolve().parents[3] / "recipes" / "data" / "accuracy"
@@ -274,3 +274,61 @@ def test_eval_names_answers_cut_off_by_the_token_limit(tmp_path, capsys):
     assert err[-1] == ("pipeline eval: warning: gsm8k: all 3 answers stopped at the 64-token limit (finish_reason "
                        "'length'), none finished: this accuracy measures the budget, not the model; raise --max-tokens")
     assert json.loads((tmp_path / "all" / "gsm8k.summary.json").read_text())["n_truncated"] == 3
+
+
+def test_eval_sends_the_api_key_as_a_bearer_header_from_the_flag_or_the_environment(tmp_path, capsys, monkeypatch):
+    # Guarantee: the key reaches the endpoint as OpenAI's bearer header, --api-key before OPENAI_API_KEY, and is
+    # written nowhere: not in the records, the summary or the progress lines.
+    from pipeline.accuracy.cli import eval_main
+
+    key = "sk-test-0123456789"
+    argv = ["--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit", "2"]
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with gsm_server(api_key=key) as srv:
+        assert eval_main(["--url", srv.url, *argv, "--api-key", key, "--out", str(tmp_path / "flag")]) == 0
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        assert eval_main(["--url", srv.url, *argv, "--out", str(tmp_path / "env")]) == 0
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-another")
+        assert eval_main(["--url", srv.url, *argv, "--api-key", key, "--out", str(tmp_path / "both")]) == 0
+    assert srv.authorizations == [f"Bearer {key}"] * 6
+    assert all(key not in f.read_text() for f in tmp_path.rglob("*") if f.is_file())
+    assert key not in capsys.readouterr().err
+
+
+def test_a_missing_or_refused_api_key_is_one_line_and_stops_the_task(tmp_path, capsys, monkeypatch):
+    # Guarantee: a 401 or 403 says the endpoint refused the key (or that none was given) and where a key comes
+    # from, without quoting the key; the task stops at once, not after every question's retries.
+    from pipeline.accuracy.cli import eval_main
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    argv = ["--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit", "20", "--concurrency", "2",
+            "--out", str(tmp_path)]
+    where = "the key comes from --api-key, else the OPENAI_API_KEY environment variable"
+    with gsm_server(api_key="sk-right") as srv:
+        endpoint = f"{srv.url}/v1/chat/completions"
+        assert eval_main(["--url", srv.url, *argv]) == 1
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f'pipeline eval: error: gsm8k: {endpoint} answered HTTP 401 ({{"error": {{"message": "no API key given", '
+            f'"type": "invalid_request_error"}}}}) and no API key was given; {where}')
+        assert 1 <= len(srv.authorizations) <= 2 and set(srv.authorizations) == {None}  # the two in flight
+        assert eval_main(["--url", srv.url, *argv, "--api-key", "sk-wrong"]) == 1
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1] == (
+            f'pipeline eval: error: gsm8k: {endpoint} refused the API key (HTTP 403: {{"error": {{"message": '
+            f'"Incorrect API key provided: ***", "type": "invalid_request_error"}}}}); {where}')
+        assert "sk-wrong" not in err
+        assert eval_main(["--url", srv.url, *argv, "--api-key", "sk-right"]) == 0   # the same --out goes on
+    assert "0 already answered, asking 20" in capsys.readouterr().err
+
+
+def test_the_recipe_stage_sends_no_key_and_says_so_when_its_engine_wants_one(tmp_path, monkeypatch):
+    # Guarantee: the engine a recipe starts is asked without a key, even with OPENAI_API_KEY set (a hosted API's
+    # key is not sent to it); one that wants a key is named in one line with the way out.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-hosted")
+    with gsm_server(api_key="sk-engine") as srv:
+        with pytest.raises(KeyRefusedError, match=r"^gsm8k: .* answered HTTP 401 \(.*\) and no API key was given; "
+                                                  r"the accuracy stage sends none to the engine the pipeline started: "
+                                                  r"start it without an API key, or score a keyed endpoint with "
+                                                  r"`pipeline eval --api-key`$"):
+            run_accuracy(spec(name="gsm8k", data=GSM, limit=2), url=srv.url, model="m", out_dir=tmp_path)
+    assert set(srv.authorizations) == {None}
