@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.load import (AnalysisError, add_match_key, outcome_counts, profiling_only, read_jsonl,
                            read_phase_window, records_frame, server_metrics_frame, window_seconds)
+from pipeline import dirlock
 from pipeline.paths import ArmPaths, RunPaths, SweepPaths
 
 if TYPE_CHECKING:
@@ -152,10 +153,30 @@ def load_arm_run(paths: ArmPaths, name: str, arm: str, order: int) -> ArmRun:
                   warmup_records=int((raw["phase"] == "warmup").sum()), phase_window_ns=phase)
 
 
+def check_not_in_progress(root: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a run that a pipeline process is working on now (it holds the dir's lock and writes the report when
+    it finishes), or one that stopped without a word inside a load stage (kill -9, a lost node): that stage's
+    aiperf export is partial, or holds only warm-up records."""
+    running = [(name, stage) for name, stages in (manifest.get("stages") or {}).items() if isinstance(stages, dict)
+               for stage, entry in stages.items() if isinstance(entry, dict) and entry.get("status") == "running"]
+    if not running:
+        return
+    where = ", ".join(f"arm run `{name}`'s {stage} stage" for name, stage in running)
+    pid = dirlock.holder(root)
+    if pid is not None:
+        raise AnalysisError(f"run dir {root} is still in progress: pipeline process {pid} is running {where}; it "
+                            f"writes report.md when the run finishes")
+    if not manifest.get("finished") and any(stage == "load" for _, stage in running):
+        raise AnalysisError(f"run dir {root} is unfinished: it stopped during {where}, so that arm run's aiperf "
+                            f"export is partial; finish it with `pipeline run --resume {root}`, which writes the "
+                            f"report")
+
+
 def load_run(root: Path) -> Run:
     """Read a run directory; each declared arm needs at least one arm run with an aiperf export."""
     root = Path(root)
     manifest = read_manifest(root)
+    check_not_in_progress(root, manifest)
     paths = RunPaths(root)
     table = arm_run_table(manifest, paths.arm_runs())
     runs, notes = [], []

@@ -45,3 +45,20 @@ def exclusive(directory: Path, refusal: Callable[[DirInUse], str] | None = None)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def holder(directory: Path) -> str | None:
+    """The pid of the live process that holds `directory`'s lock, or None if none does. Reads only: it makes no
+    lock file, and its probe holds a shared lock for an instant, which a process that starts on the dir in that
+    instant sees as in use."""
+    try:
+        fd = os.open(Path(directory) / LOCK_NAME, os.O_RDONLY)
+    except OSError:  # no lock file: no pipeline process ever worked here, or not one that could be read
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # releases the probe's lock

@@ -194,6 +194,28 @@ def test_cli_errors_are_one_line(run, capsys, breakage, message):
     assert __import__("re").search(message, err), err
 
 
+def test_a_run_in_progress_or_stopped_in_its_load_says_so_not_that_it_measured_nothing(run, capsys):
+    """Mid-load, aiperf's export holds the warm-up alone: the report must not blame the load for it."""
+    from pipeline import dirlock
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["finished"] = None
+    manifest["stages"]["on"]["load"]["status"] = "running"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    export = run / "arms" / "on" / "aiperf" / "profile_export.jsonl"
+    write_jsonl(export, [x for x in read_jsonl(export) if x["metadata"]["benchmark_phase"] == "warmup"])
+    with dirlock.exclusive(run):  # as `pipeline run` holds it (a lock of its own: another open of the file)
+        assert cli_report([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: run dir {run} is still in progress: pipeline process {__import__('os').getpid()} is "
+                   f"running arm run `on`'s load stage; it writes report.md when the run finishes\n"), err
+    assert cli_report([str(run)]) == 2  # the run was killed in that stage: nothing holds the dir
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: run dir {run} is unfinished: it stopped during arm run `on`'s load stage, so "
+                          f"that arm run's aiperf export is partial; finish it with `pipeline run --resume {run}`"), err
+    assert "0 profiling records" not in err and not (run / "report.md").exists()
+
+
 def test_cli_argument_errors(run, capsys):
     assert cli_report([str(run)], arms="off") == 2
     assert "--arms: expected two arm names like 'off on', got 'off'" in capsys.readouterr().err
