@@ -101,7 +101,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from pipeline.sweep import create_sweep, execute_sweep, progress
+    from pipeline.sweep import create_sweep, execute_sweep
 
     if args.resume and args.out:
         raise SystemExit("error: --out and --resume: a resume writes into SWEEP_DIR; give one of them")
@@ -115,9 +115,8 @@ def cmd_sweep(args) -> int:
         root = create_sweep(args.sweep, args.out)
     else:
         raise SystemExit("error: give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR")
-    progress(f"sweep dir: {root} ({'resuming' if args.resume else 'new'})")
     try:
-        return execute_sweep(root, replan_from=args.sweep if args.resume else None)
+        return execute_sweep(root, replan_from=args.sweep if args.resume else None, resuming=bool(args.resume))
     except KeyboardInterrupt as e:  # a point's run is resumed by the sweep's resume, not on its own
         name, code = _interrupted(e)
         print(f"interrupted ({name}); finished points are kept: pipeline sweep --resume {root}", file=sys.stderr)

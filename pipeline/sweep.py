@@ -141,7 +141,7 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def execute_sweep(root: Path, replan_from: str | None = None) -> int:
+def execute_sweep(root: Path, replan_from: str | None = None, resuming: bool = False) -> int:
     """Run the points not yet finished, one after another (first re-planned from the sweep file `replan_from`,
     if given); a failed point is recorded and the rest go on. Ctrl-C or SIGTERM writes the report of the points
     finished so far, then raises KeyboardInterrupt."""
@@ -150,6 +150,7 @@ def execute_sweep(root: Path, replan_from: str | None = None) -> int:
 
     # two sweeps in one dir would run its points twice, into the same run dirs
     with dirlock.exclusive(root, lambda e: f"error: sweep dir {e}; wait for it to finish or stop it, then resume"):
+        progress(f"sweep dir: {root} ({'resuming' if resuming else 'new'})")  # only once the dir is ours
         if replan_from:
             replan_sweep(root, replan_from)
         previous = signal.signal(signal.SIGTERM, on_term)

@@ -273,6 +273,7 @@ def test_a_second_sweep_in_a_sweep_dir_that_another_process_holds_is_refused(tmp
         holder.wait()
     assert p.returncode != 0 and (f"error: sweep dir {root} is held by another pipeline process (pid {holder.pid}); "
                                   "wait for it to finish or stop it, then resume") in p.stderr
+    assert "sweep dir:" not in p.stdout, p.stdout  # the refused process never worked in it
     assert {e["status"] for e in json.loads((root / "sweep.json").read_text())["points"].values()} == {"pending"}
 
 
