@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis import stats, window
-from analysis.load import root_sessions
+from analysis.load import AnalysisError, root_sessions
 from analysis.compare import compare, pool
 from analysis.formatting import fmt
 from analysis.rundir import load_run
@@ -58,8 +58,9 @@ def _arm_figures(runs, gpus: int, window_s: float) -> dict:
     return out
 
 
-def point_rows(point: str, run_dir: Path, gpus: int, labels: dict[str, str]) -> list[dict]:
-    """Two rows (off, on) for one point: arm figures with CIs, and the on-vs-off deltas with CIs."""
+def point_rows(point: str, run_dir: Path, gpus: int, labels: dict[str, str], shown_as: str) -> list[dict]:
+    """Two rows (off, on) for one point: arm figures with CIs, and the on-vs-off deltas with CIs. shown_as: the
+    run dir as the CSV names it."""
     run = load_run(run_dir)
     by_arm = {arm: [r for r in run.arm_runs if r.arm == arm] for arm in ("off", "on")}
     duration = ((run.manifest.get("recipe") or {}).get("load") or {}).get("benchmark_duration_s")
@@ -73,18 +74,28 @@ def point_rows(point: str, run_dir: Path, gpus: int, labels: dict[str, str]) -> 
     if e is not None and e.n:
         deltas.update(d_matched_tpot=e.pct, d_matched_tpot_lo=e.lo, d_matched_tpot_hi=e.hi, matched_n=e.n)
     w = window.equal_window([r.window_s for r in by_arm["off"] + by_arm["on"]], duration)
-    base = {"point": point, **labels, "gpus": gpus, "run_dir": str(run_dir)}
+    base = {"point": point, **labels, "gpus": gpus, "run_dir": shown_as}
     return [{**base, "arm": arm, **_arm_figures(by_arm[arm], gpus, w), **deltas} for arm in ("off", "on")]
 
 
-def summary_frame(points: list[dict]) -> "pd.DataFrame":
-    """points: [{point, run_dir, gpus, labels}] of finished runs -> one row per (point, arm)."""
+def summary_frame(points: list[dict], sweep_dir: Path | None = None) -> tuple["pd.DataFrame", dict[str, str]]:
+    """points: [{point, run_dir, gpus, labels}] of finished runs -> (one row per (point, arm), {point: why it could
+    not be analysed}). A point that cannot be analysed (an export gone, no profiling record) is left out rather
+    than sinking the others. run_dir in the rows and the reasons: relative to sweep_dir where given, so the CSV
+    reads the same from any working directory."""
     import pandas as pd
 
-    rows = []
+    rows, failed = [], {}
     for p in points:
-        rows += point_rows(p["point"], Path(p["run_dir"]), p["gpus"], p.get("labels", {}))
-    return pd.DataFrame(rows)
+        run_dir = Path(p["run_dir"])
+        shown_as = os.path.relpath(run_dir, sweep_dir) if sweep_dir is not None else str(run_dir)
+        try:
+            rows += point_rows(p["point"], run_dir, p["gpus"], p.get("labels", {}), shown_as)
+        except AnalysisError as e:  # its message names the run dir; the reader of a sweep knows it by shown_as
+            failed[p["point"]] = str(e).replace(str(run_dir), shown_as)
+        except Exception as e:  # anything else one point's files provoke must not cost the other points either
+            failed[p["point"]] = f"{type(e).__name__}: {e}"
+    return pd.DataFrame(rows), failed
 
 
 def pareto_lines(df: "pd.DataFrame", axes: list[str] = (),
@@ -192,16 +203,18 @@ def md_cell(text: str, limit: int) -> str:
 
 def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], report_dir: Path,
                     png: Path | None, run_dirs: dict[str, Path] | None = None) -> str:
-    """run_dirs: {point: run dir} of the points that have one, finished or not (else the finished ones' from df)."""
+    """run_dirs: {point: run dir} of the points that have one, finished or not."""
+    run_dirs = run_dirs or {}
     parts = [f"# Sweep {name}: kernel off vs on across {len(status)} points", "",
              "| point | status | run dir |", "|---|---|---|"]
     for point, st in status.items():
-        rd = df[df["point"] == point]["run_dir"] if not df.empty else ()
-        rd = [run_dirs[point]] if run_dirs and point in run_dirs else list(rd)
-        rel = os.path.relpath(rd[0], report_dir) if rd else ""
+        rel = os.path.relpath(run_dirs[point], report_dir) if point in run_dirs else ""
         parts.append(f"| {point} | {st} | {rel} |")
     if df.empty:
-        return "\n".join(parts + ["", "No point has finished yet: nothing to compare."]) + "\n"
+        none = ("No finished point could be analysed (the status table says why): nothing to compare."
+                if any(st.startswith("analysis failed") for st in status.values())
+                else "No point has finished yet: nothing to compare.")
+        return "\n".join(parts + ["", none]) + "\n"
     parts += ["", "## Four-point table (the MI355X reference's shape)", "", *four_point_md(df), "",
               "## Deltas on vs off per point (95% CI, session bootstrap; as in each run's report.md)", "",
               *deltas_md(df), ""]

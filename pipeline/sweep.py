@@ -144,7 +144,7 @@ def _error_text(e: BaseException) -> str:
 def execute_sweep(root: Path, replan_from: str | None = None, resuming: bool = False) -> int:
     """Run the points not yet finished, one after another (first re-planned from the sweep file `replan_from`,
     if given); a failed point is recorded and the rest go on. Ctrl-C or SIGTERM writes the report of the points
-    finished so far, then raises KeyboardInterrupt."""
+    finished so far, then raises KeyboardInterrupt. Returns 1 if a point failed or could not be analysed, else 0."""
     def on_term(signum, frame):  # as within a run (runner.execute), so that SIGTERM between points unwinds too
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -175,7 +175,7 @@ def _execute_sweep(root: Path) -> int:
             write_json_atomic(paths.manifest, doc)
             progress(f"{point}: interrupted; writing the report of the points finished so far")
             try:
-                progress(f"report: {write_sweep_report(root)}")
+                progress(f"report: {write_sweep_report(root)[0]}")
             except Exception as e:  # the interrupt is what the user must see; a resume writes the report again
                 progress(f"no report: {type(e).__name__}: {e}")
             raise
@@ -186,14 +186,15 @@ def _execute_sweep(root: Path) -> int:
         write_json_atomic(paths.manifest, doc)
     doc["finished"] = now() if not failed else None
     write_json_atomic(paths.manifest, doc)
-    report = write_sweep_report(root)
+    report, unanalysed = write_sweep_report(root)
     progress(f"report: {report}")
+    for point, why in unanalysed.items():
+        progress(f"{point}: analysis failed, left out of the summary and plot: {why}")
     if failed:
         progress(f"{len(failed)} point(s) failed: {', '.join(failed)}; rerun them with "
                  f"`pipeline sweep --resume {root}`, or, after fixing the sweep file, "
                  f"`pipeline sweep SWEEP_FILE --resume {root}`")
-        return 1
-    return 0
+    return 1 if failed or unanalysed else 0
 
 
 def _gpus(point: str, recipe: dict, spec: dict) -> int:
@@ -203,7 +204,9 @@ def _gpus(point: str, recipe: dict, spec: dict) -> int:
     return check_point(point, recipe).placement.gpus_per_arm or spec.get("gpus_per_server", 1)
 
 
-def write_sweep_report(root: Path) -> Path:
+def write_sweep_report(root: Path) -> tuple[Path, dict[str, str]]:
+    """sweep_report.md, sweep_summary.csv and the plot, of the points finished so far. Returns the report and
+    {point: why it could not be analysed} of finished points left out of the CSV and plot (the report says so)."""
     from analysis.sweep import md_cell, pareto_plot, summary_frame, sweep_report_md
     from pipeline.config.sweep import line_axis, point_labels
 
@@ -217,7 +220,9 @@ def write_sweep_report(root: Path) -> Path:
     labels = point_labels(doc["spec"].get("matrix"))  # a matrix's {axis: value}: columns of the CSV
     done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(p, e["recipe"], doc["spec"]),
              "labels": labels.get(p, {})} for p, e in doc["points"].items() if status[p] == "done"]
-    df = summary_frame(done)
+    df, unanalysed = summary_frame(done, root)
+    for p, why in unanalysed.items():
+        status[p] = "analysis failed: " + md_cell(why, 160)
     png = None
     if not df.empty:
         paths.summary_csv.parent.mkdir(parents=True, exist_ok=True)
@@ -226,4 +231,4 @@ def write_sweep_report(root: Path) -> Path:
                           line_axis(doc["spec"].get("matrix")))
     write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png,
                                                     {p: d for p, d in run_dirs.items() if d.is_dir()}))
-    return paths.report
+    return paths.report, unanalysed

@@ -1,6 +1,7 @@
 """analysis/sweep.py: per-arm CIs checked by hand, and the sweep summary built from a recorded run dir."""
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -8,8 +9,10 @@ import pytest
 
 from analysis import stats
 from analysis.compare import compare
+from analysis.load import read_jsonl
 from analysis.rundir import load_run
 from analysis.sweep import arm_ci, four_point_md, pareto_plot, summary_frame, sweep_report_md
+from analysis_records import write_jsonl
 
 RUN = Path(__file__).parent / "data" / "quickstart_run"
 
@@ -33,8 +36,8 @@ def test_arm_ci_spreads_with_unequal_sessions_and_needs_five():
 
 
 def test_summary_of_a_recorded_run_matches_its_report(tmp_path):
-    df = summary_frame([{"point": "c8", "run_dir": str(RUN), "gpus": 2}])
-    assert list(df["arm"]) == ["off", "on"]
+    df, failed = summary_frame([{"point": "c8", "run_dir": str(RUN), "gpus": 2}])
+    assert list(df["arm"]) == ["off", "on"] and not failed
     run = load_run(RUN)
     duration = run.manifest["recipe"]["load"]["benchmark_duration_s"]
     c = compare([r for r in run.arm_runs if r.arm == "off"], [r for r in run.arm_runs if r.arm == "on"], "off", "on",
@@ -60,3 +63,21 @@ def test_summary_of_a_recorded_run_matches_its_report(tmp_path):
     assert table[0].startswith("| point | matched TPOT delta") and table[2].startswith("| c8 | ")
     md = sweep_report_md("s", df, {"c8": "done", "c16": "missing"}, tmp_path, png)
     assert "| c16 | missing |" in md and "![pareto](plots/pareto.png)" in md
+
+
+def test_a_run_that_cannot_be_analysed_is_left_out_with_its_reason(tmp_path):
+    """A finished run whose load measured nothing (its own report failed on it) must not sink the other points;
+    its reason names the run dir as the sweep does, relative to the sweep dir."""
+    sweep_dir = tmp_path / "s"
+    shutil.copytree(RUN, sweep_dir / "runs/c8")
+    shutil.copytree(RUN, sweep_dir / "runs/c16")
+    export = sweep_dir / "runs/c16/arms/on/aiperf/profile_export.jsonl"
+    records = read_jsonl(export)
+    for r in records:
+        r["metadata"]["benchmark_phase"] = "warmup"
+    write_jsonl(export, records)
+    df, failed = summary_frame([{"point": p, "run_dir": sweep_dir / "runs" / p, "gpus": 2} for p in ("c16", "c8")],
+                               sweep_dir)
+    assert list(df["point"]) == ["c8", "c8"] and list(df["run_dir"]) == ["runs/c8", "runs/c8"]
+    assert list(failed) == ["c16"]
+    assert failed["c16"].startswith("runs/c16/arms/on/aiperf/profile_export.jsonl: 0 profiling records"), failed

@@ -131,6 +131,44 @@ def test_per_gpu_throughput_divides_by_the_gpus_a_preset_gives(tmp_path):
     assert on["tp2"] == pytest.approx(2 * on["tp4"])  # the same recorded run, divided by 2 and by 4
 
 
+def test_the_summary_names_run_dirs_relative_to_the_sweep_dir_from_any_cwd(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from pipeline.sweep import create_sweep, write_sweep_report
+
+    root = create_sweep(str(_failing_sweep(tmp_path)), str(tmp_path / "s"))
+    for point in ("c1", "c2"):
+        shutil.copytree(RECORDED_RUN, root / "runs" / point)
+    monkeypatch.chdir(tmp_path)
+    for given in (Path("s"), root.resolve()):  # as --resume s and --resume /abs/s leave it
+        write_sweep_report(given)
+        assert list(pd.read_csv(root / "sweep_summary.csv")["run_dir"].unique()) == ["runs/c1", "runs/c2"], given
+
+
+def test_a_finished_point_that_cannot_be_analysed_leaves_the_others_reported(tmp_path):
+    """A point whose run finished but whose export is gone (or whose own report failed) is named with its reason;
+    the other points still get their summary, plot and tables, and the exit status says something failed."""
+    import pandas as pd
+
+    from pipeline.sweep import create_sweep
+
+    root = create_sweep(str(_failing_sweep(tmp_path)), str(tmp_path / "s"))
+    for point in ("c1", "c2"):
+        shutil.copytree(RECORDED_RUN, root / "runs" / point)
+    (root / "runs/c1/arms/on/aiperf/profile_export.jsonl").unlink()
+    p = subprocess.run(_pipeline("sweep", "--resume", str(root)), cwd=REPO, env=_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    why = "run dir runs/c1: arm 'on' has no aiperf export at arms/on/aiperf/profile_export.jsonl"
+    assert f"c1: analysis failed, left out of the summary and plot: {why}, though its load stage" in p.stdout
+    status_table, tables = (root / "sweep_report.md").read_text().split("## Four-point table")
+    c1, c2 = [r for r in status_table.splitlines() if r.startswith("| c")]
+    assert c1.startswith(f"| c1 | analysis failed: {why}") and c1.count("|") == 4, c1
+    assert c2.startswith("| c2 | done |") and "| c2 | " in tables and "| c1 | " not in tables
+    assert list(pd.read_csv(root / "sweep_summary.csv")["point"].unique()) == ["c2"]
+    assert (root / "plots/pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_point_that_run_refuses_fails_alone(tmp_path):
     from pipeline.sweep import create_sweep
 
