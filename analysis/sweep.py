@@ -202,14 +202,17 @@ def md_cell(text: str, limit: int) -> str:
 
 
 def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], report_dir: Path,
-                    png: Path | None, run_dirs: dict[str, Path] | None = None) -> str:
-    """run_dirs: {point: run dir} of the points that have one, finished or not."""
-    run_dirs = run_dirs or {}
+                    png: Path | None, run_dirs: dict[str, Path] | None = None,
+                    gpus: dict[str, tuple[int, str]] | None = None) -> str:
+    """run_dirs: {point: run dir} of the points that have one, finished or not. gpus: {point: (GPUs per server,
+    what sets that count)}, which tok/s/GPU divides by."""
+    run_dirs, gpus = run_dirs or {}, gpus or {}
     parts = [f"# Sweep {name}: kernel off vs on across {len(status)} points", "",
-             "| point | status | run dir |", "|---|---|---|"]
+             "| point | status | GPUs per server | run dir |", "|---|---|---|---|"]
     for point, st in status.items():
         rel = os.path.relpath(run_dirs[point], report_dir) if point in run_dirs else ""
-        parts.append(f"| {point} | {st} | {rel} |")
+        n = f"{gpus[point][0]} ({md_cell(gpus[point][1], 80)})" if point in gpus else ""
+        parts.append(f"| {point} | {st} | {n} | {rel} |")
     if df.empty:
         none = ("No finished point could be analysed (the status table says why): nothing to compare."
                 if any(st.startswith("analysis failed") for st in status.values())
@@ -224,6 +227,7 @@ def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], repor
                   "Each marker is one point and arm; bars are 95% CIs from resampling whole sessions. "
                   "Interactivity = 1000 / TPOT[ms] at the TPOT p50 (solid) and p90 (dashed). Throughput per "
                   "GPU = output tokens emitted in the point's equal window (the recipe's duration from the "
-                  "profiling start, as report.md's equal-window row) / that window / GPUs per server. The matched "
+                  "profiling start, as report.md's equal-window row) / that window / the point's GPUs per server (the "
+                  "status table names each count and what sets it). The matched "
                   "TPOT delta is each run's verdict: its report's primary estimate and CI.", ""]
     return "\n".join(parts)

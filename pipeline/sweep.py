@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -18,6 +19,9 @@ from pipeline import dirlock
 from pipeline.io import read_json, write_json_atomic, write_json_exclusive, write_text_atomic
 from pipeline.manifest import now
 from pipeline.paths import RunPaths, SweepPaths
+
+if TYPE_CHECKING:
+    from pipeline.config.recipe import Recipe
 
 
 def progress(msg: str) -> None:
@@ -197,18 +201,31 @@ def _execute_sweep(root: Path) -> int:
     return 1 if failed or unanalysed else 0
 
 
-def _gpus(point: str, recipe: dict, spec: dict) -> int:
-    from pipeline.config.sweep import check_point
+def point_gpus(recipe: "Recipe", gpus_per_server: int | None) -> tuple[int, str]:
+    """GPUs one server of a point spans, which divide its output throughput into per-GPU figures, and what sets
+    that count.
 
-    # the merged recipe's: a preset (configs/servers/*) may be what sets gpus_per_arm
-    return check_point(point, recipe).placement.gpus_per_arm or spec.get("gpus_per_server", 1)
+    A real engine spans the GPUs placement gives it (placement.gpus_per_arm, which a server preset may set), else
+    those its flags ask for (sglang's --tp-size, vllm's --tensor-parallel-size, each times pipeline parallelism).
+    The emulator stands for the server its flags describe (tp_size, which its model preset sets), whatever GPUs
+    placement lends it. The sweep file's gpus_per_server, where set, overrides the flags, not a real engine's
+    placement."""
+    from pipeline.config.arms import arm_server_args
+    from pipeline.engines import get_engine
+
+    engine = get_engine(recipe.engine)
+    if recipe.placement.gpus_per_arm and not engine.emulated:
+        return recipe.placement.gpus_per_arm, "placement.gpus_per_arm"
+    if gpus_per_server:
+        return gpus_per_server, "gpus_per_server of the sweep file"
+    return engine.gpus(arm_server_args(recipe.server, recipe.arms["on"]))
 
 
 def write_sweep_report(root: Path) -> tuple[Path, dict[str, str]]:
     """sweep_report.md, sweep_summary.csv and the plot, of the points finished so far. Returns the report and
     {point: why it could not be analysed} of finished points left out of the CSV and plot (the report says so)."""
     from analysis.sweep import md_cell, pareto_plot, summary_frame, sweep_report_md
-    from pipeline.config.sweep import line_axis, point_labels
+    from pipeline.config.sweep import check_point, line_axis, point_labels
 
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
@@ -217,10 +234,17 @@ def write_sweep_report(root: Path) -> tuple[Path, dict[str, str]]:
     for p, e in doc["points"].items():  # why a point did not finish: its error, short (the run dir has all)
         if status[p] != "done" and e.get("status") == "failed":
             status[p] = "failed: " + md_cell(e.get("error") or "", 160)
+    gpus, unanalysed = {}, {}
+    for p, e in doc["points"].items():
+        try:
+            gpus[p] = point_gpus(check_point(p, e["recipe"]), doc["spec"].get("gpus_per_server"))
+        except ValueError as err:  # a recorded recipe this version refuses, a TP flag that is not a number
+            unanalysed[p] = f"its GPU count: {' '.join(str(err).split())}"
     labels = point_labels(doc["spec"].get("matrix"))  # a matrix's {axis: value}: columns of the CSV
-    done = [{"point": p, "run_dir": run_dirs[p], "gpus": _gpus(p, e["recipe"], doc["spec"]),
-             "labels": labels.get(p, {})} for p, e in doc["points"].items() if status[p] == "done"]
-    df, unanalysed = summary_frame(done, root)
+    done = [{"point": p, "run_dir": run_dirs[p], "gpus": gpus[p][0], "labels": labels.get(p, {})}
+            for p in doc["points"] if status[p] == "done" and p in gpus]
+    df, failed = summary_frame(done, root)
+    unanalysed = {p: why for p, why in {**unanalysed, **failed}.items() if status[p] == "done"}
     for p, why in unanalysed.items():
         status[p] = "analysis failed: " + md_cell(why, 160)
     png = None
@@ -230,5 +254,5 @@ def write_sweep_report(root: Path) -> tuple[Path, dict[str, str]]:
         png = pareto_plot(df, paths.pareto_png, list(doc["spec"].get("matrix") or {}),
                           line_axis(doc["spec"].get("matrix")))
     write_text_atomic(paths.report, sweep_report_md(doc["name"], df, status, paths.root, png,
-                                                    {p: d for p, d in run_dirs.items() if d.is_dir()}))
+                                                    {p: d for p, d in run_dirs.items() if d.is_dir()}, gpus))
     return paths.report, unanalysed

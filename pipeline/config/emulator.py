@@ -22,7 +22,7 @@ from vattn.planner import DEFAULT_PLANNER, PLANNERS
 DEFAULT_PRESET = "qwen3.5-397b-a17b-tp2"
 # Fields a model preset may set (the model's shape and its speculative head); a preset file with
 # anything else is refused, so presets cannot quietly change serving policy.
-SHAPE_FIELDS = ("attention_layers", "draft_attention_layers", "num_kv_heads", "head_dim", "gqa",
+SHAPE_FIELDS = ("tp_size", "attention_layers", "draft_attention_layers", "num_kv_heads", "head_dim", "gqa",
                 "kv_dtype", "page_size", "max_context_tokens", "draft_tokens", "accept_probs")
 
 
@@ -86,6 +86,9 @@ class EmulatorConfig(BaseModel):
     model_preset: str = Field(DEFAULT_PRESET, description=(
         "Model-shape preset: a name in configs/models/ or a YAML path. It sets the shape fields below; "
         "explicit fields override it."))
+    tp_size: int = Field(1, ge=1, le=64, description=(
+        "GPUs the emulated server stands for (tensor parallelism; the per-GPU fields below are after it). "
+        "The time model does not read it: a sweep divides output throughput by it into per-GPU figures."))
     attention_layers: int = Field(15, ge=1, le=1024, description="Full-attention layers of the target model.")
     draft_attention_layers: int = Field(1, ge=0, le=64, description=(
         "Attention layers of the draft (MTP) model; each runs one extend plus draft_tokens-1 decode calls."))
@@ -272,6 +275,20 @@ def config_from_argv(argv: list[str] | None = None) -> EmulatorConfig:
 # Flags the engine adapter sets from the recipe and the run (pipeline/engines/emulator.py), never server.args.
 ADAPTER_FLAGS = {"host": "the placement", "port": "server.port", "model": "model", "tokenizer": "tokenizer",
                  "cycle_log": "the run dir", "cycle_log_dir": "the run dir"}
+
+
+def tp_size_source(argv: list[str]) -> tuple[int, str]:
+    """The tp_size an emulator started with these flags runs at, and what sets it (a flag, the --config file,
+    or the model preset: the GPUs of the server it stands for)."""
+    file_data, flags = _flag_values(argv, "server.args")
+    cfg = build_config({f: v for f, v in {**file_data, **flags}.items() if f not in ADAPTER_FLAGS}, "server.args")
+    if "tp_size" in flags:
+        return cfg.tp_size, f"--tp-size {cfg.tp_size}"
+    if "tp_size" in file_data:
+        return cfg.tp_size, "tp_size of the --config file"
+    if "tp_size" in load_preset(cfg.model_preset):
+        return cfg.tp_size, f"tp_size of model preset {cfg.model_preset}"
+    return cfg.tp_size, f"model preset {cfg.model_preset} sets no tp_size"
 
 
 def check_server_args(argv: list[str], where: str) -> None:

@@ -39,8 +39,11 @@ class SweepSpec(Strict):
         None, description="axis -> {value name -> recipe overlay}; points are the cross product")
     points: dict[str, dict[str, Any]] | None = Field(
         None, description="point name -> recipe overlay: an explicit list instead of a matrix")
-    gpus_per_server: int = Field(1, ge=1, le=64, description="divides output throughput into per-GPU figures "
-                                                            "when placement.gpus_per_arm is 0 (the emulator)")
+    gpus_per_server: int | None = Field(
+        None, ge=1, le=64, description="GPUs per server that divide output throughput into per-GPU figures, for "
+                                       "every point, overriding what its flags say (the emulator's model preset "
+                                       "tp_size, sglang's --tp-size); a real engine's placement.gpus_per_arm "
+                                       "still wins. Unset: each point's own")
     output_dir: str = Field("runs", description="parent folder of sweep dirs (relative to the cwd)")
 
     @field_validator("matrix")

@@ -7,11 +7,14 @@ flag here is one of sglang's own (`check_flags` validates them against the insta
 from __future__ import annotations
 
 from pipeline.config.server import args_to_argv
-from pipeline.engines.base import LaunchContext
+from pipeline.engines.base import LaunchContext, parallel_gpus
 
 LAUNCHER = "vattn.sglang.launch"
 # The adapter owns where the server listens and what it serves; the recipe must not set these.
 OWNED_FLAGS = ("--model-path", "--model", "--host", "--port")
+# sglang's spellings of its parallel sizes; `--tp` is the one its docs use (argparse takes it for --tp-size)
+TP_FLAGS = ("--tp-size", "--tensor-parallel-size", "--tp")
+PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
 
 
 class SglangEngine:
@@ -19,6 +22,10 @@ class SglangEngine:
     health_path = "/health"
     info_paths = ("/server_info", "/get_server_info")
     metrics_path = "/metrics"  # served with --enable-metrics (the configs/servers presets set it)
+    emulated = False
+
+    def gpus(self, server_args) -> tuple[int, str]:
+        return parallel_gpus(args_to_argv(server_args), TP_FLAGS, PP_FLAGS)
 
     def command(self, ctx: LaunchContext) -> list[str]:
         args = args_to_argv(ctx.server_args)

@@ -7,10 +7,12 @@ the model is its positional argument; vLLM uses the checkpoint's tokenizer.
 from __future__ import annotations
 
 from pipeline.config.server import args_to_argv
-from pipeline.engines.base import LaunchContext
+from pipeline.engines.base import LaunchContext, parallel_gpus
 
 DEFAULT_LAUNCH = ("vllm", "serve")
 OWNED_FLAGS = ("--host", "--port", "--model")
+TP_FLAGS = ("--tensor-parallel-size", "-tp")
+PP_FLAGS = ("--pipeline-parallel-size", "-pp")
 
 
 class VllmEngine:
@@ -18,6 +20,10 @@ class VllmEngine:
     health_path = "/health"
     info_paths = ("/v1/models",)
     metrics_path = "/metrics"
+    emulated = False
+
+    def gpus(self, server_args) -> tuple[int, str]:
+        return parallel_gpus(args_to_argv(server_args), TP_FLAGS, PP_FLAGS)
 
     def command(self, ctx: LaunchContext) -> list[str]:
         launch = list(ctx.launch) if ctx.launch else list(DEFAULT_LAUNCH)

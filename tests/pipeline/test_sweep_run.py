@@ -105,7 +105,8 @@ def test_resume_from_another_cwd_or_of_a_moved_sweep_dir_finds_the_finished_runs
     p = subprocess.run(_pipeline("sweep", "--resume", str(moved)), cwd=elsewhere, env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.count("finished before (resume): skipped") == 2, p.stdout + p.stderr
-    assert (moved / "sweep_report.md").read_text().count("| done | runs/c") == 2
+    assert (moved / "sweep_report.md").read_text().count("| done | 2 (tp_size of model preset qwen3.5-397b-a17b-tp2) "
+                                                         "| runs/c") == 2
 
 
 def test_per_gpu_throughput_divides_by_the_gpus_a_preset_gives(tmp_path):
@@ -129,6 +130,62 @@ def test_per_gpu_throughput_divides_by_the_gpus_a_preset_gives(tmp_path):
     assert df.groupby("point")["gpus"].first().to_dict() == {"tp2": 2, "tp4": 4}
     on = df[df["arm"] == "on"].set_index("point")["tput_per_gpu"]
     assert on["tp2"] == pytest.approx(2 * on["tp4"])  # the same recorded run, divided by 2 and by 4
+
+
+def test_per_gpu_throughput_of_an_emulator_tp_axis_divides_by_each_points_tp(tmp_path):
+    """The README's TP axis on the emulator: each point's model preset says the TP of the server it stands for."""
+    import pandas as pd
+
+    from pipeline.sweep import write_sweep_report
+
+    root = _matrix_2x2_done(tmp_path)
+    write_sweep_report(root)
+    df = pd.read_csv(root / "sweep_summary.csv")
+    assert df.groupby("point", sort=False)["gpus"].first().to_dict() == {
+        "tp2-c4": 2, "tp2-c8": 2, "tp4-c4": 4, "tp4-c8": 4}
+    on = df[df["arm"] == "on"].set_index("point")["tput_per_gpu"]
+    assert on["tp2-c4"] == pytest.approx(2 * on["tp4-c4"])  # the same recorded run, divided by 2 and by 4
+    report = (root / "sweep_report.md").read_text()
+    assert "| tp4-c8 | done | 4 (tp_size of model preset qwen3.5-397b-a17b-tp4) | runs/tp4-c8 |" in report
+    assert "| tp2-c4 | done | 2 (tp_size of model preset qwen3.5-397b-a17b-tp2) | runs/tp2-c4 |" in report
+
+
+def test_gpus_per_server_set_in_the_sweep_file_overrides_the_emulators_tp(tmp_path):
+    import pandas as pd
+
+    from pipeline.sweep import create_sweep, write_sweep_report
+
+    root = create_sweep(str(_failing_sweep(tmp_path, gpus_per_server=8, matrix={
+        "tp": {"tp2": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp2"}}},
+               "tp4": {"server": {"args": {"model_preset": "qwen3.5-397b-a17b-tp4"}}}}})), str(tmp_path / "s"))
+    for point in ("tp2", "tp4"):
+        shutil.copytree(RECORDED_RUN, root / "runs" / point)
+    write_sweep_report(root)
+    assert set(pd.read_csv(root / "sweep_summary.csv")["gpus"]) == {8}
+    assert (root / "sweep_report.md").read_text().count("| done | 8 (gpus_per_server of the sweep file) |") == 2
+
+
+@pytest.mark.parametrize("engine,args,placed,expect", [
+    ("sglang", {"tp_size": 4}, 0, (4, "--tp-size 4")),
+    ("sglang", ["--tp", "2", "--pp-size=2"], 0, (4, "--tp 2 x --pp-size 2")),
+    ("sglang", {}, 0, (1, "no --tp-size")),
+    ("sglang", {"tp_size": 4}, 8, (8, "placement.gpus_per_arm")),   # the GPUs the server was given
+    ("vllm", ["-tp", "4"], 0, (4, "-tp 4")),
+    ("emulator", {"tp_size": 8}, 0, (8, "--tp-size 8")),
+    ("emulator", {"model_preset": "qwen3.5-397b-a17b-tp4"}, 1, (4, "tp_size of model preset qwen3.5-397b-a17b-tp4")),
+])
+def test_point_gpus_come_from_the_engines_own_tp(engine, args, placed, expect):
+    """A real engine spans the GPUs placement gives it, else its TP flags; the emulator stands for its preset's TP
+    server whatever GPUs it is lent (one, to run the kernel)."""
+    from types import SimpleNamespace
+
+    from pipeline.config.arms import ArmSpec
+    from pipeline.config.server import ServerSpec
+    from pipeline.sweep import point_gpus
+
+    recipe = SimpleNamespace(engine=engine, server=ServerSpec(args=args), arms={"on": ArmSpec()},
+                             placement=SimpleNamespace(gpus_per_arm=placed))
+    assert point_gpus(recipe, None) == expect
 
 
 def test_the_summary_names_run_dirs_relative_to_the_sweep_dir_from_any_cwd(tmp_path, monkeypatch):
@@ -163,7 +220,7 @@ def test_a_finished_point_that_cannot_be_analysed_leaves_the_others_reported(tmp
     assert f"c1: analysis failed, left out of the summary and plot: {why}, though its load stage" in p.stdout
     status_table, tables = (root / "sweep_report.md").read_text().split("## Four-point table")
     c1, c2 = [r for r in status_table.splitlines() if r.startswith("| c")]
-    assert c1.startswith(f"| c1 | analysis failed: {why}") and c1.count("|") == 4, c1
+    assert c1.startswith(f"| c1 | analysis failed: {why}") and c1.count("|") == 5, c1
     assert c2.startswith("| c2 | done |") and "| c2 | " in tables and "| c1 | " not in tables
     assert list(pd.read_csv(root / "sweep_summary.csv")["point"].unique()) == ["c2"]
     assert (root / "plots/pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -242,8 +299,9 @@ def test_a_failed_point_shows_its_run_dir_and_its_cut_error_keeps_the_row_whole(
     (out / "sweep.json").write_text(json.dumps(doc))
     write_sweep_report(out)
     row = next(r for r in (out / "sweep_report.md").read_text().splitlines() if r.startswith("| c1 |"))
-    assert row.count("`") % 2 == 0 and row.count("|") == 4 and "line 2" not in row, row
-    assert row.startswith("| c1 | failed: RunError: xxx") and row.endswith("... | runs/c1 |"), row
+    assert row.count("`") % 2 == 0 and row.count("|") == 5 and "line 2" not in row, row
+    assert row.startswith("| c1 | failed: RunError: xxx") and row.endswith("... | 2 (tp_size of model preset "
+                                                                            "qwen3.5-397b-a17b-tp2) | runs/c1 |"), row
 
 
 def _matrix_2x2_done(tmp_path: Path) -> Path:
