@@ -15,7 +15,7 @@ import numpy as np
 from analysis import stats, window
 from analysis.load import AnalysisError, root_sessions
 from analysis.compare import compare, pool
-from analysis.formatting import fmt
+from analysis.formatting import fmt, fmt_delta
 from analysis.rundir import load_run
 
 if TYPE_CHECKING:
@@ -155,11 +155,10 @@ def _err(center: np.ndarray, lo, hi) -> np.ndarray:
 
 
 def _delta(r, key: str) -> str:
-    v, lo, hi = r.get(f"d_{key}"), r.get(f"d_{key}_lo"), r.get(f"d_{key}_hi")
-    if v is None or not np.isfinite(v):
+    v = r.get(f"d_{key}")
+    if v is None:
         return "n/a"
-    ci = f" [{lo:+.1f}, {hi:+.1f}]" if np.isfinite(lo) and np.isfinite(hi) else " [CI n/a]"
-    return f"{v:+.1f}%{ci}"
+    return fmt_delta(v, r.get(f"d_{key}_lo", np.nan), r.get(f"d_{key}_hi", np.nan))
 
 
 def _pair(off, on, key: str) -> str:
