@@ -121,6 +121,19 @@ def _writing_to(log: str) -> list[int]:
     return found
 
 
+def _stop_leftover_loads(plan: RunPlan) -> None:
+    """Stop every aiperf a hard-killed run left sending (pipeline.stages.load.stop_leftover), before any stage
+    runs again: arm runs share ports, so one arm's leftover would load another's resumed server too."""
+    from pipeline.stages.load import stop_leftover
+
+    paths = RunPaths(Path(plan.run_dir))
+    for a in plan.arm_runs:
+        groups = stop_leftover(paths.arm(a.name))
+        if groups:
+            progress_line(a.name, "load", f"stopped aiperf left running by an earlier attempt "
+                                          f"(process group {', '.join(map(str, groups))})")
+
+
 def _pending(plan: RunPlan, manifest: Manifest, a: ArmRun) -> list[str]:
     return [s for s in plan.stages[1:] if not manifest.is_done(a.name, s)]
 
@@ -272,6 +285,7 @@ def execute(recipe: Recipe, plan: RunPlan, manifest: Manifest, hosts: dict[str, 
     previous = signal.signal(signal.SIGTERM, on_term)
     span = manifest.open_invocation()
     try:
+        _stop_leftover_loads(plan)
         ran = [_run_group(recipe, plan, manifest, hosts, group) for group in plan.groups()]
         # a resume with nothing left to run keeps the finish time: the report's wall time ends there
         if any(ran) or not manifest.data.get("finished"):

@@ -6,6 +6,11 @@ timeout (aiperf 0.13 once hung after `--request-count` cut sessions mid-way; it 
 with `--benchmark-duration`, so prefer a duration and always bound the run), then the record
 count in profile_export.jsonl is checked.
 
+Its own session outlives a hard kill of the pipeline and would go on sending to whatever listens on
+the arm's port, a resumed server included; every process of one aiperf run carries a token in its
+environment, recorded in `arm.aiperf_process` before it starts, by which a resume finds and stops
+them (stop_leftover).
+
 Records are matched across arms on (conversation_id, turn_index, k-th occurrence), which
 aiperf writes in each record's metadata; x_correlation_id is random per run.
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,11 +37,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.config.load import LoadSpec, check_trace_dir
+from pipeline.io import read_json, write_json_atomic
 from pipeline.paths import ArmPaths
 
 # aiperf's own loader for kv-cache-tester agentic traces (what pipeline.tracegen writes).
 TRACE_DATASET_TYPE = "weka_trace"
 POLL_S = 0.5
+# Set in aiperf's environment, which its services inherit: the mark of one aiperf run's processes.
+RUN_TOKEN_ENV = "PIPELINE_AIPERF_RUN"
 
 
 class LoadError(RuntimeError):
@@ -193,13 +202,16 @@ def _run_aiperf(cmd: list[str], env: dict[str, str], spec: LoadSpec, arm: ArmPat
                 progress_every_s: float, t0: float) -> tuple[subprocess.Popen, bool]:
     """aiperf in its own process group, its output in the arm's log, a progress line every progress_every_s;
     killed at spec.timeout_s. Returns (the process, whether it was killed at the timeout)."""
+    token = secrets.token_hex(8)
+    write_json_atomic(arm.aiperf_process, {"token": token})  # before any process exists to carry it
     with open(arm.aiperf_log, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+                                env={**env, RUN_TOKEN_ENV: token}, start_new_session=True)
         timed_out, next_say = False, t0 + progress_every_s
         try:
+            write_json_atomic(arm.aiperf_process, {"token": token, "pid": proc.pid, "pgid": proc.pid})
             while proc.poll() is None:
                 now = time.monotonic()
                 if now - t0 > spec.timeout_s:
@@ -214,6 +226,45 @@ def _run_aiperf(cmd: list[str], env: dict[str, str], spec: LoadSpec, arm: ArmPat
             _kill_group(proc, grace_s=2.0)
             raise
     return proc, timed_out
+
+
+def stop_leftover(arm: ArmPaths, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL what is left of the arm's last aiperf run, and return its process groups ([] if nothing).
+
+    A hard kill of the pipeline leaves aiperf running in its own session, sending to the arm's port, where a
+    resumed server would answer it beside the new run's aiperf. Its processes are found by the token
+    recorded in `arm.aiperf_process` before it started, in their environment, not by a pid that may belong
+    to another process by now. aiperf always runs on this machine, whichever host serves; a Slurm job step
+    (load: allocation) ends with its job, which the resume cancels."""
+    try:
+        mark = f"{RUN_TOKEN_ENV}={read_json(arm.aiperf_process)['token']}".encode()
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    groups: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while (pids := _carrying(mark)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                group = os.getpgid(pid)
+                if group != os.getpgrp():  # never our own group
+                    os.killpg(group, signal.SIGKILL)
+                    groups.add(group)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    return sorted(groups)
+
+
+def _carrying(mark: bytes) -> list[int]:
+    """Live local processes with `mark` (NAME=value) in their environment, read from /proc."""
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark in (d / "environ").read_bytes().split(b"\0"):
+                found.append(int(d.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 
 def _progress(spec: LoadSpec, arm: ArmPaths) -> str:
