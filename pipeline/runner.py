@@ -211,7 +211,8 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             t0 = time.monotonic()
             if stage == "load":
                 res = run_load(recipe.load, url=result.url, model=recipe.model, tokenizer=recipe.tokenizer,
-                               arm=arm, progress=say("load"), prefix=_load_prefix(recipe, a, proc))
+                               arm=arm, progress=say("load"), prefix=_load_prefix(recipe, a, proc),
+                               server_alive=lambda: proc.poll() is None)
             else:
                 res = run_accuracy(recipe.accuracy, url=result.url, model=recipe.model,
                                    out_dir=arm.accuracy_dir, progress=say("accuracy"))

@@ -341,6 +341,20 @@ def test_run_load_kills_aiperf_at_timeout(server, tmp_path):
     assert [p for p, (g, _) in _proc_groups().items() if g in groups] == []
 
 
+def test_more_failed_than_successful_records_fail_the_stage(tmp_path):
+    from pipeline.stages.load import LoadResult, _check
+
+    arm = ArmPaths(tmp_path / "off")
+    spec = LoadSpec(trace=QUICKSTART, benchmark_duration_s=10)
+    result = LoadResult(command=[], returncode=0, timed_out=False, records=8, errors=9, duration_s=41.0,
+                        aiperf_dir="", profile_export="", log="")
+    with pytest.raises(LoadError, match=r"load: 9 of 17 profiling records in .*off/aiperf/profile_export\.jsonl "
+                       r"failed, more than succeeded, so the rest do not measure the arm; see the server's log "
+                       r".*off/server\.log and the aiperf log .*off/aiperf\.log, last lines:"):
+        _check(spec, result, arm)
+    _check(spec, replace(result, errors=8), arm)  # as many as succeeded: kept, the report shows them
+
+
 def test_stop_leftover_stops_the_recorded_aiperf_run_and_nothing_else(tmp_path):
     """A hard-killed pipeline's aiperf is found by the token in its processes' environment, children included;
     a process with another token (another arm's, or a pid recorded before it was reused) is left alone."""

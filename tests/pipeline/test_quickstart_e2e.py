@@ -1,10 +1,11 @@
 """End to end, no doubles: the README's quickstart A/B (real emulator servers, real aiperf, real accuracy
-client, real report), a run killed between arms that `--resume` finishes without redoing the first arm, and one
-hard-killed during a load."""
+client, real report), a run killed between arms that `--resume` finishes without redoing the first arm, one
+hard-killed during a load, and one whose server dies during a load."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -197,3 +198,32 @@ def test_a_resume_stops_the_aiperf_a_hard_kill_left_sending(tmp_path, wait_for):
     stages = json.loads((out / "manifest.json").read_text())["stages"]
     assert all(s["status"] == "done" for arm in stages.values() for s in arm.values()), stages
 
+
+def test_a_server_that_dies_during_the_load_fails_the_stage_and_resume_redoes_it(tmp_path, wait_for):
+    """A dead server leaves aiperf only failed records; the stage must fail (not count as done with them), and
+    --resume must redo it."""
+    from pipeline.stages.load import count_records
+
+    path, out = _short_run(tmp_path)
+    off = out / "arms/off"
+    proc = subprocess.Popen(_pipeline("run", str(path), "--out", str(out)), cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: count_records(off / "aiperf/profile_export.jsonl")[0] >= 1, 300, proc)
+    server = json.loads((out / "manifest.json").read_text())["stages"]["off"]["server"]["pid"]
+    os.killpg(server, signal.SIGKILL)  # mid-window
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stdout[-3000:] + stderr[-3000:]
+    assert re.fullmatch(r"error: load: arm off: its server exited while aiperf ran \(\d+ records, \d+ errors "
+                        r"after \d+s\); the load is not kept and --resume redoes it; why the server died: "
+                        rf"{off}/server\.log\n", stderr), stderr[-3000:]
+    stages = json.loads((out / "manifest.json").read_text())["stages"]
+    assert stages["off"]["server"]["status"] == "done" and stages["off"]["load"]["status"] == "failed"
+    assert "its server exited while aiperf ran" in stages["off"]["load"]["error"] and "on" not in stages
+    assert not (off / "load_result.json").exists()
+
+    p = subprocess.run(_pipeline("run", "--resume", str(out)), cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    stages = json.loads((out / "manifest.json").read_text())["stages"]
+    assert all(s["status"] == "done" for arm in stages.values() for s in arm.values()), stages
+    assert json.loads((off / "load_result.json").read_text())["errors"] == 0
