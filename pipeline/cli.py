@@ -194,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a user-facing one-line error; the traceback helps nobody here
         from pipeline.hosts import HostError
         from pipeline.runner import RunError
+        from pipeline.stages.load import LoadError
         from pipeline.stages.server import ServerError
 
-        if isinstance(e, (HostError, RunError, ServerError, ValueError, FileNotFoundError)):
+        if isinstance(e, (HostError, RunError, ServerError, LoadError, ValueError, FileNotFoundError)):
             print(f"error: {e}", file=sys.stderr)
             return 1
         raise

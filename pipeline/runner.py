@@ -121,6 +121,19 @@ def _writing_to(log: str) -> list[int]:
     return found
 
 
+def _stop_leftover_loads(plan: RunPlan) -> None:
+    """Stop every aiperf a hard-killed run left sending (pipeline.stages.load.stop_leftover), before any stage
+    runs again: arm runs share ports, so one arm's leftover would load another's resumed server too."""
+    from pipeline.stages.load import stop_leftover
+
+    paths = RunPaths(Path(plan.run_dir))
+    for a in plan.arm_runs:
+        groups = stop_leftover(paths.arm(a.name))
+        if groups:
+            progress_line(a.name, "load", f"stopped aiperf left running by an earlier attempt "
+                                          f"(process group {', '.join(map(str, groups))})")
+
+
 def _pending(plan: RunPlan, manifest: Manifest, a: ArmRun) -> list[str]:
     return [s for s in plan.stages[1:] if not manifest.is_done(a.name, s)]
 
@@ -198,7 +211,8 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             t0 = time.monotonic()
             if stage == "load":
                 res = run_load(recipe.load, url=result.url, model=recipe.model, tokenizer=recipe.tokenizer,
-                               arm=arm, progress=say("load"), prefix=_load_prefix(recipe, a, proc))
+                               arm=arm, progress=say("load"), prefix=_load_prefix(recipe, a, proc),
+                               server_alive=lambda: proc.poll() is None)
             else:
                 res = run_accuracy(recipe.accuracy, url=result.url, model=recipe.model,
                                    out_dir=arm.accuracy_dir, progress=say("accuracy"))
@@ -272,6 +286,7 @@ def execute(recipe: Recipe, plan: RunPlan, manifest: Manifest, hosts: dict[str, 
     previous = signal.signal(signal.SIGTERM, on_term)
     span = manifest.open_invocation()
     try:
+        _stop_leftover_loads(plan)
         ran = [_run_group(recipe, plan, manifest, hosts, group) for group in plan.groups()]
         # a resume with nothing left to run keeps the finish time: the report's wall time ends there
         if any(ran) or not manifest.data.get("finished"):

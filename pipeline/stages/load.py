@@ -3,8 +3,14 @@
 The client always runs here, on the controller (the server may be remote): a subprocess in its
 own process group, logged to `arm.aiperf_log`, artifacts in `arm.aiperf_dir`, bounded by a hard
 timeout (aiperf 0.13 once hung after `--request-count` cut sessions mid-way; it ends normally
-with `--benchmark-duration`, so prefer a duration and always bound the run), then the record
-count in profile_export.jsonl is checked.
+with `--benchmark-duration`, so prefer a duration and always bound the run), then the server is
+checked to be still alive (a dead one leaves only failed records, which measure nothing) and the
+record count in profile_export.jsonl is checked.
+
+Its own session outlives a hard kill of the pipeline and would go on sending to whatever listens on
+the arm's port, a resumed server included; every process of one aiperf run carries a token in its
+environment, recorded in `arm.aiperf_process` before it starts, by which a resume finds and stops
+them (stop_leftover).
 
 Records are matched across arms on (conversation_id, turn_index, k-th occurrence), which
 aiperf writes in each record's metadata; x_correlation_id is random per run.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -31,11 +38,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.config.load import LoadSpec, check_trace_dir
+from pipeline.io import read_json, write_json_atomic
 from pipeline.paths import ArmPaths
 
 # aiperf's own loader for kv-cache-tester agentic traces (what pipeline.tracegen writes).
 TRACE_DATASET_TYPE = "weka_trace"
 POLL_S = 0.5
+# Set in aiperf's environment, which its services inherit: the mark of one aiperf run's processes.
+RUN_TOKEN_ENV = "PIPELINE_AIPERF_RUN"
 
 
 class LoadError(RuntimeError):
@@ -151,10 +161,13 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPaths,
              progress: Callable[[str], None] | None = None,
-             progress_every_s: float = 10.0, prefix: Sequence[str] = ()) -> LoadResult:
+             progress_every_s: float = 10.0, prefix: Sequence[str] = (),
+             server_alive: Callable[[], bool] | None = None) -> LoadResult:
     """Run aiperf for one arm; raise LoadError (with the log tail) unless it left enough records.
 
-    prefix: argv that runs aiperf elsewhere, e.g. a Slurm job step beside the server (`srun --jobid ...`)."""
+    prefix: argv that runs aiperf elsewhere, e.g. a Slurm job step beside the server (`srun --jobid ...`).
+    server_alive: whether the arm's server still runs, asked at each progress line and once aiperf ends; a
+    server that died fails the stage (aiperf is stopped at once rather than left to time out)."""
     if spec.trace is not None:
         check_trace_dir(Path(spec.trace))
     if arm.aiperf_dir.exists():
@@ -164,21 +177,27 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
                          artifact_dir=arm.aiperf_dir)
     cmd = list(prefix) + cmd
     say = progress or (lambda _msg: None)
+    alive = server_alive or (lambda: True)
     env = _child_env(tokenizer, arm.aiperf_scratch)
     if env[MMAP_BASE_ENV] == str(arm.aiperf_scratch):
         arm.aiperf_scratch.mkdir(exist_ok=True)
     t0 = time.monotonic()
     try:
-        proc, timed_out = _run_aiperf(cmd, env, spec, arm, say, progress_every_s, t0)
+        proc, stopped = _run_aiperf(cmd, env, spec, arm, say, alive, progress_every_s, t0)
     finally:
         shutil.rmtree(arm.aiperf_scratch, ignore_errors=True)
     duration = time.monotonic() - t0
+    timed_out = stopped == "timeout"
     if not timed_out:
         try:  # a service the exited leader left behind would hold ports and CPU
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     ok, failed = count_records(arm.profile_export)
+    if stopped == "server" or not alive():
+        raise LoadError(f"load: arm {arm.root.name}: its server exited while aiperf ran ({ok} records, "
+                        f"{failed} errors after {duration:.0f}s); the load is not kept and --resume redoes it; "
+                        f"why the server died: {arm.server_log}")
     result = LoadResult(command=cmd, returncode=None if timed_out else proc.returncode,
                         timed_out=timed_out, records=ok, errors=failed,
                         duration_s=round(duration, 3), aiperf_dir=str(arm.aiperf_dir),
@@ -190,30 +209,78 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
 
 
 def _run_aiperf(cmd: list[str], env: dict[str, str], spec: LoadSpec, arm: ArmPaths, say: Callable[[str], None],
-                progress_every_s: float, t0: float) -> tuple[subprocess.Popen, bool]:
+                server_alive: Callable[[], bool], progress_every_s: float,
+                t0: float) -> tuple[subprocess.Popen, str | None]:
     """aiperf in its own process group, its output in the arm's log, a progress line every progress_every_s;
-    killed at spec.timeout_s. Returns (the process, whether it was killed at the timeout)."""
+    killed at spec.timeout_s, or as soon as a progress tick finds the server dead. Returns (the process, why it
+    was killed: "timeout", "server", or None if it ended by itself)."""
+    token = secrets.token_hex(8)
+    write_json_atomic(arm.aiperf_process, {"token": token})  # before any process exists to carry it
     with open(arm.aiperf_log, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-        timed_out, next_say = False, t0 + progress_every_s
+                                env={**env, RUN_TOKEN_ENV: token}, start_new_session=True)
+        stopped, next_say = None, t0 + progress_every_s
         try:
+            write_json_atomic(arm.aiperf_process, {"token": token, "pid": proc.pid, "pgid": proc.pid})
             while proc.poll() is None:
                 now = time.monotonic()
                 if now - t0 > spec.timeout_s:
-                    timed_out = True
+                    stopped = "timeout"
+                elif now >= next_say:
+                    if not server_alive():
+                        stopped = "server"
+                    else:
+                        say(f"aiperf running {now - t0:.0f}s, {_progress(spec, arm)}")
+                        next_say += progress_every_s
+                if stopped:
                     _kill_group(proc)
                     break
-                if now >= next_say:
-                    say(f"aiperf running {now - t0:.0f}s, {_progress(spec, arm)}")
-                    next_say += progress_every_s
                 time.sleep(POLL_S)
         except BaseException:
             _kill_group(proc, grace_s=2.0)
             raise
-    return proc, timed_out
+    return proc, stopped
+
+
+def stop_leftover(arm: ArmPaths, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL what is left of the arm's last aiperf run, and return its process groups ([] if nothing).
+
+    A hard kill of the pipeline leaves aiperf running in its own session, sending to the arm's port, where a
+    resumed server would answer it beside the new run's aiperf. Its processes are found by the token
+    recorded in `arm.aiperf_process` before it started, in their environment, not by a pid that may belong
+    to another process by now. aiperf always runs on this machine, whichever host serves; a Slurm job step
+    (load: allocation) ends with its job, which the resume cancels."""
+    try:
+        mark = f"{RUN_TOKEN_ENV}={read_json(arm.aiperf_process)['token']}".encode()
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    groups: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    while (pids := _carrying(mark)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                group = os.getpgid(pid)
+                if group != os.getpgrp():  # never our own group
+                    os.killpg(group, signal.SIGKILL)
+                    groups.add(group)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+    return sorted(groups)
+
+
+def _carrying(mark: bytes) -> list[int]:
+    """Live local processes with `mark` (NAME=value) in their environment, read from /proc."""
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if mark in (d / "environ").read_bytes().split(b"\0"):
+                found.append(int(d.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
 
 
 def _progress(spec: LoadSpec, arm: ArmPaths) -> str:
@@ -235,6 +302,10 @@ def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
         raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
                         f"({r.errors} failed), below min_records={spec.min_records}; aiperf "
                         f"exit code {r.returncode}; {where}")
+    if r.errors > r.records:  # the requests that succeeded are a biased sample of the window, not its traffic
+        raise LoadError(f"load: {r.errors} of {r.errors + r.records} profiling records in {arm.profile_export} "
+                        f"failed, more than succeeded, so the rest do not measure the arm; see the server's log "
+                        f"{arm.server_log} and the {where}")
     if not r.timed_out and r.returncode != 0:
         raise LoadError(f"load: aiperf exited with code {r.returncode} after "
                         f"{r.duration_s:.0f}s ({r.records} records); {where}")

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -338,6 +339,51 @@ def test_run_load_kills_aiperf_at_timeout(server, tmp_path):
     assert len(groups) == 1 and os.getpgrp() not in groups
     # nothing of aiperf's group survives (its services are children in the same group)
     assert [p for p, (g, _) in _proc_groups().items() if g in groups] == []
+
+
+def test_more_failed_than_successful_records_fail_the_stage(tmp_path):
+    from pipeline.stages.load import LoadResult, _check
+
+    arm = ArmPaths(tmp_path / "off")
+    spec = LoadSpec(trace=QUICKSTART, benchmark_duration_s=10)
+    result = LoadResult(command=[], returncode=0, timed_out=False, records=8, errors=9, duration_s=41.0,
+                        aiperf_dir="", profile_export="", log="")
+    with pytest.raises(LoadError, match=r"load: 9 of 17 profiling records in .*off/aiperf/profile_export\.jsonl "
+                       r"failed, more than succeeded, so the rest do not measure the arm; see the server's log "
+                       r".*off/server\.log and the aiperf log .*off/aiperf\.log, last lines:"):
+        _check(spec, result, arm)
+    _check(spec, replace(result, errors=8), arm)  # as many as succeeded: kept, the report shows them
+
+
+def test_stop_leftover_stops_the_recorded_aiperf_run_and_nothing_else(tmp_path):
+    """A hard-killed pipeline's aiperf is found by the token in its processes' environment, children included;
+    a process with another token (another arm's, or a pid recorded before it was reused) is left alone."""
+    from pipeline.stages.load import RUN_TOKEN_ENV, stop_leftover
+
+    tree = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(60)']); time.sleep(60)"]
+    ours = subprocess.Popen(tree, env={**os.environ, RUN_TOKEN_ENV: "ours"}, start_new_session=True)
+    theirs = subprocess.Popen(tree, env={**os.environ, RUN_TOKEN_ENV: "theirs"}, start_new_session=True)
+    arm = ArmPaths(tmp_path / "off")
+    arm.root.mkdir()
+    arm.aiperf_process.write_text(json.dumps({"token": "ours", "pid": theirs.pid, "pgid": theirs.pid}))
+    try:
+        deadline = time.monotonic() + 20
+        while len([p for p, (g, _) in _proc_groups().items() if g == ours.pid]) < 2:  # the child started
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert stop_leftover(arm) == [ours.pid]
+        ours.wait(5)
+        assert [p for p, (g, _) in _proc_groups().items() if g == ours.pid] == []
+        assert theirs.poll() is None and stop_leftover(arm) == []
+        assert stop_leftover(ArmPaths(tmp_path / "never-loaded")) == []
+    finally:
+        for p in (ours, theirs):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(5)
 
 
 def test_run_load_names_a_trace_dir_removed_after_validation(tmp_path):
