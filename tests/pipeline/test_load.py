@@ -149,7 +149,9 @@ def test_count_records(tmp_path):
     f = tmp_path / "p.jsonl"
     ok = {"metadata": {"benchmark_phase": "profiling"}, "metrics": {}}
     lines = [ok, ok, {"metadata": {"benchmark_phase": "warmup"}, "metrics": {}},
-             {"metadata": {"benchmark_phase": "profiling"}, "error": {"code": 500}}]
+             {"metadata": {"benchmark_phase": "profiling"}, "error": {"code": 500}},
+             # cancelled at the window's end: not a failure, nor a finished request
+             {"metadata": {"benchmark_phase": "profiling", "was_cancelled": True}, "error": {"type": "Cancelled"}}]
     f.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"metadata": {"bench')
     assert count_records(f) == (2, 1) and count_records(f, "warmup") == (1, 0)
     assert count_records(tmp_path / "missing.jsonl") == (0, 0)
