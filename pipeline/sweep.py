@@ -101,8 +101,9 @@ def replan_sweep(root: Path, sweep_file: str) -> None:
             aside = paths.superseded(point, attempt)
             aside.parent.mkdir(parents=True, exist_ok=True)
             run_dir.rename(aside)
-            entry.setdefault("superseded", []).append({"attempt": attempt, "at": now(), "status": entry["status"],
-                                                       "error": entry.get("error"), "run_dir": str(aside.relative_to(root))})
+            entry.setdefault("superseded", []).append({
+                "attempt": attempt, "at": now(), "status": entry["status"], "error": entry.get("error"),
+                "run_dir": str(aside.relative_to(root))})
             note = f"; its earlier run is kept in {aside}"
         entry.update(recipe=recipe, status="pending", error=None)
         progress(f"{point}: re-planned from {sweep_file}{note}")
