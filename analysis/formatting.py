@@ -16,9 +16,6 @@ def fmt(v: float) -> str:
     return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
-NO_SPREAD = "no spread"
-
-
 def fmt_delta(pct: float, lo: float, hi: float) -> str:
     if not np.isfinite(pct):
         return "n/a"
@@ -27,7 +24,7 @@ def fmt_delta(pct: float, lo: float, hi: float) -> str:
     if hi - lo <= 1e-9 * max(1.0, abs(pct)):
         # Every resample gave the same delta: each session did the same work in both arms (a rate over the same
         # completed requests), so the delta is the windows' ratio and a CI of no width would read as certainty.
-        return f"{pct:+.1f}% [{NO_SPREAD}]"
+        return f"{pct:+.1f}% [no spread]"
     return f"{pct:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
 
 

@@ -48,9 +48,13 @@ def create_sweep(sweep_file: str, out: str | None) -> Path:
     write_json_exclusive(paths.manifest, {
         "name": spec.name, "sweep_file": str(sweep_file), "spec": spec.model_dump(mode="json"),
         "created": now(), "finished": None,
-        "points": {p: {"status": "pending", "recipe": r, "run_dir": str(paths.run_dir(p).relative_to(root))}
-                   for p, r in recipes.items()}})
+        "points": {p: _new_point(paths, p, r) for p, r in recipes.items()}})
     return root
+
+
+def _new_point(paths: SweepPaths, point: str, recipe: dict) -> dict:
+    """A point's sweep.json entry before it runs; its run dir relative to the sweep dir (point_run_dir)."""
+    return {"status": "pending", "recipe": recipe, "run_dir": str(paths.run_dir(point).relative_to(paths.root))}
 
 
 def point_run_dir(root: Path, point: str, entry: dict) -> Path:
@@ -88,8 +92,7 @@ def replan_sweep(root: Path, sweep_file: str) -> None:
     for point, recipe in recipes.items():
         entry = doc["points"].get(point)
         if entry is None:
-            doc["points"][point] = {"status": "pending", "recipe": recipe,
-                                    "run_dir": str(paths.run_dir(point).relative_to(root))}
+            doc["points"][point] = _new_point(paths, point, recipe)
             progress(f"{point}: new point from {sweep_file}")
             continue
         if entry["recipe"] == recipe:
