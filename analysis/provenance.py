@@ -195,13 +195,34 @@ def gpu_lines(manifest: dict) -> list[str]:
         desc = "; ".join(f"{g.get('index')}: {g.get('name')} (SM {g.get('clocks.sm')} of max {g.get('clocks.max.sm')}, "
                          f"mem clock {g.get('clocks.mem')}, {g.get('memory.total')}, uuid {g.get('uuid')})"
                          for g in gpus) or "none reported (no nvidia-smi)"
-        lines.append(f"- host `{name}` ({(facts or {}).get('kind', UNKNOWN)}) GPUs: {desc}")
-    pairing = [f"{a.get('name')} on {a.get('host')} GPUs {list(a.get('gpus') or []) or 'none'} port {a.get('port')}"
-               for a in manifest.get("arm_runs") or []]
+        lines.append(f"- host `{name}` ({_where(facts, _get(manifest, 'recipe', 'hosts', name, default={}))}) "
+                     f"GPUs: {desc}")
+    stages = manifest.get("stages") or {}
+    pairing = [f"{a.get('name')} on {a.get('host')} " + _arm_gpus(a, _get(stages, a.get("name"), "server", "slurm_job",
+                                                                          default=None))
+               + f" port {a.get('port')}" for a in manifest.get("arm_runs") or []]
     if pairing:
         lines.append("- arm runs: " + "; ".join(pairing))
     return lines or [f"- GPUs: {UNKNOWN}"]
 
+
+
+def _where(facts: dict | None, spec: Any) -> str:
+    """A host's kind, and for SSH the account it was reached at (the recipe's), so a reader can find the box."""
+    kind = (facts or {}).get("kind", UNKNOWN)
+    if kind != "ssh" or not isinstance(spec, dict) or not spec.get("address"):
+        return kind
+    user = f"{spec['user']}@" if spec.get("user") else ""
+    return f"ssh {user}{spec['address']}:{spec.get('port', 22)}"
+
+
+def _arm_gpus(arm_run: dict, job: Any) -> str:
+    """The GPUs an arm run used: the plan's, or for a Slurm arm run the job's node and devices, known only once it
+    started."""
+    if not isinstance(job, dict):
+        return f"GPUs {list(arm_run.get('gpus') or []) or 'none'}"
+    node = job.get("SLURMD_NODENAME") or job.get("SLURM_JOB_NODELIST") or UNKNOWN
+    return f"Slurm job {job.get('job_id', UNKNOWN)} on {node} GPUs {job.get('CUDA_VISIBLE_DEVICES') or 'none'}"
 
 
 # What must match for two runs' arms to be compared as a kernel change: the traffic and the engine around it.

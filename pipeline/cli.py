@@ -6,6 +6,7 @@ instant.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -191,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
                 else "")
         print(f"interrupted ({name}){hint}", file=sys.stderr)
         return code
+    except BrokenPipeError:
+        # the reader went away (`pipeline plan ... | head`): stop as a Unix filter does, quietly; a run's servers
+        # were stopped on the way here, its finished stages kept. Pointing stdout at devnull keeps the interpreter's
+        # own flush at exit from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as e:  # a user-facing one-line error; the traceback helps nobody here
         from pipeline.hosts import HostError
         from pipeline.runner import RunError

@@ -139,12 +139,17 @@ def format_plan(plan: RunPlan, recipe: Recipe, load_commands: dict[str, list[str
         together = " (at once)" if len(group) > 1 else ""
         lines.append(f"\ngroup {group[0].group + 1}{together}")
         for a in group:
-            gpus = ",".join(map(str, a.gpus)) or "none"
-            if recipe.hosts[a.host].kind == "slurm":
-                n = recipe.placement.gpus_per_arm
-                gpus = f"{n} from Slurm (--gres={recipe.hosts[a.host].slurm.gres}:{n})" if n else "none (Slurm job)"
-            lines += [f"  [{a.name}] host={a.host} gpus={gpus} url={a.url}",
+            remote = f" (on {a.host}: {a.artifact_dir})" if recipe.hosts[a.host].kind == "ssh" else ""
+            lines += [f"  [{a.name}] host={a.host} gpus={gpus_text(recipe, a)} url={a.url}",
                       f"    server: {a.command_line}",
                       f"    load:   {shell_join(load_commands[a.name])}",
-                      f"    files:  {a.local_dir}"]
+                      f"    files:  {a.local_dir}{remote}"]
     return "\n".join(lines)
+
+
+def gpus_text(recipe: Recipe, a: ArmRun) -> str:
+    """The GPUs an arm run gets, as the plan and the progress lines say it: a Slurm job's are the scheduler's pick."""
+    if recipe.hosts[a.host].kind == "slurm":
+        n = recipe.placement.gpus_per_arm
+        return f"{n} from Slurm (--gres={recipe.hosts[a.host].slurm.gres}:{n})" if n else "none (Slurm job)"
+    return ",".join(map(str, a.gpus)) or "none"

@@ -19,7 +19,7 @@ from pipeline.hosts import Host, HostError, LocalHost, SshHost
 from pipeline.io import write_json_atomic
 from pipeline.manifest import Manifest, gpu_facts, now
 from pipeline.paths import RunPaths, remote_superseded_dir
-from pipeline.plan import ArmRun, RunPlan
+from pipeline.plan import ArmRun, RunPlan, gpus_text
 from pipeline.stages.server import save_result, served_paths, start_server
 
 
@@ -187,7 +187,7 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
         left = host.cancel_leftover(a.artifact_dir)
         if left:
             say("server")(f"cancelled job {left}, left running by an earlier attempt")
-    say("server")(f"starting on {a.host} gpus={list(a.gpus) or 'none'} port={a.port}")
+    say("server")(f"starting on {a.host} gpus={gpus_text(recipe, a)} port={a.port}")
     manifest.mark(a.name, "server", "running")
     proc, current = None, "server"
     try:

@@ -1,6 +1,7 @@
 """The recipe's `hosts:` and `placement:` blocks: the machines, and which arm runs where and when."""
 from __future__ import annotations
 
+import os
 import re
 from typing import Literal
 
@@ -76,6 +77,11 @@ class HostSpec(Strict):
     workdir: str = Field("/tmp/pipeline", description="remote folder for logs and artifacts (ssh hosts)")
     python: str = Field("python3", description="ssh hosts: the interpreter that has the engine installed "
                                                "(e.g. a venv's bin/python)")
+
+    @field_validator("key")
+    @classmethod
+    def _home(cls, v: str | None) -> str | None:
+        return os.path.expanduser(v) if v else v  # `~/.ssh/id_ed25519`, as ssh takes it; paramiko would not
 
     @model_validator(mode="after")
     def _ssh_needs_address(self):

@@ -98,3 +98,17 @@ def test_accuracy_data_of_another_task_is_refused_before_a_run_starts(tmp_path, 
                            timeout=120)
         assert p.returncode == 1 and p.stderr.startswith(f"error: {prefix}{says}"), (args, p.stderr[-2000:])
     assert not (tmp_path / "run").exists()
+
+
+def test_a_plan_piped_into_a_reader_that_stops_ends_quietly(tmp_path):
+    """A reader that stops early (`pipeline plan ... | head -3`) ends the plan as it ends a Unix filter: no
+    traceback, the shell's SIGPIPE status. `true` reads nothing and exits long before the plan is printed."""
+    recipe = yaml.safe_load((REPO / "recipes/quickstart.yaml").read_text())
+    recipe.pop("accuracy")
+    recipe["tokenizer"] = str(REPO / "recipes/data/tokenizer")
+    recipe["load"]["trace"] = str(REPO / "recipes/data/traces/short")
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    p = subprocess.run(f"{sys.executable} -m pipeline.cli plan {path} | true; echo \"${{PIPESTATUS[0]}}\" >&2",
+                       shell=True, executable="/bin/bash", cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.stderr == f"{128 + signal.SIGPIPE}\n", p.stderr

@@ -237,3 +237,10 @@ def test_emulator_flags_for_an_ssh_host_are_read_there(write_recipe):
     path = write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}, placement={"hosts": ["node"]},
                         server={"args": {"hardware": "site-profile"}})
     assert load_recipe(path).server.args == {"hardware": "site-profile"}
+
+
+def test_an_ssh_key_under_home_is_expanded_as_ssh_would(write_recipe, monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2", "key": "~/.ssh/id_ed25519"}},
+                        placement={"hosts": ["node"]})
+    assert load_recipe(path).hosts["node"].key == str(tmp_path / ".ssh/id_ed25519")

@@ -8,7 +8,7 @@ import yaml
 
 from pipeline.config.base import RecipeError
 from pipeline.config.recipe import load_recipe
-from pipeline.plan import SLURM_NODE, build_plan
+from pipeline.plan import SLURM_NODE, build_plan, gpus_text
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -33,6 +33,7 @@ def test_slurm_recipe_plans_one_job_per_arm_run(tmp_path):
         assert "CUDA_VISIBLE_DEVICES" not in a.env               # Slurm sets it inside the job
         assert a.artifact_dir == str((tmp_path / "run" / "arms" / a.name).resolve())  # shared FS
         assert "0.0.0.0" in a.argv                               # reachable from the controller
+        assert gpus_text(r, a) == "1 from Slurm (--gres=gpu:1)"   # what the plan and the progress line say
 
 
 @pytest.mark.parametrize("host, match", [
