@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -34,7 +35,7 @@ def exclusive(directory: Path, refusal: Callable[[DirInUse], str] | None = None)
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_past_probes(fd)
         except BlockingIOError:
             in_use = DirInUse(directory, os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown")
             if refusal:
@@ -47,10 +48,21 @@ def exclusive(directory: Path, refusal: Callable[[DirInUse], str] | None = None)
         os.close(fd)  # releases the lock
 
 
+def _lock_past_probes(fd: int, tries: int = 10, pause_s: float = 0.02) -> None:
+    """The exclusive lock, retried for a moment: `holder`'s probe holds a shared lock for an instant, which must
+    not refuse a run that starts in it. A real holder keeps it past the retries: BlockingIOError."""
+    for _ in range(tries - 1):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(pause_s)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 def holder(directory: Path) -> str | None:
     """The pid of the live process that holds `directory`'s lock, or None if none does. Reads only: it makes no
-    lock file, and its probe holds a shared lock for an instant, which a process that starts on the dir in that
-    instant sees as in use."""
+    lock file, and its probe holds a shared lock for an instant (`exclusive` waits that out)."""
     try:
         fd = os.open(Path(directory) / LOCK_NAME, os.O_RDONLY)
     except OSError:  # no lock file: no pipeline process ever worked here, or not one that could be read

@@ -185,6 +185,24 @@ def test_a_resume_refuses_a_run_dir_another_process_holds_and_takes_it_once_that
         assert (run / dirlock.LOCK_NAME).read_text() == f"{os.getpid()}\n"
 
 
+def test_a_run_starting_during_a_reports_probe_of_its_lock_is_not_refused(tmp_path):
+    """`pipeline report` asks whether a run is in progress by taking a shared lock for an instant; a resume that
+    starts in that instant waits it out instead of calling the dir in use."""
+    import fcntl
+    import os
+    import threading
+
+    from pipeline import dirlock
+
+    with dirlock.exclusive(tmp_path):
+        pass  # the lock file, as a finished run leaves it
+    probe = os.open(tmp_path / dirlock.LOCK_NAME, os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    threading.Timer(0.05, os.close, (probe,)).start()  # the probe lets go 50 ms later
+    with dirlock.exclusive(tmp_path):
+        assert dirlock.holder(tmp_path) == str(os.getpid())
+
+
 def test_a_new_run_refused_by_its_host_check_leaves_no_run_dir(tmp_path):
     # nvidia-smi is the interface the host check reads; this one reports GPU 0 and GPU 1 as different models
     smi = tmp_path / "bin/nvidia-smi"
