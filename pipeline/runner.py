@@ -202,11 +202,15 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             say("server")(f"cancelled job {left}, left running by an earlier attempt")
     say("server")(f"starting on {a.host} gpus={list(a.gpus) or 'none'} port={a.port}")
     manifest.mark(a.name, "server", "running")
-    proc, current = None, "server"
+    proc, current, launched = None, "server", []
+
+    def started(p):
+        launched.append(p)
+        manifest.note(a.name, "server", pid=getattr(p, "pid", None))
+
     try:
         proc, result = start_server(engine, a, host, arm, timeout_s=recipe.server.startup_timeout_s,
-                                    progress=say("server"),
-                                    started=lambda p: manifest.note(a.name, "server", pid=getattr(p, "pid", None)))
+                                    progress=say("server"), started=started)
         served_by = _served_by(result.info)
         job = {"slurm_job": proc.facts} if getattr(proc, "facts", None) is not None else {}
         if job:
@@ -243,8 +247,10 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
         if proc is not None:
             proc.stop()
             say("server")("stopped")
-        if recipe.hosts[a.host].kind == "ssh":
-            try:  # server log and engine artifacts; a failed pull must not hide the stage's own error
+        # server log and engine artifacts, from where this attempt's server wrote them; none when it never
+        # started (a refused port): its folder there may not exist, and pulling it would only add noise
+        if launched and recipe.hosts[a.host].kind == "ssh":
+            try:  # a failed pull must not hide the stage's own error
                 host.get(a.artifact_dir, arm.root)
             except HostError as e:
                 say("server")(f"could not pull {a.artifact_dir}: {e}")

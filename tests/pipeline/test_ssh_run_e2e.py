@@ -132,3 +132,17 @@ def test_a_resume_says_it_stopped_the_server_a_hard_kill_left_on_an_ssh_host(ssh
         if old and _alive(old):
             os.killpg(old, signal.SIGKILL)
 
+
+def test_a_refused_port_pulls_nothing_from_the_ssh_host(sshd, tmp_path):
+    """The server never started, so its folder on the host was never made: no `could not pull` line before the
+    port's error."""
+    port = _free_port()
+    path = _box_recipe(tmp_path, sshd, "echo", port, startup_timeout_s=30)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", port))
+        taken.listen()
+        p = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(path), "--out", str(tmp_path / "run")],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and p.stderr == (f"error: server.port: port {port} on host 'box' is in use; pick a free "
+                                              f"port in the recipe or stop what listens there\n"), p.stderr
+    assert "could not pull" not in p.stdout, p.stdout
