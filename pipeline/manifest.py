@@ -14,7 +14,7 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.hosts import Host
+from pipeline.hosts import Host, HostError
 from pipeline.io import read_json, write_json_atomic, write_json_exclusive
 from pipeline.paths import REPO_ROOT
 
@@ -61,11 +61,14 @@ def git_sha() -> str:
 
 
 def gpu_facts(host: Host) -> list[dict]:
-    """GPUs the host reports (name, clocks, memory), or [] where nvidia-smi is absent."""
+    """GPUs the host reports (name, clocks, memory), or [] where nvidia-smi is absent or fails. A host that
+    cannot be reached raises its HostError: "no GPUs" would hide it, and a new run would claim its dir first."""
     fields = "index,name,uuid,clocks.sm,clocks.max.sm,clocks.mem,memory.total,driver_version"
     try:
         r = host.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], timeout=20)
-    except (OSError, Exception):  # missing binary locally raises; remotely it is a non-zero exit
+    except HostError:
+        raise
+    except Exception:  # missing binary locally raises (OSError); a hung one times out; remotely: a non-zero exit
         return []
     if r.returncode != 0:
         return []

@@ -227,3 +227,54 @@ def test_a_server_that_dies_during_the_load_fails_the_stage_and_resume_redoes_it
     stages = json.loads((out / "manifest.json").read_text())["stages"]
     assert all(s["status"] == "done" for arm in stages.values() for s in arm.values()), stages
     assert json.loads((off / "load_result.json").read_text())["errors"] == 0
+
+
+def test_a_resume_stops_the_server_a_hard_kill_left_on_a_local_host_of_any_name(tmp_path, wait_for):
+    """Where a leftover server is looked for follows the host's kind, not its name: on a local host named `gpubox`
+    the server a SIGKILLed run left holding the port is stopped, said, and the resumed server takes the port."""
+    path, out = _short_run(tmp_path)
+    recipe = yaml.safe_load(path.read_text())
+    recipe.update(hosts={"gpubox": {"kind": "local", "gpus": [0, 1]}}, placement={"hosts": ["gpubox"]})
+    path.write_text(yaml.safe_dump(recipe))
+    port, off = recipe["server"]["port"], out / "arms/off"
+
+    def serving() -> bool:
+        m = out / "manifest.json"
+        if not (m.is_file() and json.loads(m.read_text())["stages"].get("off", {}).get("server", {}).get("pid")):
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+    proc = subprocess.Popen(_pipeline("run", str(path), "--out", str(out)), cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    resume = old = None
+    try:
+        wait_for(serving, 300, proc)
+        proc.kill()
+        proc.wait(30)
+        old = json.loads((out / "manifest.json").read_text())["stages"]["off"]["server"]["pid"]
+        assert _group_alive(old)  # the hard kill left it holding the port
+
+        resume = subprocess.Popen(_pipeline("run", "--resume", str(out)), cwd=REPO, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        lines = []
+        for line in resume.stdout:
+            lines.append(line)
+            if "off     server    healthy" in line:  # on the port the old server held
+                break
+        log = "".join(lines)
+        assert "is in use" not in log and "healthy" in log, log[-3000:]
+        assert f"off     server    stopped the server left running by an earlier attempt (process group {old})" \
+            in log, log[-3000:]
+        assert not _group_alive(old)
+    finally:
+        for p in (proc, resume):  # SIGTERM: a run stops its server and aiperf on the way out
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(60)
+        # the old server, where the resume did not stop it; an aiperf the first run may have started before its kill
+        for group in ({old} if old and _group_alive(old) else set()) | _aiperf_groups(off):
+            os.killpg(group, signal.SIGKILL)

@@ -43,6 +43,12 @@ def write_recipe(tmp_path: Path, **over) -> Path:
     return path
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def race_two_runs(recipe: Path, out: Path) -> list[subprocess.CompletedProcess]:
     start = time.time() + 4.0  # both interpreters are up and have imported by then, even on a busy box
     procs = [subprocess.Popen([sys.executable, "-c", RACER, str(start), "run", str(recipe), "--out", str(out)],
@@ -242,3 +248,35 @@ def test_a_run_dir_that_cannot_be_made_is_one_error_line_naming_the_path(tmp_pat
         p = run("validate", str(write_recipe(tmp_path, output_dir=str(output_dir))))
         assert p.returncode == 2 and f"\noutput_dir: '{taken}' is not a directory; " in p.stderr, p.stderr
     assert taken.read_text() == "a file\n"
+
+
+@pytest.mark.ssh
+def test_a_new_run_on_an_unreachable_ssh_host_leaves_no_run_dir_and_the_fixed_recipe_runs_there(sshd, tmp_path):
+    """A closed port or a key sshd refuses: one error line naming the host, and no run dir (its manifest would
+    record the bad recipe, and refuse the fixed one: a resume runs the recorded recipe). Once the host is
+    reachable the same --out runs; a host without nvidia-smi is recorded as reporting no GPUs."""
+    stranger = tmp_path / "stranger_key"  # a key sshd does not know
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", stranger], check=True)
+    box = {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"], "key": sshd["key"],
+           "workdir": str(tmp_path / "remote"), "python": "echo"}  # `echo`: each server exits at once
+    out = tmp_path / "run"
+
+    def run(**bad) -> subprocess.CompletedProcess:
+        recipe = write_recipe(tmp_path, placement={"hosts": ["box"]}, hosts={"box": {**box, **bad}},
+                              server={"port": _free_port(), "startup_timeout_s": 30})
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(recipe), "--out", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    for bad in ({"port": _free_port()}, {"key": str(stranger)}):
+        p = run(**bad)
+        port = bad.get("port", sshd["port"])
+        assert p.returncode == 1 and p.stderr.startswith(
+            f"error: host 'box' ({sshd['user']}@127.0.0.1:{port}) is unreachable over SSH: "), p.stderr
+        assert p.stderr.count("\n") == 1 and "run dir:" not in p.stdout, p.stdout + p.stderr
+        assert not out.exists(), sorted(out.rglob("*"))
+
+    p = run()  # fixed: it gets as far as the server, which `echo` ends at once
+    assert p.returncode == 1 and "server exited with code 0 before becoming healthy" in p.stderr, p.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["hosts"] == {"box": {"kind": "ssh", "gpus": []}}
+    assert manifest["stages"]["off"]["server"]["status"] == "failed"

@@ -30,13 +30,13 @@ def test_resume_stops_a_server_left_by_a_killed_run_and_nothing_else(tmp_path):
     manifest = Manifest(tmp_path / "manifest.json", {"stages": {"on": {"server": {"pid": ours.pid}}}})
     time.sleep(0.3)
 
-    _kill_leftover(manifest, _arm_run(argv))
+    _kill_leftover(manifest, _arm_run(argv), "local")
     time.sleep(0.3)
     assert ours.poll() is not None
 
     # A recorded pid now owned by a different command is left alone.
     manifest.data["stages"]["on"]["server"]["pid"] = other.pid
-    _kill_leftover(manifest, _arm_run(argv))
+    _kill_leftover(manifest, _arm_run(argv), "local")
     assert other.poll() is None
     other.stop(grace_s=1)
     ours.stop(grace_s=1)
@@ -55,25 +55,26 @@ def test_resume_stops_a_server_the_manifest_never_named_by_its_log(tmp_path):
     manifest = Manifest(tmp_path / "manifest.json", {"stages": {"on": {"server": {"status": "failed"}}}})
     time.sleep(0.3)
 
-    _kill_leftover(manifest, _arm_run(sleeper, artifact_dir=str(tmp_path / "ours")))
+    _kill_leftover(manifest, _arm_run(sleeper, artifact_dir=str(tmp_path / "ours")), "local")
     time.sleep(0.3)
     assert ours.poll() is not None and theirs.poll() is None
     theirs.stop(grace_s=1)
 
 
 def _plan_and_manifest(tmp_path, mode: str, stages: dict):
-    """A real plan, and a manifest whose stages stand where a crash left them; each arm-run folder holds
-    a load_result.json."""
+    """A real recipe and plan, and a manifest whose stages stand where a crash left them; each arm-run folder
+    holds a load_result.json."""
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({
         "name": "t", "engine": "emulator", "model": "m", "placement": {"mode": mode},
         "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1"}}},
         "load": {"trace": TRACE, "benchmark_duration_s": 10, "timeout_s": 120}}))
-    plan = build_plan(load_recipe(path), tmp_path / "run")
+    recipe = load_recipe(path)
+    plan = build_plan(recipe, tmp_path / "run")
     for name in stages:
         (tmp_path / "run/arms" / name).mkdir(parents=True)
         (tmp_path / "run/arms" / name / "load_result.json").write_text("{}")
-    return plan, Manifest(tmp_path / "run/manifest.json", {"stages": stages})
+    return recipe, plan, Manifest(tmp_path / "run/manifest.json", {"stages": stages})
 
 
 DONE = {"server": {"status": "done"}, "load": {"status": "done"}}
@@ -83,9 +84,9 @@ def test_a_group_with_every_load_done_is_left_alone(tmp_path):
     from pipeline.runner import _supersede_half_finished
 
     # on's accuracy failed after both loads ran together: only accuracy reruns, and it needs no partner.
-    plan, manifest = _plan_and_manifest(tmp_path, "concurrent", {
+    recipe, plan, manifest = _plan_and_manifest(tmp_path, "concurrent", {
         "off": DONE, "on": {**DONE, "accuracy": {"status": "failed"}}})
-    _supersede_half_finished(plan, manifest, {}, plan.groups()[0])
+    _supersede_half_finished(recipe, plan, manifest, {}, plan.groups()[0])
     assert "superseded" not in manifest.data and manifest.is_done("off", "load")
     assert (tmp_path / "run/arms/off/load_result.json").is_file()
 
@@ -93,17 +94,17 @@ def test_a_group_with_every_load_done_is_left_alone(tmp_path):
 def test_sequential_arms_resume_one_by_one(tmp_path):
     from pipeline.runner import _supersede_half_finished
 
-    plan, manifest = _plan_and_manifest(tmp_path, "sequential", {"off": DONE, "on": {"load": {"status": "failed"}}})
+    recipe, plan, manifest = _plan_and_manifest(tmp_path, "sequential", {"off": DONE, "on": {"load": {"status": "failed"}}})
     for group in plan.groups():
-        _supersede_half_finished(plan, manifest, {}, group)
+        _supersede_half_finished(recipe, plan, manifest, {}, group)
     assert "superseded" not in manifest.data and manifest.is_done("off", "load")
 
 
 def test_a_half_finished_concurrent_group_sets_its_finished_arm_aside(tmp_path):
     from pipeline.runner import _supersede_half_finished
 
-    plan, manifest = _plan_and_manifest(tmp_path, "concurrent", {"off": DONE, "on": {"load": {"status": "failed"}}})
-    _supersede_half_finished(plan, manifest, {}, plan.groups()[0])
+    recipe, plan, manifest = _plan_and_manifest(tmp_path, "concurrent", {"off": DONE, "on": {"load": {"status": "failed"}}})
+    _supersede_half_finished(recipe, plan, manifest, {}, plan.groups()[0])
     assert not manifest.is_done("off", "load")
     assert [(e["arm_run"], e["attempt"], e["stages"]) for e in manifest.data["superseded"]] == [("off", 1, DONE)]
     assert (tmp_path / "run/superseded/off.1/load_result.json").is_file()

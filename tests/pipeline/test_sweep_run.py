@@ -418,3 +418,41 @@ def test_an_edited_sweep_file_replans_the_unfinished_points_and_keeps_the_finish
     run = json.loads((root / "runs/c2/manifest.json").read_text())
     assert run["recipe"]["server"]["args"]["hardware"] == other
     assert [doc["points"][c]["status"] for c in ("c1", "c2", "c3")] == ["done", "failed", "failed"]
+
+
+@pytest.mark.ssh
+def test_a_point_on_an_unreachable_ssh_host_leaves_no_run_dir_and_reruns_once_fixed(sshd, tmp_path):
+    """The point fails alone with the host's error and leaves no run dir, whose manifest would hold the bad recipe;
+    a resume with the fixed sweep file starts the point's run afresh, with nothing to set aside."""
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({
+        "name": "b", "engine": "emulator", "model": "m", "placement": {"hosts": ["box"]},
+        "hosts": {"box": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
+                          "key": sshd["key"], "workdir": str(tmp_path / "remote"), "python": "echo"}},
+        "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1"}}},
+        "server": {"port": _free_port(), "startup_timeout_s": 30},
+        "load": {"trace": str(REPO / "recipes/data/traces/quickstart"), "benchmark_duration_s": 10,
+                 "timeout_s": 120}}))
+    closed = _free_port()
+
+    def sweep_file(ssh_port: int) -> str:
+        path = tmp_path / f"sweep-{ssh_port}.yaml"
+        path.write_text(yaml.safe_dump({"name": "u", "base": str(base), "points": {"p1": {}},
+                                        "overrides": {"hosts": {"box": {"port": ssh_port}}}}))
+        return str(path)
+
+    out = tmp_path / "s"
+    p = subprocess.run(_pipeline("sweep", sweep_file(closed), "--out", str(out)), cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    [point] = json.loads((out / "sweep.json").read_text())["points"].values()
+    assert point["status"] == "failed", point
+    assert point["error"].startswith(f"HostError: host 'box' ({sshd['user']}@127.0.0.1:{closed}) is unreachable")
+    assert not (out / "runs/p1").exists()
+
+    p = subprocess.run(_pipeline("sweep", sweep_file(sshd["port"]), "--resume", str(out)), cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "p1: new run" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    [point] = json.loads((out / "sweep.json").read_text())["points"].values()
+    assert "server exited with code 0 before becoming healthy" in point["error"] and "superseded" not in point
+    assert json.loads((out / "runs/p1/manifest.json").read_text())["hosts"]["box"]["gpus"] == []
