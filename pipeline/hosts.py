@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
+from pipeline.paths import exit_status_file
+
 
 class HostError(RuntimeError):
     """A host could not be reached or a command could not be started there."""
@@ -130,24 +132,45 @@ def _copy(src: Path, dst: Path) -> None:
 # ---------------------------------------------------------------- ssh
 
 
-class SshProcess:
-    """A remote process started under `setsid`; its process group id is its pid."""
+# What SshProcess.poll returns for a process that ended without leaving its exit status: SIGKILL took the
+# wrapper that records it along with the command, or an older pipeline started it without one. No exit code
+# (0..255) and no signal death (-1..-64, subprocess's convention) has this value.
+EXIT_UNKNOWN = -1000
 
-    def __init__(self, host: "SshHost", pid: int):
-        self._host, self.pid = host, pid
+
+def exit_text(code: int) -> str:
+    """How an error message states a poll() result: 'with code 127', or that the status is unknown."""
+    return "with an unknown exit status" if code == EXIT_UNKNOWN else f"with code {code}"
+
+
+class SshProcess:
+    """A remote process started under `setsid` by a wrapper `sh` (see `SshHost.start`); the wrapper's pid is
+    the process group id, and the wrapper writes the command's exit status to `status` when it ends."""
+
+    def __init__(self, host: "SshHost", pid: int, status: str):
+        self._host, self.pid, self._status = host, pid, status
 
     def poll(self) -> int | None:
-        alive = self._host.run(["kill", "-0", str(self.pid)]).returncode == 0
-        return None if alive else 0
+        """None while it runs; its exit status once ended (128+N for a death by signal N, as the shell gives
+        it; 143 after `stop`'s SIGTERM); EXIT_UNKNOWN if it ended without leaving one."""
+        r = self._host.run(["sh", "-c", 'kill -0 "$1" 2>/dev/null && echo running || cat "$2" 2>/dev/null',
+                            "sh", str(self.pid), self._status])
+        out = r.stdout.strip()
+        if out == "running":
+            return None
+        return int(out) if out.isdigit() else EXIT_UNKNOWN
 
     def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the group, SIGKILL after `grace_s`; returns poll(): 143 after a SIGTERM the command did not
+        handle, EXIT_UNKNOWN after a SIGKILL (None while the killed wrapper is not yet reaped)."""
         self._host.run(["kill", "-TERM", f"-{self.pid}"])
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and self.poll() is None:
+        while (code := self.poll()) is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        if self.poll() is None:
+        if code is None:
             self._host.run(["kill", "-KILL", f"-{self.pid}"])
-        return 0
+            code = self.poll()
+        return code
 
 
 class SshHost:
@@ -172,8 +195,16 @@ class SshHost:
                 self._conn = None
                 raise HostError(f"host {self.name!r} ({self.user or ''}@{self.address}:{self.port}) "
                                 f"is unreachable over SSH: {e}. Check hosts.{self.name}.address/port/user/key "
-                                f"and that `ssh -p {self.port} {self.address}` works.") from e
+                                f"and that `{self.ssh_command()}` works.") from e
         return self._conn
+
+    def ssh_command(self) -> str:
+        """The OpenSSH command that connects as `_connection` does (same port, user and key): the check an
+        unreachable-host error suggests. Without user or key both fall back alike (current user; agent/~/.ssh)."""
+        argv = ["ssh", "-p", str(self.port)]
+        argv += ["-l", self.user] if self.user else []
+        argv += ["-i", self._key] if self._key else []
+        return shlex.join([*argv, self.address])
 
     def run(self, argv, *, env=None, timeout=None) -> CommandResult:
         r = self._connection().run(shell_join(argv, env), hide=True, warn=True, timeout=timeout,
@@ -181,15 +212,24 @@ class SshHost:
         return CommandResult(r.exited, r.stdout, r.stderr)
 
     def start(self, argv, *, env, log) -> SshProcess:
-        log_q = shlex.quote(log)
-        # `env` because nohup execs its argument: a leading VAR=value would be taken as the program.
+        status = exit_status_file(log)
+        log_q, status_q = shlex.quote(log), shlex.quote(status)
+        # The wrapper `sh` runs the command and writes its exit status to `status` (poll reads it: the remote
+        # process is no child of ours). It catches TERM with a no-op so that stop's SIGTERM to the group ends the
+        # command but not the wrapper, which then records 143; a caught signal is default again in the command.
+        # The wrapper's own stderr goes nowhere (a shell reports a command's death by signal, "Terminated"), the
+        # command's to the log; in a subshell, as dash applies a command's redirections in the waiting shell. The
+        # subshell execs the command: a subshell of its own would die of the TERM at once and the wrapper would
+        # record an end while the server still shuts down.
+        # `env` because the command's leading VAR=value would otherwise be taken as the program.
         # `;` not `&&`: `a && b &` backgrounds a subshell that holds the SSH channel open until b exits.
-        line = (f"mkdir -p $(dirname {log_q}); setsid nohup env {shell_join(argv, env)} "
-                f">>{log_q} 2>&1 < /dev/null & echo $!")
+        wrapper = shlex.quote('trap : TERM; exec 3>&2 2>/dev/null; (exec "$@" 2>&3 3>&-); echo $? > "$0"')
+        line = (f"mkdir -p $(dirname {log_q}); rm -f {status_q}; setsid nohup sh -c {wrapper} {status_q} "
+                f"env {shell_join(argv, env)} >>{log_q} 2>&1 < /dev/null & echo $!")
         r = self._connection().run(line, hide=True, warn=True, in_stream=False)
         if r.exited != 0 or not r.stdout.strip().isdigit():
             raise HostError(f"host {self.name!r}: cannot start {argv[0]!r}: {r.stderr.strip()}")
-        return SshProcess(self, int(r.stdout.strip()))
+        return SshProcess(self, int(r.stdout.strip()), status)
 
     def put(self, local, remote) -> None:
         self._connection().put(str(local), remote)

@@ -6,7 +6,8 @@ Layout (see DESIGN.md, "Data flow"):
       manifest.json                      recipe, plan, versions, env diff, stage status
       report.md, plots/*.png             written by `pipeline report`
       arms/<arm_run>/                    one folder per arm run ("off", "on", "off.2" for repeats)
-        server.log, server_info.json     server stage
+        server.log, server_info.json     server stage (server.log.exit_status: an SSH host's server's exit
+                                         status, written when it ends)
         server_result.json
         aiperf/profile_export.jsonl ...  load stage (aiperf's own artifact folder)
         aiperf.log, aiperf_process.json  its output; the token marking its processes, and its pid
@@ -62,6 +63,12 @@ def remote_arm_dir(workdir: str, run_dir: str | Path, run_id: str | None, arm_ru
     """
     folder = f"{Path(run_dir).name}-{run_id}" if run_id else Path(run_dir).name
     return str(PurePosixPath(workdir) / folder / "arms" / arm_run)
+
+
+def exit_status_file(log: str) -> str:
+    """Where an SSH host's wrapper writes a server's exit status when it ends: beside its log (server.log ->
+    server.log.exit_status), so it is pulled with the arm's artifacts."""
+    return f"{log}.exit_status"
 
 
 def remote_superseded_dir(artifact_dir: str, attempt: int) -> str:

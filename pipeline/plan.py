@@ -98,7 +98,9 @@ def build_plan(recipe: Recipe, run_dir: Path, run_id: str | None = None) -> RunP
         name = arm if seen[arm] == 1 else f"{arm}.{seen[arm]}"
         host_name = p.hosts[slot] if len(p.hosts) == 2 else p.hosts[0]
         host = recipe.hosts[host_name]
-        one_host_pair = p.mode == "concurrent" and len(p.hosts) == 1
+        # both arms on one machine (validation refuses a host named twice; count distinct names anyway, so a
+        # plan can never give two servers one GPU set and one port)
+        one_host_pair = p.mode == "concurrent" and len(set(p.hosts)) == 1
         first = slot * p.gpus_per_arm if one_host_pair else 0
         gpus = tuple(host.gpus[first:first + p.gpus_per_arm])
         port = recipe.server.port + (slot if one_host_pair else 0)

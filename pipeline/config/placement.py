@@ -83,6 +83,20 @@ class HostSpec(Strict):
     def _home(cls, v: str | None) -> str | None:
         return os.path.expanduser(v) if v else v  # `~/.ssh/id_ed25519`, as ssh takes it; paramiko would not
 
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_ids(cls, v: list[int]) -> list[int]:
+        # a repeated id would give two arms (or one arm twice) the same device; a negative one is no device
+        bad = [g for g in v if g < 0]
+        if bad:
+            raise ValueError(f"GPU id {bad[0]} is negative; GPU ids are distinct integers >= 0, as "
+                             f"nvidia-smi / rocm-smi number them: e.g. gpus: [0, 1]")
+        twice = sorted({g for g in v if v.count(g) > 1})
+        if twice:
+            raise ValueError(f"GPU id {twice[0]} is listed more than once; GPU ids are distinct integers >= 0: "
+                             f"list each GPU once, e.g. gpus: {sorted(set(v))}")
+        return v
+
     @model_validator(mode="after")
     def _ssh_needs_address(self):
         if self.kind == "ssh" and not self.address:
@@ -115,6 +129,11 @@ def check_placement(p: PlacementSpec, hosts: dict[str, HostSpec]) -> None:
     for i, h in enumerate(p.hosts):
         if h not in hosts:
             raise ValueError(f"placement.hosts[{i}]: unknown host {h!r}; defined hosts: {sorted(hosts)}")
+    twice = sorted({h for h in p.hosts if p.hosts.count(h) > 1})
+    if twice:
+        raise ValueError(f"placement.hosts: {p.hosts} names host {twice[0]!r} more than once; to run both arms "
+                         f"on one host name it once (hosts: [{twice[0]}]): concurrent arms there get disjoint "
+                         f"GPUs and ports")
     if p.mode == "sequential" and len(p.hosts) != 1:
         raise ValueError(f"placement.hosts: sequential placement runs both arms on one host, found {p.hosts}")
     if p.mode == "concurrent" and len(p.hosts) not in (1, 2):

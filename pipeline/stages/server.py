@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.engines.base import Engine
-from pipeline.hosts import Host, Process
+from pipeline.hosts import Host, Process, exit_text
 from pipeline.io import write_json_atomic
 from pipeline.paths import ArmPaths
 from pipeline.plan import ArmRun
@@ -59,20 +59,24 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 
 def wait_healthy(proc: Process, host: Host, url: str, log: str, timeout_s: float,
-                 progress=lambda msg: None) -> float:
-    """Poll until `url` answers 200; fail fast if the process dies. Returns seconds waited."""
+                 progress=lambda msg: None, program: str = "") -> float:
+    """Poll until `url` answers 200; fail fast if the process dies. Returns seconds waited.
+
+    program: the command's first word, named when the host could not run it (exit code 126 or 127)."""
     t0 = time.monotonic()
     last_note = t0
     while True:
         code = proc.poll()
         if code is not None:
-            raise ServerError(f"server exited with code {code} before becoming healthy; "
-                              f"last lines of {log}:\n{host.read_tail(log)}")
+            raise ServerError(f"server exited {exit_text(code)} before becoming healthy"
+                              f"{_not_run_hint(code, host, program)}; last lines of {log}:\n{host.read_tail(log)}")
         try:
-            if _get(url, timeout=2.0)[0] == 200:
-                return time.monotonic() - t0
+            healthy = _get(url, timeout=2.0)[0] == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
+            healthy = False
+        if healthy:
+            check_still_running(proc, host, url, log)
+            return time.monotonic() - t0
         now = time.monotonic()
         if now - t0 > timeout_s:
             proc.stop()
@@ -82,6 +86,27 @@ def wait_healthy(proc: Process, host: Host, url: str, log: str, timeout_s: float
             progress(f"waiting for {url} ({now - t0:.0f}s)")
             last_note = now
         time.sleep(0.5)
+
+
+def check_still_running(proc: Process, host: Host, url: str, log: str) -> None:
+    """A healthy answer counts only while our process runs: one that died (its port taken, say) leaves the
+    answer to whatever else listens there, and the arm would record and load another server."""
+    code = proc.poll()
+    if code is not None:
+        raise ServerError(f"server exited {exit_text(code)}, yet {url} answered: another process serves that "
+                          f"port on host {host.name!r}; stop it or pick a free server.port; last lines of "
+                          f"{log}:\n{host.read_tail(log)}")
+
+
+def _not_run_hint(code: int, host: Host, program: str) -> str:
+    """126 / 127 are the shell's 'found but not executable' / 'not found': name the fields that pick the program."""
+    if code not in (126, 127) or host.name == "local":  # locally a missing program fails at start (HostError)
+        return ""
+    field = f"hosts.{host.name}.slurm.python" if getattr(host, "submits_jobs", False) else f"hosts.{host.name}.python"
+    what = "was not found" if code == 127 else "is not executable"
+    return (f": a program of its command {what} on host {host.name!r} (the command starts with {program!r}); "
+            f"set {field} to an interpreter there that has the engine installed (or, for vllm, server.launch "
+            f"to its launch command there)")
 
 
 def fetch_info(engine: Engine, base_url: str) -> dict:
@@ -117,8 +142,9 @@ def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, 
     try:
         started(proc)
         url = served_url(proc, arm_run.url)
-        waited = wait_healthy(proc, host, url + engine.health_path, log, timeout_s, progress)
+        waited = wait_healthy(proc, host, url + engine.health_path, log, timeout_s, progress, arm_run.argv[0])
         info = fetch_info(engine, url)
+        check_still_running(proc, host, url, log)  # the info is this server's only if it still runs
         write_json_atomic(arm.server_info, info)
     except BaseException:
         proc.stop()

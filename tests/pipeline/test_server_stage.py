@@ -4,8 +4,10 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +55,71 @@ def test_server_that_exits_at_start_shows_its_log(tmp_path):
     assert f"no file {MISSING_PROFILE}" in p.stderr  # the emulator's own complaint, from the log tail
     manifest = yaml.safe_load((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["stages"]["off"]["server"]["status"] == "failed"
+
+
+# A server whose health answer takes a while (one busy starting up): the other arm's server, holding the port.
+SLOW_HEALTH = """
+import http.server, sys, time
+class Slow(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        time.sleep(float(sys.argv[2]))
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Slow).serve_forever()
+"""
+
+
+def test_a_server_that_lost_its_port_is_not_made_healthy_by_the_one_holding_it(tmp_path):
+    """Two servers on one port (two concurrent arms were once planned so): the second cannot bind and exits,
+    and the first answers its health check. The off arm then recorded and loaded the on arm's server."""
+    from pipeline.hosts import LocalHost
+    from pipeline.stages.server import ServerError, wait_healthy
+
+    port = _free_port()
+    holder = subprocess.Popen([sys.executable, "-c", SLOW_HEALTH, str(port), "1.5"])  # < wait_healthy's 2 s per try
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        host, log = LocalHost(), tmp_path / "server.log"
+        # binds after a moment (a server's imports), while its health check is already waiting on the holder
+        loser = host.start([sys.executable, "-c", f"import socket, time; time.sleep(0.3); "
+                                                  f"socket.socket().bind(('127.0.0.1', {port}))"], env={}, log=str(log))
+        url = f"http://127.0.0.1:{port}/health"
+        with pytest.raises(ServerError, match=rf"^server exited with code 1, yet {url} answered: another process "
+                                              rf"serves that port on host 'local'; stop it or pick a free server.port; "
+                                              rf"last lines of {log}:\n(.|\n)*Address already in use"):
+            wait_healthy(loser, host, url, str(log), timeout_s=30)
+        loser.stop()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.ssh
+def test_a_missing_interpreter_on_an_ssh_host_names_its_exit_code_and_field(sshd, tmp_path):
+    """The server's real exit status (it once read 'exited with code 0' for any server that ended) and the
+    field that names the interpreter."""
+    r = yaml.safe_load(_recipe(tmp_path, _free_port(), {}).read_text())
+    r["hosts"] = {"box": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
+                          "key": sshd["key"], "workdir": str(tmp_path / "remote"),
+                          "python": "/opt/nopython/bin/python"}}
+    r["placement"] = {"hosts": ["box"]}
+    path = tmp_path / "ssh.yaml"
+    path.write_text(yaml.safe_dump(r))
+    p = _run(path, tmp_path / "run")
+    assert p.returncode == 1
+    assert ("error: server exited with code 127 before becoming healthy: a program of its command was not found "
+            "on host 'box' (the command starts with '/opt/nopython/bin/python'); set hosts.box.python to an "
+            "interpreter there that has the engine installed (or, for vllm, server.launch to its launch command "
+            "there); last lines of ") in p.stderr, p.stderr
+    assert "'/opt/nopython/bin/python': No such file or directory" in p.stderr  # the log's tail
+    assert "Traceback" not in p.stderr
 
 
 def test_existing_run_dir_is_never_overwritten(tmp_path):

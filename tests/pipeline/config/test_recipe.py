@@ -185,6 +185,42 @@ def test_concurrent_arms_differ_in_placement_and_switch_only(write_recipe, tmp_p
     assert plan.env_diff == {"VATTN": ("0", "1")}
 
 
+def test_a_host_named_twice_is_refused(write_recipe):
+    """[box, box] once planned both arms on GPU 0 and port 30500: the off server could not bind, and the on
+    server answered its health check, so the off arm measured the on server."""
+    with pytest.raises(RecipeError, match=r"placement.hosts: \['box', 'box'\] names host 'box' more than once; "
+                                          r"to run both arms on one host name it once \(hosts: \[box\]\): "
+                                          r"concurrent arms there get disjoint GPUs and ports$"):
+        load_recipe(write_recipe(hosts={"box": {"gpus": [0, 1]}},
+                                 placement={"mode": "concurrent", "hosts": ["box", "box"], "gpus_per_arm": 1}))
+
+
+def test_a_plan_keeps_two_arms_on_one_host_apart_however_the_host_is_named(write_recipe, tmp_path):
+    """A placement that skipped validation (model_copy) and names one host twice still gets disjoint GPUs and
+    ports, as naming it once does."""
+    r = load_recipe(write_recipe(hosts={"box": {"gpus": [0, 1]}},
+                                 placement={"mode": "concurrent", "hosts": ["box"], "gpus_per_arm": 1}))
+    twice = r.model_copy(update={"placement": r.placement.model_copy(update={"hosts": ["box", "box"]})})
+    for recipe in (r, twice):
+        got = [(a.name, a.host, a.gpus, a.port) for a in build_plan(recipe, tmp_path / "run").arm_runs]
+        assert got == [("off", "box", (0,), 30000), ("on", "box", (1,), 30001)], recipe.placement.hosts
+
+
+@pytest.mark.parametrize("gpus, match", [
+    ([0, 0], r"hosts.box.gpus: GPU id 0 is listed more than once; GPU ids are distinct integers >= 0: list each "
+             r"GPU once, e.g. gpus: \[0\] \(found \[0, 0\]\)$"),
+    ([1, 0, 2, 1], r"hosts.box.gpus: GPU id 1 is listed more than once; .* e.g. gpus: \[0, 1, 2\] "
+                   r"\(found \[1, 0, 2, 1\]\)$"),
+    ([-1, 0], r"hosts.box.gpus: GPU id -1 is negative; GPU ids are distinct integers >= 0, as nvidia-smi / "
+              r"rocm-smi number them: e.g. gpus: \[0, 1\] \(found \[-1, 0\]\)$"),
+])
+def test_gpu_ids_are_distinct_and_not_negative(write_recipe, gpus, match):
+    """[0, 0] once gave both concurrent arms GPU 0; [-1, 0] gave the off arm CUDA_VISIBLE_DEVICES=-1."""
+    with pytest.raises(RecipeError, match=match):
+        load_recipe(write_recipe(hosts={"box": {"gpus": gpus}},
+                                 placement={"mode": "concurrent", "hosts": ["box"], "gpus_per_arm": 1}))
+
+
 # The 4-GPU TP2 pair and its CPU dry run on the emulator must place the arms the same way.
 @pytest.mark.parametrize("name", ["h200x4-sglang-tp2-concurrent.yaml", "quickstart-tp2-concurrent.yaml"])
 def test_tp2_pairs_on_four_gpus_swap_gpu_pairs_and_ports(name, tmp_path):
