@@ -36,6 +36,7 @@ class Process(Protocol):
 
 class Host(Protocol):
     name: str
+    kind: str   # the recipe's hosts.<name>.kind: "local", "ssh" or "slurm" (whose servers run where jobs land)
 
     def run(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
             timeout: float | None = None) -> CommandResult: ...
@@ -85,7 +86,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 class LocalHost:
-    name = "local"
+    name = kind = "local"
 
     def run(self, argv, *, env=None, timeout=None) -> CommandResult:
         p = subprocess.run(list(argv), env={**os.environ, **(env or {})}, capture_output=True,
@@ -175,6 +176,8 @@ class SshProcess:
 
 class SshHost:
     """A remote machine reached over SSH with fabric. Remote paths are strings (POSIX)."""
+
+    kind = "ssh"
 
     def __init__(self, name: str, address: str, *, user: str | None = None, port: int = 22,
                  key: str | None = None, connect_timeout: float = 10.0):

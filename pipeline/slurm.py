@@ -141,7 +141,7 @@ class SlurmJob:
 class SlurmHost:
     """Submits arm runs as jobs from this machine; short commands (`run`) run here, on the controller."""
 
-    submits_jobs = True  # its servers run where the scheduler puts them, not on a machine known in advance
+    kind = "slurm"  # its servers run where the scheduler puts them, not on a machine known in advance
 
     def __init__(self, name: str, spec: SlurmSpec, gpus_per_job: int, progress=print):
         self.name, self.spec, self.gpus_per_job = name, spec, gpus_per_job

@@ -39,7 +39,7 @@ def port_in_use(host: Host, port: int) -> bool:
     probe = ["python3", "-c", "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
              "socket.SO_REUSEADDR, 1)\ntry: s.bind(('0.0.0.0', int(sys.argv[1])))\nexcept OSError: sys.exit(3)",
              str(port)]
-    if host.name == "local" or getattr(host, "submits_jobs", False):  # a job's node is not known yet
+    if host.kind in ("local", "slurm"):  # a job's node is not known yet
         with socket.socket() as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -100,9 +100,9 @@ def check_still_running(proc: Process, host: Host, url: str, log: str) -> None:
 
 def _not_run_hint(code: int, host: Host, program: str) -> str:
     """126 / 127 are the shell's 'found but not executable' / 'not found': name the fields that pick the program."""
-    if code not in (126, 127) or host.name == "local":  # locally a missing program fails at start (HostError)
+    if code not in (126, 127) or host.kind == "local":  # locally a missing program fails at start (HostError)
         return ""
-    field = f"hosts.{host.name}.slurm.python" if getattr(host, "submits_jobs", False) else f"hosts.{host.name}.python"
+    field = f"hosts.{host.name}.slurm.python" if host.kind == "slurm" else f"hosts.{host.name}.python"
     what = "was not found" if code == 127 else "is not executable"
     return (f": a program of its command {what} on host {host.name!r} (the command starts with {program!r}); "
             f"set {field} to an interpreter there that has the engine installed (or, for vllm, server.launch "
@@ -148,7 +148,7 @@ def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, 
         write_json_atomic(arm.server_info, info)
     except BaseException:
         proc.stop()
-        if host.name != "local":
+        if host.kind != "local":
             host.get(log, arm.server_log)
         raise
     return proc, ServerResult(url=url, command=arm_run.command_line, host=arm_run.host,

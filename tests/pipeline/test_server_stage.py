@@ -102,20 +102,21 @@ def test_a_server_that_lost_its_port_is_not_made_healthy_by_the_one_holding_it(t
 
 
 @pytest.mark.ssh
-def test_a_missing_interpreter_on_an_ssh_host_names_its_exit_code_and_field(sshd, tmp_path):
+@pytest.mark.parametrize("name", ["box", "local"])
+def test_a_missing_interpreter_on_an_ssh_host_names_its_exit_code_and_field(sshd, tmp_path, name):
     """The server's real exit status (it once read 'exited with code 0' for any server that ended) and the
-    field that names the interpreter."""
+    field that names the interpreter; an SSH host is one by its kind, whatever the recipe names it."""
     r = yaml.safe_load(_recipe(tmp_path, _free_port(), {}).read_text())
-    r["hosts"] = {"box": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
+    r["hosts"] = {name: {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
                           "key": sshd["key"], "workdir": str(tmp_path / "remote"),
                           "python": "/opt/nopython/bin/python"}}
-    r["placement"] = {"hosts": ["box"]}
+    r["placement"] = {"hosts": [name]}
     path = tmp_path / "ssh.yaml"
     path.write_text(yaml.safe_dump(r))
     p = _run(path, tmp_path / "run")
     assert p.returncode == 1
     assert ("error: server exited with code 127 before becoming healthy: a program of its command was not found "
-            "on host 'box' (the command starts with '/opt/nopython/bin/python'); set hosts.box.python to an "
+            f"on host '{name}' (the command starts with '/opt/nopython/bin/python'); set hosts.{name}.python to an "
             "interpreter there that has the engine installed (or, for vllm, server.launch to its launch command "
             "there); last lines of ") in p.stderr, p.stderr
     assert "'/opt/nopython/bin/python': No such file or directory" in p.stderr  # the log's tail
