@@ -55,14 +55,20 @@ def cycle_log_lifetimes(log_dir: str | Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def remote_arm_dir(workdir: str, run_dir: str | Path, run_id: str | None, arm_run: str) -> str:
-    """An arm run's artifact folder on an SSH host (a POSIX path there).
+def remote_run_dir(workdir: str, run_dir: str | Path, run_id: str | None) -> str:
+    """A run's folder on an SSH host (a POSIX path there): its arms' artifact folders, and what the servers read
+    that was put there (the emulator's tokenizer).
 
     The run id (manifest.json `run_id`) keeps apart two runs whose local dirs share a basename under one
     workdir; manifests written before run ids existed have none, and resume into the old layout.
     """
     folder = f"{Path(run_dir).name}-{run_id}" if run_id else Path(run_dir).name
-    return str(PurePosixPath(workdir) / folder / "arms" / arm_run)
+    return str(PurePosixPath(workdir) / folder)
+
+
+def remote_arm_dir(workdir: str, run_dir: str | Path, run_id: str | None, arm_run: str) -> str:
+    """An arm run's artifact folder on an SSH host, pulled into the local run dir after the arm."""
+    return str(PurePosixPath(remote_run_dir(workdir, run_dir, run_id)) / "arms" / arm_run)
 
 
 def exit_status_file(log: str) -> str:

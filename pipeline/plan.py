@@ -9,11 +9,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.config.arms import arm_server_args
+from pipeline.config.placement import HostSpec
 from pipeline.config.recipe import Recipe
 from pipeline.engines import get_engine
 from pipeline.engines.base import LaunchContext
 from pipeline.hosts import shell_join
-from pipeline.paths import RunPaths, remote_arm_dir
+from pipeline.paths import RunPaths, remote_arm_dir, remote_run_dir
 
 STAGES = ("server", "load", "accuracy")
 SLURM_NODE = "slurm-node"   # URL host of a slurm arm run until its job lands on a node
@@ -39,6 +40,7 @@ class ArmRun:
     argv: tuple[str, ...]
     artifact_dir: str    # on the server's host
     local_dir: str       # this run dir's arms/<name>
+    uploads: tuple[tuple[str, str], ...] = ()  # (here, there): files the server reads, put on its host first
 
     @property
     def command_line(self) -> str:
@@ -86,6 +88,17 @@ def _sequence(recipe: Recipe) -> list[tuple[str, int, int, int]]:
     return seq
 
 
+def _server_tokenizer(recipe: Recipe, host: HostSpec, run_dir: Path, run_id: str | None) -> tuple[str | None, tuple]:
+    """The tokenizer path the server is given, and what must be put on its host for it. The emulator counts tokens
+    with the recipe's tokenizer, a folder on this machine (aiperf's too): on an SSH host it reads a copy of its
+    tokenizer.json in the run's folder there (not the arm's, which is pulled back). A real engine uses its
+    checkpoint's own tokenizer."""
+    if host.kind != "ssh" or not get_engine(recipe.engine).emulated or not recipe.tokenizer:
+        return recipe.tokenizer, ()
+    there = f"{remote_run_dir(host.workdir, run_dir, run_id)}/tokenizer"
+    return there, ((str(Path(recipe.tokenizer) / "tokenizer.json"), f"{there}/tokenizer.json"),)
+
+
 def build_plan(recipe: Recipe, run_dir: Path, run_id: str | None = None) -> RunPlan:
     """run_id: the manifest's; it names the run's folders on SSH hosts (None: the basename-only layout
     of runs made before run ids, so that their resume finds their remote folders)."""
@@ -113,7 +126,8 @@ def build_plan(recipe: Recipe, run_dir: Path, run_id: str | None = None) -> RunP
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             env["HIP_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-        ctx = LaunchContext(model=recipe.model, tokenizer=recipe.tokenizer, port=port,
+        tokenizer, uploads = _server_tokenizer(recipe, host, run_dir, run_id)
+        ctx = LaunchContext(model=recipe.model, tokenizer=tokenizer, port=port,
                             bind="127.0.0.1" if local else "0.0.0.0",
                             server_args=arm_server_args(recipe.server, recipe.arms[arm]),
                             launch=recipe.server.launch, artifact_dir=artifact_dir,
@@ -123,7 +137,7 @@ def build_plan(recipe: Recipe, run_dir: Path, run_id: str | None = None) -> RunP
         arm_runs.append(ArmRun(name=name, arm=arm, round=seen[arm], group=group, host=host_name, gpus=gpus,
                                port=port, url=f"http://{address}:{port}", env=env,
                                argv=tuple(engine.command(ctx)), artifact_dir=artifact_dir,
-                               local_dir=str(paths.arm(name).root)))
+                               local_dir=str(paths.arm(name).root), uploads=uploads))
     stages = STAGES if recipe.accuracy and recipe.accuracy.tasks else STAGES[:2]
     return RunPlan(run_dir=str(run_dir), mode=p.mode, stages=stages, arm_runs=tuple(arm_runs),
                    env_diff=env_diff(recipe))
@@ -146,6 +160,7 @@ def format_plan(plan: RunPlan, recipe: Recipe, load_commands: dict[str, list[str
                       f"    server: {a.command_line}",
                       f"    load:   {shell_join(load_commands[a.name])}",
                       f"    files:  {a.local_dir}{remote}"]
+            lines += [f"    puts:   {here} -> {there}" for here, there in a.uploads]
     return "\n".join(lines)
 
 

@@ -82,9 +82,11 @@ class Recipe(Strict):
         check_arms(self.arms, self.server, self.switch_vars)
         check_placement(self.placement, self.hosts)
         # The emulator's flags and tokenizer are ours to read before anything starts; another engine's are its
-        # own. On an SSH host the server reads them (and any file they name) itself.
-        if self.engine == "emulator" and all(self.hosts[h].kind != "ssh" for h in self.placement.hosts):
-            check_server_args(args_to_argv(arm_server_args(self.server, self.arms["on"])), "server.args")
+        # own. On an SSH host the server reads its flags (and any file they name) itself; its tokenizer is a copy
+        # of this machine's (pipeline/plan.py's _server_tokenizer).
+        if self.engine == "emulator":
+            if all(self.hosts[h].kind != "ssh" for h in self.placement.hosts):
+                check_server_args(args_to_argv(arm_server_args(self.server, self.arms["on"])), "server.args")
             if self.tokenizer and not (Path(self.tokenizer) / "tokenizer.json").is_file():
                 raise ValueError(f"tokenizer: {self.tokenizer!r} has no tokenizer.json; the emulator counts tokens "
                                  f"with it: give a HF tokenizer directory (relative to the recipe's folder)")

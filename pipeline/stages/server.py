@@ -138,6 +138,9 @@ def start_server(engine: Engine, arm_run: ArmRun, host: Host, arm: ArmPaths, *, 
         raise ServerError(f"server.port: port {arm_run.port} on host {arm_run.host!r} is in use; pick a free "
                           f"port in the recipe or stop what listens there")
     log = f"{arm_run.artifact_dir}/server.log"
+    for here, there in arm_run.uploads:
+        host.run(["mkdir", "-p", there.rsplit("/", 1)[0]])
+        host.put(Path(here), there)
     proc = host.start(arm_run.argv, env=arm_run.env, log=log)
     try:
         started(proc)

@@ -48,8 +48,11 @@ def test_ab_on_an_ssh_host_pulls_remote_artifacts(sshd, tmp_path):
         assert (out / f"arms/{arm}/server.log").stat().st_size > 0
         assert (out / f"arms/{arm}/emulator_cycles/lifetime-1.jsonl").stat().st_size > 0
         assert manifest["stages"][arm]["load"]["cycle_log_lifetime"] == 1
-        assert json.loads((out / f"arms/{arm}/server_info.json").read_text())["arm"]["env"]["VATTN"] == \
-            ("0" if arm == "off" else "1")
+        info = json.loads((out / f"arms/{arm}/server_info.json").read_text())
+        assert info["arm"]["env"]["VATTN"] == ("0" if arm == "off" else "1")
+        # the emulator counted tokens with the copy of the recipe's tokenizer put in the run's folder there
+        assert info["tokenizer"]["path"] == str(Path(run["artifact_dir"]).parents[1] / "tokenizer")
+        assert not (out / f"arms/{arm}/tokenizer").exists()  # not pulled back with the arm's files
         assert (out / f"arms/{arm}/aiperf/profile_export.jsonl").stat().st_size > 0
     assert (out / "report.md").is_file()
 

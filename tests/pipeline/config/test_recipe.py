@@ -280,3 +280,9 @@ def test_an_ssh_key_under_home_is_expanded_as_ssh_would(write_recipe, monkeypatc
     path = write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2", "key": "~/.ssh/id_ed25519"}},
                         placement={"hosts": ["node"]})
     assert load_recipe(path).hosts["node"].key == str(tmp_path / ".ssh/id_ed25519")
+
+
+def test_an_emulator_on_an_ssh_host_gets_its_tokenizer_from_here_so_it_is_checked_here(write_recipe, tmp_path):
+    with pytest.raises(RecipeError, match=r"tokenizer: '.*/tokenizr' has no tokenizer.json; the emulator counts"):
+        load_recipe(write_recipe(tokenizer=str(tmp_path / "tokenizr"), placement={"hosts": ["node"]},
+                                 hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}))
