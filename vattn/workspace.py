@@ -3,7 +3,8 @@ and SLOTS (resident main-kernel programs per SM x SMs) read off the device.
 
 One workspace serves every layer and every CUDA-graph replay of batches up to
 max_batch: buffers never move, so captured graphs stay valid. It holds one plan at
-a time (vattn.plan() overwrites it); use one workspace per live plan.
+a time (vattn.plan() overwrites it; `live` is the Plan it returned last, and
+vattn.attention() refuses any earlier one); use one workspace per live plan.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class Workspace:
         self.plans: dict = {}
         # vattn.plan's checked call signatures (see vattn.api._plan_signature) -> the call's launch
         self.plan_calls: dict = {}
+        self.live = None  # the Plan vattn.plan returned last: the one whose work items the buffers hold
 
     def _alloc(self) -> None:
         import torch
