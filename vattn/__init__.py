@@ -17,7 +17,11 @@ from vattn.hopper import backend as _hopper
 from vattn.reference import reference
 from vattn.workspace import Workspace
 
-if _hopper.enabled():  # opt-in (vattn.hopper.backend)
+try:
+    _hopper_on = _hopper.enabled()  # opt-in (vattn.hopper.backend), while VATTN is on
+except ValueError:  # a bad VATTN / VATTN_HOPPER: the first Workspace names it (importing vattn never fails on it)
+    _hopper_on = False
+if _hopper_on:
     register_backend(_hopper.BACKEND)
 
 __all__ = ["Workspace", "Plan", "Backend", "plan", "attention", "reference", "register_backend"]

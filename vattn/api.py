@@ -6,8 +6,10 @@
     out = vattn.attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q,
                           k_descale, v_descale, softmax_scale, plan=plan)
 
-Host-side checks look only at shapes, dtypes, devices and strides (never at values), so a
-call can be captured in a CUDA graph; debug=True also reads values (and syncs).
+Host-side checks look only at shapes, dtypes, devices and strides (never at a GPU tensor's values), so a
+call can be captured in a CUDA graph; debug=True also reads values (and syncs). Bad values go unchecked
+without it (attention()'s docstring lists what they do). A CPU plan reads its lengths on the host anyway,
+so there they are checked always; and a plan is refused once its workspace has planned again.
 
 Dispatch point: attention() asks each registered backend, in order, whether it supports
 the call (`register_backend`); the portable Triton path (vattn.kernel) is the last and
@@ -38,7 +40,9 @@ def _bad(arg: str, value, supported: str):
 @dataclass(frozen=True)
 class Plan:
     """A batch's work list, living in its workspace's buffers (valid until the next plan()). vattn.plan
-    returns the same object for the same workspace, batch size and mode: only the buffers' values change."""
+    returns the same object for the same workspace, batch size and mode: only the buffers' values change.
+    The workspace remembers the plan its latest plan() returned (Workspace.live): attention() refuses any
+    other, whose views now hold another batch's work items."""
 
     tensors: dict  # planner.FIELDS -> int32 tensors ([W] work_*, [B+1] seq_part_start, [1] num_items)
     batch: int
@@ -50,6 +54,9 @@ class Plan:
     calls: dict = field(default_factory=dict, compare=False, repr=False)
     last: list = field(default_factory=lambda: [None, None, None], compare=False, repr=False)  # + its Shortcut
     single: list = field(default_factory=lambda: [False], compare=False, repr=False)  # set by each plan()
+    # (query tokens, longest KV length of a sequence with queries) where plan() read the lengths on the host
+    # (a CPU workspace), else None: attention() checks q and block_tables against them at no cost
+    host: list = field(default_factory=lambda: [None], compare=False, repr=False)
 
     @property
     def single_pieces(self) -> bool:
@@ -101,6 +108,15 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
     On CUDA this is one launch of vattn.planner.plan_gpu, no host sync (graph-safe); on a CPU
     (Triton's interpreter) the pure-Python twin plans from the host values.
 
+    The returned plan is the workspace's one live plan: it replaces every plan this workspace made before
+    (their views now hold this batch's work items), and attention() refuses those with a ValueError.
+
+    Values: on a CPU workspace the lengths are read on the host anyway, so a bad value raises ValueError
+    here: cu_seqlens_q not starting at 0 or decreasing, a q_len outside 0..workspace.max_q_len (named with
+    its sequence), a negative seq_lens. On CUDA no value is read (that would sync): such lengths are NOT
+    checked, and a q_len above max_q_len leaves output rows unwritten; debug=True reads them (a sync) and
+    raises, as it does for a seq_lens below its q_len (which only masks those rows).
+
     The checks run once per call signature (the lengths' shapes, strides, dtypes, devices and the
     settings); a call whose signature was checked before launches at once.
     """
@@ -110,7 +126,7 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
         except Exception:  # not tensors, not a workspace, unhashable settings: the checks below say which
             run = None
         if run is not None and (max_seq_len is None or (type(max_seq_len) is int and max_seq_len >= 0)):
-            pl = run(seq_lens, cu_seqlens_q)
+            pl = workspace.live = run(seq_lens, cu_seqlens_q)
             pl.single[0] = _single_pieces(workspace, mode, max_seq_len)
             return pl
     ws = workspace
@@ -141,7 +157,7 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
         pl = ws.plans[batch, mode] = _new_plan(ws, batch, mode)
     run = _plan_run(ws, pl, seq_lens, cu_seqlens_q, mode)
     _keep(ws.plan_calls, _plan_signature(seq_lens, cu_seqlens_q, num_kv_heads, page_size, mode), run)
-    pl = run(seq_lens, cu_seqlens_q)
+    pl = ws.live = run(seq_lens, cu_seqlens_q)  # (a run that raises leaves the live plan and its buffers alone)
     pl.single[0] = _single_pieces(ws, mode, max_seq_len)
     return pl
 
@@ -183,14 +199,17 @@ def _plan_run(ws: Workspace, pl: Plan, seq_lens, cu_seqlens_q, mode: str):
         return run
 
     def run_on_host(seq_lens, cu_seqlens_q):  # CPU (the interpreter): the host twin reads the lengths
-        cu = cu_seqlens_q.tolist()
+        cu, lens = cu_seqlens_q.tolist(), seq_lens.tolist()
         for i, (a, b) in enumerate(zip(cu, cu[1:])):
             if b < a:  # named here: the planner sees only the differences, as q_lens
                 _bad(f"cu_seqlens_q[{i + 1}]", f"{b} after {a}", "a non-decreasing prefix sum of query lengths")
-        lists = plan_python(seq_lens.tolist(), [b - a for a, b in zip(cu, cu[1:])],
-                            num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode, overhead=ws.piece_overhead)
+        _check_q_lens(cu, ws.max_q_len)  # on the host already: no cost (seq_lens < q_len is safe: rows masked)
+        q_lens = [b - a for a, b in zip(cu, cu[1:])]
+        lists = plan_python(lens, q_lens, num_kv_heads=num_kv_heads, slots=ws.slots, mode=mode,
+                            overhead=ws.piece_overhead)
         for f in FIELDS:
             pl.tensors[f].copy_(torch.tensor(getattr(lists, f), dtype=torch.int32), non_blocking=False)
+        pl.host[0] = (cu[-1], max((n for n, k in zip(lens, q_lens) if k), default=0))
         return pl
     run_on_host.launch = run_on_host
     return run_on_host
@@ -207,14 +226,21 @@ def _new_plan(ws: Workspace, batch: int, mode: str) -> Plan:
 def _check_lens_values(seq_lens, cu_seqlens_q, max_q_len: int) -> None:
     """debug=True only: reads values (host sync)."""
     lens, cu = seq_lens.tolist(), cu_seqlens_q.tolist()
+    _check_q_lens(cu, max_q_len)
+    for b, (a, c) in enumerate(zip(cu, cu[1:])):
+        if 0 < lens[b] < c - a or lens[b] < 0:
+            _bad(f"seq_lens[{b}]", lens[b], f"0 (empty) or >= its q_len {c - a} (the new tokens are in the cache)")
+
+
+def _check_q_lens(cu: list, max_q_len: int) -> None:
+    """cu_seqlens_q's values, read on the host (debug=True, or a CPU plan, which reads them anyway): the kernel
+    writes max_q_len rows of a sequence at most and reads q from row cu[0] = 0 on."""
     if cu[0] != 0:
         _bad("cu_seqlens_q[0]", cu[0], "0")
     for b, (a, c) in enumerate(zip(cu, cu[1:])):
         if not 0 <= c - a <= max_q_len:
             _bad(f"q_len of sequence {b} (cu_seqlens_q[{b + 1}] - cu_seqlens_q[{b}])", c - a,
                  f"0..{max_q_len} (the workspace's max_q_len)")
-        if 0 < lens[b] < c - a or lens[b] < 0:
-            _bad(f"seq_lens[{b}]", lens[b], f"0 (empty) or >= its q_len {c - a} (the new tokens are in the cache)")
 
 
 def _bind_triton_main(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -265,7 +291,17 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     bf16 or fp16. block_tables: [B, max_pages] int32. seq_lens: [B] int32 (KV length incl. the
     new tokens). cu_seqlens_q: [B+1] int32. k_descale, v_descale: [1] fp32 device tensors
     (required with fp8 KV, else None). softmax_scale: default 1/sqrt(D). plan: from vattn.plan
-    for these seq_lens/cu_seqlens_q. out: optional [T, Hq, D] in q's dtype.
+    for these seq_lens/cu_seqlens_q, and its workspace's latest (an earlier plan of the same workspace
+    raises ValueError: its buffers now hold another batch). out: optional [T, Hq, D] in q's dtype.
+
+    Values are NOT validated unless debug=True: the checks look at shapes, dtypes, devices and strides
+    only, because reading a GPU tensor's values needs a host sync (not allowed in CUDA-graph capture, and
+    a cost on every layer). Bad values can crash the process or corrupt memory, or give wrong output
+    silently: a page id in block_tables outside [0, num_pages) (a fault or garbage), seq_lens past
+    block_tables' pages, q with other than cu_seqlens_q[-1] rows, cu_seqlens_q[0] != 0, a q_len above the
+    workspace's max_q_len (rows left unwritten), or lengths other than those the plan was made for.
+    debug=True reads the values (syncing) and raises ValueError for each of these. Where plan() read the
+    lengths on the host (a CPU workspace) q's rows and block_tables' pages are checked against them always.
 
     The checks and the choice of backend run once per call signature (every tensor's shape, strides,
     dtype and device, the softmax scale, the plan); a call whose signature was checked before goes
@@ -276,7 +312,12 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
     if not debug:
         # the last call's main launch, where it checks the signature itself (launch.cpp's Launch: the Hopper
         # kernel's, or the Triton kernel's once its binding launches natively)
-        cut = plan.last[2] if isinstance(plan, Plan) else None
+        if isinstance(plan, Plan):
+            if plan.workspace.live is not plan:  # an identity compare, no sync: graph-safe
+                _stale(plan)
+            cut = plan.last[2]
+        else:
+            cut = None
         if cut is not None and cut.registrations == REGISTRATIONS[0] and cut.backend not in FAILED:
             try:
                 if cut.launch(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
@@ -299,6 +340,8 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
         except Exception:  # not tensors, not a plan, unhashable: the checks below say which
             run = None
         if run is not None:
+            if plan.host[0] is not None:  # a CPU plan knew the lengths on the host (never set on CUDA)
+                _check_host_lengths(plan, q, block_tables)
             out = run(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale, out)
             last[2] = run.shortcut() if hasattr(run, "shortcut") else None
             return out
@@ -313,6 +356,7 @@ def attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
         _check_pages(block_tables, seq_lens, k_cache.shape[0], ws.page_size)
         if cu_seqlens_q[-1].item() != q.shape[0]:
             _bad("cu_seqlens_q[-1]", cu_seqlens_q[-1].item(), f"q.shape[0]={q.shape[0]}")
+        _check_plan_covers(plan, seq_lens, cu_seqlens_q)
     if out is None:
         out = torch.empty_like(q)
     backend = select_backend(ws, q, k_cache)
@@ -532,6 +576,8 @@ def _check_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
     if not isinstance(plan, Plan):
         _bad("plan", type(plan).__name__, "a vattn.Plan from vattn.plan(...)")
     ws = plan.workspace
+    if ws.live is not plan:
+        _stale(plan)
     _check_device(ws.device)
     _check_tensor("q", q, 3, ws.device)
     if q.dtype != ws.q_dtype:
@@ -563,7 +609,51 @@ def _check_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, 
         if out.dtype != q.dtype or out.shape != q.shape or out.stride(1) != q.shape[2]:
             _bad("out", f"{out.dtype} {tuple(out.shape)} strides {out.stride()}",
                  f"{q.dtype} {tuple(q.shape)} with contiguous heads (like q)")
+    if plan.host[0] is not None:
+        _check_host_lengths(plan, q, block_tables)
     return ws
+
+
+def _stale(plan: Plan) -> None:
+    live = plan.workspace.live
+    now = f"batch {live.batch}, mode {live.mode}" if isinstance(live, Plan) else "none"
+    _bad("plan", f"a stale plan (batch {plan.batch}, mode {plan.mode}): its workspace has planned since ({now}), "
+         "and this plan's views of the workspace's buffers now hold that batch's work items",
+         "the workspace's latest plan: call vattn.plan again for this batch, or give each plan that must stay "
+         "live a Workspace of its own")
+
+
+def _check_host_lengths(plan: Plan, q, block_tables) -> None:
+    """q's rows and block_tables' pages against the lengths a CPU plan read on the host: O(1), no sync."""
+    tokens, longest = plan.host[0]
+    if q.shape[0] != tokens:
+        _bad("q.shape[0]", q.shape[0], f"cu_seqlens_q[-1] = {tokens}, the query tokens the plan was made for "
+             "(more rows of q than that are never written; fewer are read past q's end)")
+    page_size = plan.workspace.page_size
+    if longest > block_tables.shape[1] * page_size:
+        _bad("block_tables.shape", tuple(block_tables.shape), f"at least {-(-longest // page_size)} pages a "
+             f"sequence: the plan's longest sequence has {longest} tokens (page_size {page_size})")
+
+
+def _check_plan_covers(plan: Plan, seq_lens, cu_seqlens_q) -> None:
+    """debug=True only (host reads): the plan's pieces of each sequence with queries cover its KV positions
+    [0, seq_lens[b]) in order, and a sequence without queries (or KV) has none: the plan was made for these
+    lengths (a plan made before they changed leaves KV positions unread, or reads past the end)."""
+    t = {f: plan.tensors[f].tolist() for f in ("work_seq", "work_start", "work_end", "seq_part_start")}
+    lens, cu = seq_lens.tolist(), cu_seqlens_q.tolist()
+    first = t["seq_part_start"]
+    for b, n in enumerate(lens):
+        q_len = cu[b + 1] - cu[b]
+        want, end = (n if q_len else 0), 0
+        for r in range(first[b], first[b + 1]):
+            if t["work_seq"][r] != b or t["work_start"][r] != end:
+                end = None  # not a contiguous run of this sequence's pieces from position 0
+                break
+            end = t["work_end"][r]
+        if end != want:
+            got = "pieces that are not one run from KV position 0" if end is None else f"KV positions [0, {end})"
+            _bad("plan", f"{got} for sequence {b}", f"[0, {want}) for seq_lens[{b}] = {n} with q_len {q_len}: a "
+                 "plan made for these seq_lens and cu_seqlens_q (call vattn.plan again after they change)")
 
 
 def _check_descales(k_descale, v_descale, ws: Workspace) -> None:

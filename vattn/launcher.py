@@ -262,6 +262,23 @@ def _call(e, g0, g1, g2, stream, args) -> None:
         e[3](g0, g1, g2, stream, e[1], e[4], e[5], None, None, e[2], None, None, None, *args)
 
 
+def _check_mode(fn, exc: Exception) -> None:
+    """After a failed launch: triton.jit compiled or interpreted `fn` as TRITON_INTERPRET said when it decorated it
+    (vattn.kernel's first import); set (or cleared) since, the launch fails inside Triton ('0 active drivers ([])'
+    on a CPU), which this names instead."""
+    import os
+
+    from triton import knobs
+    from triton.runtime.jit import JITFunction
+
+    compiled = isinstance(fn, JITFunction)
+    if compiled == bool(knobs.runtime.interpret):
+        then = "unset" if compiled else "set"
+        raise ValueError(f"TRITON_INTERPRET: got {os.environ.get('TRITON_INTERPRET')!r}; supported: its value when "
+                         f"vattn's Triton kernels were first imported ({then} then): set TRITON_INTERPRET before "
+                         "vattn is first imported (a fresh process), not after") from exc
+
+
 class Kernel:
     """A Triton JITFunction with a cache of compiled launchers (see the module docstring)."""
 
@@ -281,7 +298,11 @@ class Kernel:
 
     # -- the normal path, and what it compiled --------------------------------------------------------
     def slow(self, grid, args, kwargs):
-        return self.fn[grid](*args, **kwargs)
+        try:
+            return self.fn[grid](*args, **kwargs)
+        except Exception as exc:
+            _check_mode(self.fn, exc)
+            raise
 
     def full_args(self, args, kwargs) -> tuple | None:
         """Every parameter in order (constexprs at their places, as JITFunction.run passes them to the

@@ -52,21 +52,29 @@ def _attend(q, k, v, softmax_scale: float):
     return torch.einsum("hnl,lhd->nhd", probs, v)
 
 
-def reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale, v_descale,
-              softmax_scale: float):
-    """Paged few-query attention in fp32.
+def reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_descale=None, v_descale=None,
+              softmax_scale: float | None = None, *, plan=None, out=None, debug: bool = False):
+    """Paged few-query attention in fp32, called as vattn.attention is: reference(**attention_kwargs).
 
     q: [T, Hq, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (NHD; fp8 e4m3, bf16, fp16 or fp32);
     block_tables: [B, max_pages] int; seq_lens: [B] (KV length incl. the new tokens); cu_seqlens_q: [B+1];
-    k_descale, v_descale: per-tensor scales (one-element tensors, floats, or None for 1.0).
-    Returns out [T, Hq, D] fp32 on q's device; tokens of a sequence with L = 0 are zeros.
+    k_descale, v_descale: per-tensor scales (one-element tensors, floats, or None for 1.0); softmax_scale:
+    default 1/sqrt(D), as attention()'s. plan and debug: accepted and ignored (the oracle plans nothing and
+    always checks). out: optional [T, Hq, D]; the result is copied into it (in its dtype) and it is returned.
+    Returns out, else a new [T, Hq, D] fp32 tensor on q's device; tokens of a sequence with L = 0 are zeros.
     """
+    import math
+
     import torch
 
     _check(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[2])
+    if out is not None and tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"out: got shape {tuple(out.shape)}; expected q's {tuple(q.shape)}")
     k_scale = 1.0 if k_descale is None else float(k_descale)
     v_scale = 1.0 if v_descale is None else float(v_descale)
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    result = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     seq_lens, cu = seq_lens.cpu().tolist(), cu_seqlens_q.cpu().tolist()
     tables = block_tables.cpu()
     for b, seq_len in enumerate(seq_lens):
@@ -78,5 +86,8 @@ def reference(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, k_desca
                              f"({tables.shape[1]} x page_size {k_cache.shape[1]})")
         k = _gather(k_cache, tables[b], seq_len, k_scale).to(q.device)
         v = _gather(v_cache, tables[b], seq_len, v_scale).to(q.device)
-        out[first:last] = _attend(q[first:last].float(), k, v, softmax_scale)
+        result[first:last] = _attend(q[first:last].float(), k, v, softmax_scale)
+    if out is None:
+        return result
+    out.copy_(result)
     return out

@@ -3,7 +3,8 @@ and SLOTS (resident main-kernel programs per SM x SMs) read off the device.
 
 One workspace serves every layer and every CUDA-graph replay of batches up to
 max_batch: buffers never move, so captured graphs stay valid. It holds one plan at
-a time (vattn.plan() overwrites it); use one workspace per live plan.
+a time (vattn.plan() overwrites it; `live` is the Plan it returned last, and
+vattn.attention() refuses any earlier one); use one workspace per live plan.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ class Workspace:
     kernel that will serve this config, read at init: a registered faster backend's if it would
     serve it (vattn.backends.planned_backend), else the Triton kernel's). config: override the main kernel's
     compile-time config (vattn.kernel.MainConfig); one variant per workspace. qk: how the fp8-cache paths
-    round Q for Q.K^T, "split" (accurate) or "e4m3" (lossy; vattn/switch.py's VATTN_QK, read here when None); it
-    picks the Hopper kernel's build and the default config (an explicit config's qk_fp8 rules the Triton kernel).
+    round Q for Q.K^T, "split" (accurate) or "e4m3" (lossy; vattn/switch.py's VATTN_QK while VATTN is on, read
+    here when None); it picks the Hopper kernel's build and the default config (an explicit config's qk_fp8
+    rules the Triton kernel). A bad value of the kernel switch that this reads (VATTN, VATTN_HOPPER, and
+    VATTN_QK when qk is None) raises ValueError here.
     """
 
     def __init__(self, *, head_dim: int, num_q_heads: int, num_kv_heads: int, kv_dtype, q_dtype=None,
@@ -94,6 +97,7 @@ class Workspace:
         self.kv_dtype, self.q_dtype, self.page_size = kv_dtype, q_dtype, page_size
         self.max_q_len, self.max_batch = max_q_len, max_batch
         self.programs_per_sm, self.kernel_info = None, {}
+        switch.hopper()  # a bad VATTN / VATTN_HOPPER, which `import vattn` passed over, raises here
         self.qk = switch.qk_mode() if qk is None else switch.parse_qk(qk)
         self.config = config or K.default_config(head_dim, max_q_len * self.gqa, kv_dtype == _fp8(), self.qk)
         planned = planned_backend(self)
@@ -118,6 +122,7 @@ class Workspace:
         self.plans: dict = {}
         # vattn.plan's checked call signatures (see vattn.api._plan_signature) -> the call's launch
         self.plan_calls: dict = {}
+        self.live = None  # the Plan vattn.plan returned last: the one whose work items the buffers hold
 
     def _alloc(self) -> None:
         import torch

@@ -417,7 +417,9 @@ def _print_peer_table(paths: str, runs: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.kernel.bench", description=__doc__.split("\n")[0]
+                                 + " Needs a CUDA GPU (it times captured CUDA graphs); without one only --dry-run "
+                                 "runs (CPU, TRITON_INTERPRET=1, tiny shapes, no meaningful times).")
     ap.add_argument("--shapes", default=None, help="main | variants | grid | skew | host | paired | all | "
                     "comma-separated shape names (default main,variants; with --host-overhead: host)")
     ap.add_argument("--planners", default=",".join(PLANNER_ORDER),

@@ -42,7 +42,7 @@ def check_switch_vars(names: list[str]) -> list[str]:
 
 def _effect(env: Mapping[str, str]) -> tuple[bool, str | None, bool | None, str | None]:
     """What an arm's switch asks for: (vattn on, its planner, its Hopper kernel, its Q.K^T rounding); the last
-    three are read only when on."""
+    three take effect only when on (_check_switch_values parses them in both arms)."""
     on = switch.enabled(env)
     if not on:
         return False, None, None, None

@@ -27,10 +27,11 @@ class Arm:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Arm":
-        """VATTN off: the baseline kernel with its fixed split (VATTN_PLAN, VATTN_HOPPER and VATTN_QK are not read);
-        on (unset included, as in sglang): vattn with VATTN_PLAN's planner, on its Hopper kernels with
-        VATTN_HOPPER=1, rounding Q as VATTN_QK says."""
+        """VATTN off: the baseline kernel with its fixed split (VATTN_PLAN, VATTN_HOPPER and VATTN_QK take no effect,
+        but a bad value of any is refused, as by every reader of the switch); on (unset included, as in sglang):
+        vattn with VATTN_PLAN's planner, on its Hopper kernels with VATTN_HOPPER=1, rounding Q as VATTN_QK says."""
         try:
+            switch.check(env)
             if not switch.enabled(env):
                 return cls(vattn=False, impl="baseline", planner="fixed")
             impl = "vattn_hopper" if switch.hopper(env) else "vattn"

@@ -395,3 +395,82 @@ def test_a_backend_with_its_own_reduce_merges_with_it_and_without_one_with_vattn
         assert vattns == [dict(skip_whole=True, pdl=True, by_program=True)]
     finally:
         api.BACKENDS.remove(fast)
+
+
+# -- a plan's lengths and its workspace (no launch: every case raises before one) ------------------------------
+
+STALE = (r"^plan: got a stale plan \(batch 2, mode balanced\): its workspace has planned since \(batch 3, mode "
+         r"balanced\), and this plan's views of the workspace's buffers now hold that batch's work items; supported: "
+         r"the workspace's latest plan: call vattn.plan again for this batch, or give each plan that must stay live a "
+         r"Workspace of its own$")
+
+
+def test_a_plan_made_before_its_workspaces_latest_is_refused(dev):
+    """Two batch sizes, one workspace: the first plan's views now hold the second batch's work items (a kernel
+    reading them ran past the first batch's tensors: exit 139). Refused on every path, by an identity compare."""
+    x, first = planned(dev)
+    three = inputs(dev, batch=3)
+    second = vattn.plan(three["seq_lens"], three["cu_seqlens_q"], num_kv_heads=2, page_size=16,
+                        workspace=first.workspace)
+    assert second is not first and first.workspace.live is second
+    for debug in (False, True, False):
+        with pytest.raises(ValueError, match=STALE):
+            vattn.attention(**x, plan=first, debug=debug)
+    again = vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=first.workspace)
+    assert again is first and first.workspace.live is first  # planned anew: live again, the other one stale
+
+
+def test_a_cpu_plan_names_q_lens_outside_the_workspace_and_a_prefix_sum_not_from_zero(dev):
+    """A CPU plan reads the lengths on the host anyway: a q_len over max_q_len (whose rows the kernel never
+    writes) and a cu_seqlens_q[0] != 0 (NaN) raise without debug=True, on the checked and the cached path."""
+    if dev != "cpu":
+        pytest.skip("the host path runs on a CPU; a GPU plan reads no value without debug=True")
+    ws = ws_for(dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^q_len of sequence 0 \(cu_seqlens_q\[1\] - cu_seqlens_q\[0\]\): got 6; "
+                                             r"supported: 0\.\.4 \(the workspace's max_q_len\)$"):
+            vattn.plan(torch.tensor([40, 17], **i32), torch.tensor([0, 6, 8], **i32), num_kv_heads=2, page_size=16,
+                       workspace=ws)
+        with pytest.raises(ValueError, match=r"^cu_seqlens_q\[0\]: got 1; supported: 0$"):
+            vattn.plan(torch.tensor([40, 17], **i32), torch.tensor([1, 3, 5], **i32), num_kv_heads=2, page_size=16,
+                       workspace=ws)
+    assert ws.live is None  # nothing was planned
+
+
+def test_attention_checks_q_rows_and_table_pages_against_a_cpu_plans_lengths(dev):
+    """Where plan() read the lengths on the host, q's rows (fewer than cu_seqlens_q[-1]: reads past q's end) and
+    block_tables' pages (fewer than the longest sequence's: reads past the table) are checked on each call."""
+    if dev != "cpu":
+        pytest.skip("a GPU plan reads no value: these go to debug=True")
+    x, pl = planned(dev)  # two sequences of 40 tokens and 4 queries each, 5 pages of 16 a sequence
+    with pytest.raises(ValueError, match=r"^q.shape\[0\]: got 7; supported: cu_seqlens_q\[-1\] = 8, the query tokens "
+                                         r"the plan was made for"):
+        vattn.attention(**dict(x, q=x["q"][:7]), plan=pl)
+    with pytest.raises(ValueError, match=r"^block_tables.shape: got \(2, 2\); supported: at least 3 pages a sequence: "
+                                         r"the plan's longest sequence has 40 tokens \(page_size 16\)$"):
+        vattn.attention(**dict(x, block_tables=x["block_tables"][:, :2]), plan=pl)
+
+
+def test_debug_names_a_plan_made_for_other_lengths(dev):
+    """A plan reused after the lengths grew reads too little KV (err 0.23, no error): debug=True compares the plan's
+    pieces with the call's seq_lens and q_lens."""
+    x, pl = planned(dev)  # pieces cover [0, 40) of each sequence
+    i32 = dict(dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match=r"^plan: got KV positions \[0, 40\) for sequence 0; supported: \[0, 41\) "
+                                         r"for seq_lens\[0\] = 41 with q_len 4: a plan made for these seq_lens and "
+                                         r"cu_seqlens_q \(call vattn.plan again after they change\)$"):
+        vattn.attention(**dict(x, seq_lens=torch.tensor([41, 40], **i32)), plan=pl, debug=True)
+    with pytest.raises(ValueError, match=r"^plan: got KV positions \[0, 40\) for sequence 1; supported: \[0, 0\) "
+                                         r"for seq_lens\[1\] = 0 with q_len 4"):
+        vattn.attention(**dict(x, seq_lens=torch.tensor([40, 0], **i32)), plan=pl, debug=True)
+
+
+def test_the_docstrings_say_which_values_go_unchecked():
+    """On a GPU no value is read without debug=True (a sync): the API says so, and what bad values do."""
+    doc = " ".join(vattn.attention.__doc__.split())
+    assert "Values are NOT validated unless debug=True" in doc and "crash the process or corrupt memory" in doc
+    plan_doc = " ".join(vattn.plan.__doc__.split())
+    assert "On CUDA no value is read (that would sync): such lengths are NOT checked" in plan_doc
+    assert "a q_len above max_q_len leaves output rows unwritten; debug=True" in plan_doc
+

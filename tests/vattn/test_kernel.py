@@ -306,6 +306,51 @@ def test_interp_failing_backend_falls_back_with_one_warning():
         api.FAILED.discard("fake-fast")
 
 
+@interp_only
+def test_interp_a_stale_plan_is_refused_and_planned_anew_it_runs():
+    """Two batches planned on one workspace, then the first one's plan used: its views held the second batch's
+    work items (exit 139). Refused; planned again it runs, and vattn.reference takes the very same arguments
+    (plan, out, the default softmax scale)."""
+    import vattn
+
+    a, b = make_batch([300, 17], [4, 4], seed=1), make_batch([5, 200, 90], [1, 3, 2], seed=2)
+    for x in (a, b):
+        del x["softmax_scale"]  # 1/sqrt(D) on both sides
+    ws = vattn.Workspace(head_dim=64, num_q_heads=6, num_kv_heads=2, kv_dtype=torch.float16, q_dtype=torch.float16,
+                         page_size=16, max_q_len=4, max_batch=4, slots=64)
+
+    def plan(x):
+        return vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws)
+
+    plan_a, plan_b = plan(a), plan(b)
+    with pytest.raises(ValueError, match=r"^plan: got a stale plan \(batch 2, mode balanced\): its workspace has "
+                                         r"planned since \(batch 3, mode balanced\)"):
+        vattn.attention(**a, plan=plan_a)
+    assert rel_err(vattn.attention(**b, plan=plan_b, debug=True), vattn.reference(**b, plan=plan_b)) < 2e-3
+    assert plan(a) is plan_a
+    out, ref = torch.full_like(a["q"], float("nan")), torch.full_like(a["q"], float("nan"))
+    assert vattn.attention(**a, plan=plan_a, out=out) is out and vattn.reference(**a, plan=plan_a, out=ref) is ref
+    assert rel_err(out, vattn.reference(**a, plan=plan_a)) < 2e-3 and rel_err(ref, out.float()) < 2e-3
+    with pytest.raises(ValueError, match=r"^plan: got a stale plan \(batch 3"):
+        vattn.attention(**b, plan=plan_b)
+
+
+@interp_only
+def test_interp_a_cpu_plans_query_tokens_are_checked_on_the_cached_path_too():
+    """A call whose signature was checked before skips the checks: q's rows are still held against the tokens
+    of the plan's latest lengths (fewer rows than that read past q's end)."""
+    import vattn
+
+    b = make_batch([40, 9], [1, 1], gqa=2, num_kv_heads=1)
+    pl = _planned(b, 2)
+    vattn.attention(**b, plan=pl)  # checks and binds this signature
+    longer = torch.tensor([0, 2, 3], dtype=torch.int32)
+    assert vattn.plan(b["seq_lens"], longer, num_kv_heads=1, page_size=16, workspace=pl.workspace) is pl
+    with pytest.raises(ValueError, match=r"^q.shape\[0\]: got 2; supported: cu_seqlens_q\[-1\] = 3, the query "
+                                         r"tokens the plan was made for"):
+        vattn.attention(**b, plan=pl)
+
+
 def _planned(b, max_q_len):
     import vattn
 

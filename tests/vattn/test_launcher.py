@@ -8,6 +8,10 @@ the device) and stay equal otherwise. The fast path runs here against a stand-in
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -488,3 +492,28 @@ def test_without_the_extension_a_binding_keeps_tritons_launcher(fake, monkeypatc
     for _ in range(3):
         b.launch(3, 1, 1, x)
     assert (len(st["slow"]), len(st["fast"]), b.native[0]) == (1, 2, False)
+
+
+def test_triton_interpret_set_after_the_kernels_were_decorated_is_named():
+    """triton.jit fixes compile-or-interpret when vattn.kernel first loads: TRITON_INTERPRET set later used to end
+    in Triton's 'RuntimeError: 0 active drivers ([])' at launch."""
+    code = ("import os, torch, vattn, vattn.kernel\n"
+            "os.environ['TRITON_INTERPRET'] = '1'\n"
+            "ws = vattn.Workspace(head_dim=64, num_q_heads=4, num_kv_heads=2, kv_dtype=torch.float16, "
+            "q_dtype=torch.float16, page_size=16, max_q_len=4, max_batch=2, device='cpu')\n"
+            "i32 = dict(dtype=torch.int32)\n"
+            "lens, cu = torch.tensor([20, 5], **i32), torch.tensor([0, 1, 2], **i32)\n"
+            "pl = vattn.plan(lens, cu, num_kv_heads=2, page_size=16, workspace=ws)\n"
+            "kv = torch.zeros(4, 16, 2, 64).half()\n"
+            "try:\n"
+            "    vattn.attention(torch.zeros(2, 4, 64).half(), kv, kv, torch.zeros(2, 2, **i32), lens, cu, plan=pl)\n"
+            "except ValueError as e:\n"
+            "    print(e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])  # this tree's vattn
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("TRITON_INTERPRET: got '1'; supported: its value when vattn's Triton kernels were "
+                                  "first imported (unset then): set TRITON_INTERPRET before vattn is first imported"), \
+        proc.stdout + proc.stderr[-2000:]

@@ -95,3 +95,19 @@ def test_errors():
         reference(q, k, v[:, :8], tables, lens, cu, None, None, 1.0)
     with pytest.raises(ValueError, match=r"seq_lens\[0\]: got 40; needs more pages than block_tables holds"):
         reference(q, k, v, tables, torch.tensor([40], dtype=torch.int32), cu, None, None, 1.0)
+
+
+def test_reference_takes_attentions_arguments():
+    """reference(**kwargs) with the keyword arguments of vattn.attention: softmax_scale defaults to 1/sqrt(D) (None
+    too), plan and debug are accepted and ignored, out= is written and returned."""
+    q, k, v, tables, lens, cu = make_batch([37, 5], [3, 1], hq=4, hkv=2, d=16, page_size=16, kv_dtype=torch.float16)
+    q = q.half()
+    want = reference(q, k, v, tables, lens, cu, None, None, 1 / math.sqrt(16))
+    kwargs = dict(q=q, k_cache=k, v_cache=v, block_tables=tables, seq_lens=lens, cu_seqlens_q=cu)
+    assert torch.equal(reference(**kwargs), want)
+    assert torch.equal(reference(**kwargs, k_descale=None, v_descale=None, softmax_scale=None), want)
+    out = torch.full_like(q, float("nan"))
+    got = reference(**kwargs, plan=object(), out=out, debug=True)
+    assert got is out and torch.allclose(out.float(), want, atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match=r"^out: got shape \(3, 4, 16\); expected q's \(4, 4, 16\)$"):
+        reference(**kwargs, out=out[:3])

@@ -19,7 +19,8 @@ QROWS, BLOCK_N = 64, 64  # the kernel's packed rows and its tile in tokens (whol
 
 
 def enabled() -> bool:
-    """VATTN_HOPPER alone: whether vattn serves at all (VATTN) is the engine's gate to decide and report."""
+    """VATTN_HOPPER while VATTN is on (switch.hopper); whether vattn serves a call at all is the engine's gate to
+    decide and report."""
     return switch.hopper()
 
 

@@ -110,6 +110,7 @@ class VattnAttnBackend(AttentionBackend):
         # the workspace's tile holds max_q_len * G rows: size it for this server's draft window only
         widest = max(facts.verify_q_len, compat.spec()["draft_tokens"], 1)
         self.vattn_max_q_len = max(1, min(gate.MAX_Q_LEN, widest))
+        switch.check()  # every switch value set, VATTN=0 or not: a typo in either arm is named at start-up
         self.vattn_plan_mode = switch.plan_mode()
         self.vattn_qk = switch.qk_mode()  # "e4m3": the lossy one-pass Q.K^T, named in the log line below
         self.vattn_reason = self._vattn_model_reason(facts) if switch.enabled() else "VATTN=0"

@@ -153,3 +153,8 @@ def test_prebuild_compiles_each_build_the_shapes_take_once(tmp_path, monkeypatch
     assert reduce_head_dims == [128, 256]
     assert "16x35k-page1: not covered by the Hopper kernels" in out
     assert f"3 main builds and 2 reduce builds in {tmp_path}" in out
+
+
+def test_help_says_the_bench_needs_a_cuda_gpu():
+    text = " ".join(bench.build_parser().format_help().split())
+    assert "Needs a CUDA GPU" in text and "without one only --dry-run runs" in text

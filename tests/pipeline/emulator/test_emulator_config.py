@@ -101,6 +101,15 @@ def test_arm_from_env():
         Arm.from_env({"VATTN": "1", "VATTN_HOPPER": "fast"})
 
 
+def test_the_off_arm_refuses_a_bad_switch_value_as_every_reader_does():
+    # VATTN=0 takes VATTN_PLAN, VATTN_HOPPER and VATTN_QK out of effect, but a typo there is named (vattn/switch.py)
+    for env, match in (({"VATTN": "0", "VATTN_QK": "fp8"}, r"env VATTN_QK: got 'fp8'; allowed: split, e4m3"),
+                       ({"VATTN": "0", "VATTN_HOPPER": "fast"}, r"env VATTN_HOPPER: got 'fast'; allowed: 0 or 1"),
+                       ({"VATTN": "0", "VATTN_PLAN": "greedy"}, r"env VATTN_PLAN: got 'greedy'; allowed: fixed")):
+        with pytest.raises(ConfigError, match=match):
+            Arm.from_env(env)
+
+
 def test_the_model_times_the_hopper_kernels_when_the_arm_asks_for_them():
     # VATTN_HOPPER=1 in an arm's env: the emulator's attention time is vattn.cost's Hopper model, not the
     # Triton path's (before, the switch was read by the real backend only, and the emulator ignored it)
