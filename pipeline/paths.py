@@ -10,7 +10,7 @@ Layout (see DESIGN.md, "Data flow"):
                                          status, written when it ends)
         server_result.json
         aiperf/profile_export.jsonl ...  load stage (aiperf's own artifact folder)
-        aiperf.log, aiperf_process.json  its output; the token marking its processes, and its pid
+        aiperf.log, aiperf_process.json  its output; its session (leader pid, start time, boot id)
         load_result.json
         accuracy/<task>.jsonl            accuracy stage, one line per question per repeat
         accuracy/<task>.summary.json
@@ -152,8 +152,9 @@ class ArmPaths:
 
     @property
     def aiperf_process(self) -> Path:
-        """The token in the environment of every process of the arm's last aiperf run, and its pid: written
-        before it starts, so that a resume finds what a hard kill of the pipeline left running."""
+        """The arm's last aiperf run: its leader's pid (every process of the run has it as session id), the
+        leader's start time and the boot id, written as it starts, so that a resume finds what a hard kill of
+        the pipeline left running."""
         return self.root / "aiperf_process.json"
 
     @property

@@ -141,10 +141,10 @@ def _stop_leftover_loads(plan: RunPlan) -> None:
 
     paths = RunPaths(Path(plan.run_dir))
     for a in plan.arm_runs:
-        groups = stop_leftover(paths.arm(a.name))
-        if groups:
+        pids = stop_leftover(paths.arm(a.name))
+        if pids:
             progress_line(a.name, "load", f"stopped aiperf left running by an earlier attempt "
-                                          f"(process group {', '.join(map(str, groups))})")
+                                          f"({len(pids)} processes, pids {', '.join(map(str, pids))})")
 
 
 def _pending(plan: RunPlan, manifest: Manifest, a: ArmRun) -> list[str]:

@@ -8,9 +8,10 @@ checked to be still alive (a dead one leaves only failed records, which measure 
 record count in profile_export.jsonl is checked.
 
 Its own session outlives a hard kill of the pipeline and would go on sending to whatever listens on
-the arm's port, a resumed server included; every process of one aiperf run carries a token in its
-environment, recorded in `arm.aiperf_process` before it starts, by which a resume finds and stops
-them (stop_leftover).
+the arm's port, a resumed server included. Every process of one aiperf run carries its session id (the
+leader's pid); `arm.aiperf_process` records that pid, the leader's start time and the boot, by which a
+resume finds and stops them (stop_leftover). Not by their command line or environment: aiperf retitles
+its processes (setproctitle), which overwrites both in /proc.
 
 Records are matched across arms on (conversation_id, turn_index, k-th occurrence), which
 aiperf writes in each record's metadata; x_correlation_id is random per run.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -44,8 +44,7 @@ from pipeline.paths import ArmPaths
 # aiperf's own loader for kv-cache-tester agentic traces (what pipeline.tracegen writes).
 TRACE_DATASET_TYPE = "weka_trace"
 POLL_S = 0.5
-# Set in aiperf's environment, which its services inherit: the mark of one aiperf run's processes.
-RUN_TOKEN_ENV = "PIPELINE_AIPERF_RUN"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")  # pids and start times count from boot
 
 
 class LoadError(RuntimeError):
@@ -217,16 +216,18 @@ def _run_aiperf(cmd: list[str], env: dict[str, str], spec: LoadSpec, arm: ArmPat
     """aiperf in its own process group, its output in the arm's log, a progress line every progress_every_s;
     killed at spec.timeout_s, or as soon as a progress tick finds the server dead. Returns (the process, why it
     was killed: "timeout", "server", or None if it ended by itself)."""
-    token = secrets.token_hex(8)
-    write_json_atomic(arm.aiperf_process, {"token": token})  # before any process exists to carry it
+    arm.aiperf_process.unlink(missing_ok=True)  # the last run's, stopped or finished by now
     with open(arm.aiperf_log, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
+        # Popen returns once the child has called setsid and exec'd: its pid is the session id of every
+        # process aiperf starts. A kill before the record below is written leaves that run unrecorded.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**env, RUN_TOKEN_ENV: token}, start_new_session=True)
+                                env=env, start_new_session=True)
         stopped, next_say = None, t0 + progress_every_s
         try:
-            write_json_atomic(arm.aiperf_process, {"token": token, "pid": proc.pid, "pgid": proc.pid})
+            write_json_atomic(arm.aiperf_process, {"pid": proc.pid, "start": _stat(proc.pid)[2],
+                                                   "boot": BOOT_ID.read_text().strip()})
             while proc.poll() is None:
                 now = time.monotonic()
                 if now - t0 > spec.timeout_s:
@@ -248,42 +249,64 @@ def _run_aiperf(cmd: list[str], env: dict[str, str], spec: LoadSpec, arm: ArmPat
 
 
 def stop_leftover(arm: ArmPaths, wait_s: float = 10.0) -> list[int]:
-    """SIGKILL what is left of the arm's last aiperf run, and return its process groups ([] if nothing).
+    """SIGKILL what is left of the arm's last aiperf run, wait (bounded) until none of it runs, and return the
+    pids stopped ([] if nothing).
 
     A hard kill of the pipeline leaves aiperf running in its own session, sending to the arm's port, where a
-    resumed server would answer it beside the new run's aiperf. Its processes are found by the token
-    recorded in `arm.aiperf_process` before it started, in their environment, not by a pid that may belong
-    to another process by now. aiperf always runs on this machine, whichever host serves; a Slurm job step
-    (load: allocation) ends with its job, which the resume cancels."""
+    resumed server would answer it beside the new run's aiperf. Its processes are the members of the session
+    recorded in `arm.aiperf_process` (_session). aiperf's only child that leaves the session, the code grader
+    of its accuracy mode (which the pipeline does not use), kills itself when its parent dies. aiperf always
+    runs on this machine, whichever host serves; a Slurm job step (load: allocation) ends with its job, which
+    the resume cancels."""
     try:
-        mark = f"{RUN_TOKEN_ENV}={read_json(arm.aiperf_process)['token']}".encode()
+        rec = read_json(arm.aiperf_process)
+        leader, start, boot = int(rec["pid"]), int(rec["start"]), str(rec["boot"])
     except (OSError, ValueError, KeyError, TypeError):
+        # No run, or a record written before sessions were recorded (an environment token only, which
+        # aiperf's retitling erased): nothing left can be told apart from other processes.
         return []
-    groups: set[int] = set()
+    if boot != BOOT_ID.read_text().strip() or leader == os.getsid(0):  # another boot's pids; never our session
+        return []
+    stopped: set[int] = set()
     deadline = time.monotonic() + wait_s
-    while (pids := _carrying(mark)) and time.monotonic() < deadline:
+    while (pids := _session(leader, start)) and time.monotonic() < deadline:
         for pid in pids:
             try:
-                group = os.getpgid(pid)
-                if group != os.getpgrp():  # never our own group
-                    os.killpg(group, signal.SIGKILL)
-                    groups.add(group)
-            except ProcessLookupError:
+                os.kill(pid, signal.SIGKILL)
+                stopped.add(pid)
+            except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.2)
-    return sorted(groups)
+    return sorted(stopped)
 
 
-def _carrying(mark: bytes) -> list[int]:
-    """Live local processes with `mark` (NAME=value) in their environment, read from /proc."""
-    found = []
+def _session(leader: int, start: int) -> list[int]:
+    """Live local processes of the session that `leader`, started at `start` (clock ticks since boot), created.
+
+    The kernel gives no new process a pid that a live process still holds as its session id, so the members
+    found are ours, or, once all of ours are gone, those of a later session whose leader drew the same pid.
+    That leader, if alive, has another start time: nothing is ours. If it has exited too, its members are
+    taken for ours (it takes a pid wrap-around between the kill and the resume, and a leader that left its
+    members behind). A member started before our leader cannot be ours either."""
+    members = {}
     for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if mark in (d / "environ").read_bytes().split(b"\0"):
-                found.append(int(d.name))
-        except OSError:  # gone, or not ours to read
-            continue
-    return found
+        st = _stat(int(d.name))
+        if st is not None and st[1] == leader:
+            members[int(d.name)] = st
+    if leader in members and members[leader][2] != start:
+        return []
+    return [pid for pid, (state, _, t) in members.items() if state != "Z" and t >= start]  # Z: dead, unreaped
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, session id, start time in clock ticks since boot) of a local process from /proc/PID/stat, None if
+    it is gone. The command name in parentheses may hold spaces and parentheses: fields count from the last ')'."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # fields[0] is stat's field 3 (state)
+    return fields[0], int(fields[3]), int(fields[19])
 
 
 def _progress(spec: LoadSpec, arm: ArmPaths) -> str:

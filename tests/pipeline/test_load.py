@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from pipeline.config.load import APPENDABLE_FLAGS, PIPELINE_FLAGS, LoadSpec
 from pipeline.paths import ArmPaths
-from pipeline.stages.load import LoadError, aiperf_command, count_records, run_load
+from pipeline.stages.load import LoadError, aiperf_command, count_records, log_tail, run_load
 from pipeline.tracegen import PRESETS, read_traces, write_traces
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -357,35 +357,146 @@ def test_more_failed_than_successful_records_fail_the_stage(tmp_path):
     _check(spec, replace(result, errors=8), arm)  # as many as succeeded: kept, the report shows them
 
 
-def test_stop_leftover_stops_the_recorded_aiperf_run_and_nothing_else(tmp_path):
-    """A hard-killed pipeline's aiperf is found by the token in its processes' environment, children included;
-    a process with another token (another arm's, or a pid recorded before it was reused) is left alone."""
-    from pipeline.stages.load import RUN_TOKEN_ENV, stop_leftover
+# Stands in for aiperf: a session leader that starts a child and, like aiperf's services, retitles itself
+# (setproctitle overwrites /proc/PID/environ and cmdline); the child also leaves the leader's process group.
+STAND_IN = """import os, subprocess, sys, time, setproctitle
+if sys.argv[1] == "leader":
+    subprocess.Popen([sys.executable, __file__, "child"])
+else:
+    os.setpgid(0, 0)
+setproctitle.setproctitle("stand-in " + sys.argv[1])
+time.sleep(60)
+"""
 
-    tree = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-            "'import time; time.sleep(60)']); time.sleep(60)"]
-    ours = subprocess.Popen(tree, env={**os.environ, RUN_TOKEN_ENV: "ours"}, start_new_session=True)
-    theirs = subprocess.Popen(tree, env={**os.environ, RUN_TOKEN_ENV: "theirs"}, start_new_session=True)
+
+def _sessions() -> dict[int, int]:
+    """pid -> session id of every live (non-zombie) process."""
+    out = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            out[int(d.name)] = int(fields[3])
+    return out
+
+
+def _session_of(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is `sid`."""
+    return sorted(p for p, s in _sessions().items() if s == sid)
+
+
+def _writing_to(log: Path) -> list[int]:
+    """Live (non-zombie) processes whose stdout is `log`."""
+    out = []
+    for pid in _sessions():
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == str(log):
+                out.append(pid)
+        except OSError:
+            continue
+    return sorted(out)
+
+
+def _record(arm: ArmPaths, pid: int, **kw) -> None:
+    from pipeline.stages.load import BOOT_ID, _stat
+
+    arm.root.mkdir(parents=True, exist_ok=True)
+    leader = _stat(pid)  # None: the session's leader has exited, and any start time of its members fits
+    rec = {"pid": pid, "start": leader[2] if leader else 0, "boot": BOOT_ID.read_text().strip()}
+    arm.aiperf_process.write_text(json.dumps(rec | kw))
+
+
+def test_stop_leftover_stops_the_recorded_aiperf_run_and_nothing_else(tmp_path):
+    """A hard-killed pipeline's aiperf is found by its session, recorded with the leader's start time and the
+    boot: its retitled processes, children that left its group included. Another session is left alone, as is
+    one whose leader has the recorded pid but not the recorded start time (the pid reused), one recorded on
+    another boot, our own, and a record from before sessions were recorded (a token only)."""
+    from pipeline.stages.load import stop_leftover
+
+    (tmp_path / "stand_in.py").write_text(STAND_IN)
+    tree = [sys.executable, str(tmp_path / "stand_in.py"), "leader"]
+    ours = subprocess.Popen(tree, start_new_session=True)
+    theirs = subprocess.Popen(tree, start_new_session=True)
     arm = ArmPaths(tmp_path / "off")
-    arm.root.mkdir()
-    arm.aiperf_process.write_text(json.dumps({"token": "ours", "pid": theirs.pid, "pgid": theirs.pid}))
     try:
         deadline = time.monotonic() + 20
-        while len([p for p, (g, _) in _proc_groups().items() if g == ours.pid]) < 2:  # the child started
-            assert time.monotonic() < deadline
+        while not all(len(_session_of(p.pid)) == 2 and b"stand-in child" in b"".join(
+                Path(f"/proc/{c}/cmdline").read_bytes() for c in _session_of(p.pid)) for p in (ours, theirs)):
+            assert time.monotonic() < deadline, "the stand-ins did not start and retitle"
             time.sleep(0.1)
-        assert stop_leftover(arm) == [ours.pid]
-        ours.wait(5)
-        assert [p for p, (g, _) in _proc_groups().items() if g == ours.pid] == []
-        assert theirs.poll() is None and stop_leftover(arm) == []
+        assert b"PATH=" not in Path(f"/proc/{ours.pid}/environ").read_bytes()  # wiped, as aiperf's are
+        members = _session_of(ours.pid)
+        for pid, kw in [(theirs.pid, {"start": 1}), (ours.pid, {"boot": "another-boot"}),
+                        (os.getsid(0), {})]:
+            _record(arm, pid, **kw)
+            assert stop_leftover(arm, wait_s=2) == []
+        arm.aiperf_process.write_text(json.dumps({"token": "0123abcd"}))
+        assert stop_leftover(arm, wait_s=2) == []
+        assert len(_session_of(ours.pid)) == 2
+
+        _record(arm, ours.pid)
+        assert stop_leftover(arm) == members
+        assert _session_of(ours.pid) == [] and len(_session_of(theirs.pid)) == 2
+        assert stop_leftover(arm) == []
         assert stop_leftover(ArmPaths(tmp_path / "never-loaded")) == []
     finally:
         for p in (ours, theirs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for pid in _session_of(p.pid):
+                os.kill(pid, signal.SIGKILL)
             p.wait(5)
+
+
+@pytest.mark.slow
+def test_stop_leftover_stops_a_real_aiperf_left_by_a_killed_pipeline(server, tmp_path):
+    """The load stage in a child process, SIGKILLed while aiperf sends: aiperf lives on in its own session,
+    retitled, still loading the server; stop_leftover stops every process of it and nothing else."""
+    from pipeline.stages.load import stop_leftover
+
+    traces = tmp_path / "traces"
+    write_traces(traces, replace(PRESETS["quickstart"], sessions=2, first_context_median=2_000,
+                                 fresh_mean=500, output_mean=32, output_cap=64), seed=1)
+    arm = ArmPaths(tmp_path / "off")
+    load = (f"from pathlib import Path; from pipeline.config.load import LoadSpec; "
+            f"from pipeline.paths import ArmPaths; from pipeline.stages.load import run_load; "
+            f"run_load(LoadSpec(trace=Path({str(traces)!r}), concurrency=2, benchmark_duration_s=300, "
+            f"timeout_s=600), url={server.url!r}, model={MODEL!r}, tokenizer={TOKENIZER!r}, "
+            f"arm=ArmPaths(Path({str(arm.root)!r})))")
+    # As from a shell: with pytest's PYTEST_CURRENT_TEST inherited, part of aiperf's environment stayed readable
+    # after it retitled itself (enough for the token this once looked for); without, none of it does.
+    shell_env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    controller = subprocess.Popen([sys.executable, "-c", load], cwd=ROOT, env=shell_env)
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    leader = None
+    try:
+        deadline = time.monotonic() + 120
+        while not server.bodies:  # aiperf is up and sending
+            assert controller.poll() is None and time.monotonic() < deadline, log_tail(arm.aiperf_log)
+            time.sleep(0.2)
+        controller.kill()
+        controller.wait(10)
+        leader = json.loads(arm.aiperf_process.read_text())["pid"]
+        left, sent = _session_of(leader), len(server.bodies)
+        assert len(left) >= 5 and all(Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"aiperf ")
+                                      for p in left), left  # its services, retitled
+        assert left == _writing_to(arm.aiperf_log)  # all of aiperf's processes, and no other
+        time.sleep(1.5)
+        assert len(server.bodies) > sent and _session_of(leader) == left  # it outlived the kill, still sending
+
+        assert stop_leftover(arm) == left
+        assert _session_of(leader) == [] and bystander.poll() is None  # all of it, and nothing else
+        sent = len(server.bodies)
+        time.sleep(1)
+        assert len(server.bodies) == sent
+    finally:
+        controller.kill()
+        controller.wait(10)
+        if leader is not None:
+            for pid in _session_of(leader):
+                os.kill(pid, signal.SIGKILL)
+        bystander.kill()
+        bystander.wait(5)
 
 
 def test_run_load_names_a_trace_dir_removed_after_validation(tmp_path):

@@ -137,29 +137,35 @@ def _short_run(tmp_path) -> tuple[Path, Path]:
     return path, tmp_path / "run"
 
 
-def _aiperf_groups(arm_dir: Path) -> set[int]:
-    """Process groups of the live aiperf of the arm: the load stage points its dataset at the arm's scratch
-    folder through the environment (aiperf retitles its processes, so their command lines do not say)."""
-    groups = set()
+def _aiperf_processes(arm_dir: Path) -> dict[int, int]:
+    """pid -> session of the live aiperf processes of the arm: those whose stdout is the arm's aiperf.log (aiperf
+    retitles its processes, which overwrites their command lines and environment in /proc)."""
+    out = {}
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            if f"AIPERF_DATASET_MMAP_BASE_PATH={arm_dir}/aiperf-scratch".encode() in \
-                    (d / "environ").read_bytes().split(b"\0"):
-                groups.add(os.getpgid(int(d.name)))
-        except (OSError, ProcessLookupError):
+            writes_log = os.readlink(d / "fd" / "1") == str(arm_dir / "aiperf.log")
+        except OSError:
             continue
-    return groups
+        st = _state_and_session(int(d.name))
+        if writes_log and st is not None and st[0] != "Z":
+            out[int(d.name)] = st[1]
+    return out
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of the group still runs; its killed members may stay zombies (this machine's init may
+def _state_and_session(pid: int) -> tuple[str, int] | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[3])
+
+
+def _session_alive(sid: int) -> bool:
+    """Whether a process of the session still runs; its killed members may stay zombies (this machine's init may
     not reap the orphans of a killed pipeline), which kill(2) still finds."""
     for d in Path("/proc").glob("[0-9]*"):
-        try:
-            state, _, group = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(group) == pgid and state != "Z":
+        st = _state_and_session(int(d.name))
+        if st is not None and st[1] == sid and st[0] != "Z":
             return True
     return False
 
@@ -177,7 +183,8 @@ def test_a_resume_stops_the_aiperf_a_hard_kill_left_sending(tmp_path, wait_for):
     wait_for(lambda: sum(count_records(off / "aiperf/profile_export.jsonl", "warmup")) >= 1, 300, proc)
     proc.kill()
     proc.wait(30)
-    [old] = _aiperf_groups(off)  # the hard kill left it running
+    left = _aiperf_processes(off)  # the hard kill left it running
+    [old] = set(left.values())
 
     resume = subprocess.Popen(_pipeline("run", "--resume", str(out)), cwd=REPO, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -186,15 +193,20 @@ def test_a_resume_stops_the_aiperf_a_hard_kill_left_sending(tmp_path, wait_for):
         for line in resume.stdout:  # the old aiperf is gone before off's new server exists
             lines.append(line)
             if "off     server    starting" in line:
-                assert not _group_alive(old), "".join(lines)
+                assert not _session_alive(old), "".join(lines)
         assert resume.wait(600) == 0, "".join(lines)[-3000:]
     finally:
         if resume.poll() is None:  # SIGTERM: the run stops its server on the way out
             resume.terminate()
             resume.wait(60)
-        if _group_alive(old):
-            os.killpg(old, signal.SIGKILL)
-    assert f"stopped aiperf left running by an earlier attempt (process group {old})" in "".join(lines)
+        for pid, sid in left.items():
+            st = _state_and_session(pid)
+            if st is not None and st[1] == sid and st[0] != "Z":
+                os.kill(pid, signal.SIGKILL)
+    # every process it had at the kill; the warm-up may start more before the resume stops them
+    [(n, pids)] = re.findall(r"off +load +stopped aiperf left running by an earlier attempt \((\d+) processes, "
+                             r"pids ([\d, ]+)\)", "".join(lines))
+    assert set(left) <= {int(p) for p in pids.split(", ")} and int(n) == len(pids.split(", ")), (left, pids)
     stages = json.loads((out / "manifest.json").read_text())["stages"]
     assert all(s["status"] == "done" for arm in stages.values() for s in arm.values()), stages
 
