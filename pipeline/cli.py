@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a reader that went away fails here, not in the interpreter's own flush at exit
+        return code
     except RecipeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

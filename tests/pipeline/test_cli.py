@@ -100,10 +100,12 @@ def test_accuracy_data_of_another_task_is_refused_before_a_run_starts(tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
-def test_a_plan_piped_into_a_reader_that_stops_ends_quietly(tmp_path):
-    """A reader that stops early (`pipeline plan ... | head -3`) ends the plan as it ends a Unix filter: no
-    traceback, the shell's SIGPIPE status. Here the pipe's read end is closed before the plan starts, so its
-    first write fails, whatever the machine's load."""
+@pytest.mark.parametrize("command", ["plan", "validate"])
+def test_output_piped_into_a_reader_that_stopped_ends_quietly(tmp_path, command):
+    """A reader that stops early (`pipeline plan ... | head -3`) ends the command as it ends a Unix filter: no
+    traceback, the shell's SIGPIPE status. Here the pipe's read end is closed before the command starts, so its
+    writes fail whatever the machine's load: the plan's at its print (more than the output buffer), validate's
+    one line at the last flush."""
     import os
 
     recipe = yaml.safe_load((REPO / "recipes/quickstart.yaml").read_text())
@@ -115,8 +117,10 @@ def test_a_plan_piped_into_a_reader_that_stops_ends_quietly(tmp_path):
     read, write = os.pipe()
     os.close(read)
     try:
-        p = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", str(path)], cwd=REPO, stdout=write,
-                           stderr=subprocess.PIPE, text=True, timeout=120)
+        # stdout buffered, as in a user's shell (PYTHONUNBUFFERED would write each print at once)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        p = subprocess.run([sys.executable, "-m", "pipeline.cli", command, str(path)], cwd=REPO, stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=120, env=env)
     finally:
         os.close(write)
     assert (p.returncode, p.stderr) == (128 + signal.SIGPIPE, ""), p.stderr[-2000:]
