@@ -81,14 +81,14 @@ def check_same_gpu_models(stages: dict, arm_run: str, job: dict) -> None:
                            f"with hosts.<host>.slurm.constraint")
 
 
-def _kill_leftover(manifest: Manifest, arm_run: ArmRun, kind: str, host: Host | None = None) -> list[int]:
+def _kill_leftover(manifest: Manifest, arm_run: ArmRun, host: Host) -> list[int]:
     """A server left running by a killed run would hold the port: stop it if it is still ours, and return the
     process groups stopped. Ours: the manifest's pid running the arm's command, or any process writing to the
-    arm's own server log (a kill can land between the server's start and the manifest's record of it). `kind`:
-    the host's (hosts.<name>.kind; a host's name says nothing of where it runs). On an SSH host, the log's
-    writers; a Slurm host cancels the job instead (run_arm)."""
-    if kind != "local":
-        groups = host.kill_writers(f"{arm_run.artifact_dir}/server.log") if kind == "ssh" else []
+    arm's own server log (a kill can land between the server's start and the manifest's record of it). Where
+    it runs is the host's kind (a host's name says nothing of it): on an SSH host, the log's writers; a Slurm
+    host cancels the job instead (run_arm)."""
+    if host.kind != "local":
+        groups = host.kill_writers(f"{arm_run.artifact_dir}/server.log") if host.kind == "ssh" else []
         if groups:
             time.sleep(0.5)
         return groups
@@ -113,9 +113,9 @@ def _kill_leftover(manifest: Manifest, arm_run: ArmRun, kind: str, host: Host | 
     return sorted(groups)
 
 
-def _stop_leftover_server(recipe: Recipe, manifest: Manifest, a: ArmRun, host: Host | None) -> None:
+def _stop_leftover_server(manifest: Manifest, a: ArmRun, host: Host) -> None:
     """_kill_leftover, said on the arm's progress line (as a Slurm host's cancelled job is)."""
-    groups = _kill_leftover(manifest, a, recipe.hosts[a.host].kind, host)
+    groups = _kill_leftover(manifest, a, host)
     if groups:
         progress_line(a.name, "server", f"stopped the server left running by an earlier attempt "
                                         f"(process group {', '.join(map(str, groups))})")
@@ -157,7 +157,7 @@ def _served_by(info: dict) -> dict:
     return {"cycle_log_lifetime": log["lifetime"]} if isinstance(log, dict) and log.get("lifetime") else {}
 
 
-def _supersede_half_finished(recipe: Recipe, plan: RunPlan, manifest: Manifest, hosts: dict[str, Host],
+def _supersede_half_finished(plan: RunPlan, manifest: Manifest, hosts: dict[str, Host],
                              group: list[ArmRun]) -> None:
     """Concurrent placement pairs a group's arm runs because their loads ran at the same time. A resume
     that finds the load done in some of them and not in the others would pair loads from different
@@ -169,14 +169,14 @@ def _supersede_half_finished(recipe: Recipe, plan: RunPlan, manifest: Manifest, 
         return
     paths = RunPaths(Path(plan.run_dir))
     for a in done:
-        _stop_leftover_server(recipe, manifest, a, hosts.get(a.host))
+        _stop_leftover_server(manifest, a, hosts[a.host])
         attempt = manifest.next_attempt(a.name)
         local = paths.arm(a.name).root
         if local.is_dir():
             aside = paths.superseded_arm(a.name, attempt)
             aside.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(local), str(aside))
-        if recipe.hosts[a.host].kind == "ssh":  # else the rerun would append to its old server log and pull it
+        if hosts[a.host].kind == "ssh":  # else the rerun would append to its old server log and pull it
             hosts[a.host].run(["mv", a.artifact_dir, remote_superseded_dir(a.artifact_dir, attempt)])
         unfinished = ", ".join(b.name for b in group if b not in done)
         manifest.supersede(a.name, attempt, group=a.group,
@@ -194,7 +194,7 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
     arm = RunPaths(Path(plan.run_dir)).arm(a.name)
     pending = _pending(plan, manifest, a)
     engine = get_engine(recipe.engine)
-    _stop_leftover_server(recipe, manifest, a, host)
+    _stop_leftover_server(manifest, a, host)
     say = lambda stage: (lambda msg: progress_line(a.name, stage, msg))  # noqa: E731
     if hasattr(host, "cancel_leftover"):  # a scheduler's job outlives a hard-killed pipeline
         left = host.cancel_leftover(a.artifact_dir)
@@ -249,7 +249,7 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             say("server")("stopped")
         # server log and engine artifacts, from where this attempt's server wrote them; none when it never
         # started (a refused port): its folder there may not exist, and pulling it would only add noise
-        if launched and recipe.hosts[a.host].kind == "ssh":
+        if launched and host.kind == "ssh":
             try:  # a failed pull must not hide the stage's own error
                 host.get(a.artifact_dir, arm.root)
             except HostError as e:
@@ -268,7 +268,7 @@ def _load_prefix(recipe: Recipe, a: ArmRun, proc) -> list[str]:
 
 def _run_group(recipe, plan, manifest, hosts, group: list[ArmRun]) -> bool:
     """Run the group's unfinished arm runs; False if every one was done already."""
-    _supersede_half_finished(recipe, plan, manifest, hosts, group)
+    _supersede_half_finished(plan, manifest, hosts, group)
     todo = [a for a in group if _pending(plan, manifest, a)]
     for a in group:
         if a not in todo:

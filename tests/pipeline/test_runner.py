@@ -30,13 +30,13 @@ def test_resume_stops_a_server_left_by_a_killed_run_and_nothing_else(tmp_path):
     manifest = Manifest(tmp_path / "manifest.json", {"stages": {"on": {"server": {"pid": ours.pid}}}})
     time.sleep(0.3)
 
-    _kill_leftover(manifest, _arm_run(argv), "local")
+    _kill_leftover(manifest, _arm_run(argv), LocalHost())
     time.sleep(0.3)
     assert ours.poll() is not None
 
     # A recorded pid now owned by a different command is left alone.
     manifest.data["stages"]["on"]["server"]["pid"] = other.pid
-    _kill_leftover(manifest, _arm_run(argv), "local")
+    _kill_leftover(manifest, _arm_run(argv), LocalHost())
     assert other.poll() is None
     other.stop(grace_s=1)
     ours.stop(grace_s=1)
@@ -55,7 +55,7 @@ def test_resume_stops_a_server_the_manifest_never_named_by_its_log(tmp_path):
     manifest = Manifest(tmp_path / "manifest.json", {"stages": {"on": {"server": {"status": "failed"}}}})
     time.sleep(0.3)
 
-    _kill_leftover(manifest, _arm_run(sleeper, artifact_dir=str(tmp_path / "ours")), "local")
+    _kill_leftover(manifest, _arm_run(sleeper, artifact_dir=str(tmp_path / "ours")), LocalHost())
     time.sleep(0.3)
     assert ours.poll() is not None and theirs.poll() is None
     theirs.stop(grace_s=1)
@@ -86,7 +86,7 @@ def test_a_group_with_every_load_done_is_left_alone(tmp_path):
     # on's accuracy failed after both loads ran together: only accuracy reruns, and it needs no partner.
     recipe, plan, manifest = _plan_and_manifest(tmp_path, "concurrent", {
         "off": DONE, "on": {**DONE, "accuracy": {"status": "failed"}}})
-    _supersede_half_finished(recipe, plan, manifest, {}, plan.groups()[0])
+    _supersede_half_finished(plan, manifest, {"local": LocalHost()}, plan.groups()[0])
     assert "superseded" not in manifest.data and manifest.is_done("off", "load")
     assert (tmp_path / "run/arms/off/load_result.json").is_file()
 
@@ -96,7 +96,7 @@ def test_sequential_arms_resume_one_by_one(tmp_path):
 
     recipe, plan, manifest = _plan_and_manifest(tmp_path, "sequential", {"off": DONE, "on": {"load": {"status": "failed"}}})
     for group in plan.groups():
-        _supersede_half_finished(recipe, plan, manifest, {}, group)
+        _supersede_half_finished(plan, manifest, {"local": LocalHost()}, group)
     assert "superseded" not in manifest.data and manifest.is_done("off", "load")
 
 
@@ -104,7 +104,7 @@ def test_a_half_finished_concurrent_group_sets_its_finished_arm_aside(tmp_path):
     from pipeline.runner import _supersede_half_finished
 
     recipe, plan, manifest = _plan_and_manifest(tmp_path, "concurrent", {"off": DONE, "on": {"load": {"status": "failed"}}})
-    _supersede_half_finished(recipe, plan, manifest, {}, plan.groups()[0])
+    _supersede_half_finished(plan, manifest, {"local": LocalHost()}, plan.groups()[0])
     assert not manifest.is_done("off", "load")
     assert [(e["arm_run"], e["attempt"], e["stages"]) for e in manifest.data["superseded"]] == [("off", 1, DONE)]
     assert (tmp_path / "run/superseded/off.1/load_result.json").is_file()
