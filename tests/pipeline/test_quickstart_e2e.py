@@ -152,6 +152,19 @@ def _aiperf_processes(arm_dir: Path) -> dict[int, int]:
     return out
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs; its killed members may stay zombies (this machine's init may
+    not reap the orphans of a killed pipeline), which kill(2) still finds."""
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            state, _, group = (d / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
+
+
 def _state_and_session(pid: int) -> tuple[str, int] | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -288,5 +301,5 @@ def test_a_resume_stops_the_server_a_hard_kill_left_on_a_local_host_of_any_name(
                 p.terminate()
                 p.wait(60)
         # the old server, where the resume did not stop it; an aiperf the first run may have started before its kill
-        for group in ({old} if old and _group_alive(old) else set()) | _aiperf_groups(off):
+        for group in ({old} if old and _group_alive(old) else set()) | set(_aiperf_processes(off).values()):
             os.killpg(group, signal.SIGKILL)
