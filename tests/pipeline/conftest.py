@@ -11,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

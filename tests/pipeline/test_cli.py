@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(*args: str) -> subprocess.Popen:
@@ -33,7 +28,7 @@ def test_an_interrupted_run_names_the_signal_and_its_own_run_dir_to_resume(tmp_p
     recipe.pop("accuracy")
     recipe["tokenizer"] = str(REPO / "recipes/data/tokenizer")
     recipe["load"]["trace"] = str(REPO / "recipes/data/traces/short")
-    recipe["server"]["port"] = _free_port()
+    recipe["server"]["port"] = free_port()
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "run"

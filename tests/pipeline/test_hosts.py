@@ -2,19 +2,13 @@
 from __future__ import annotations
 
 import shlex
-import socket
 import subprocess
 import time
 
 import pytest
 
 from pipeline.hosts import EXIT_UNKNOWN, HostError, LocalHost, SshHost
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 def _host(sshd) -> SshHost:
@@ -60,7 +54,7 @@ def test_ssh_run_start_stop_put_get(sshd, tmp_path):
 
 
 def test_ssh_unreachable_host_names_the_host_and_fix():
-    host = SshHost("gpu-node", "127.0.0.1", user="root", port=_free_port(), connect_timeout=2)
+    host = SshHost("gpu-node", "127.0.0.1", user="root", port=free_port(), connect_timeout=2)
     with pytest.raises(HostError, match=r"host 'gpu-node' \(root@127.0.0.1:\d+\) is unreachable over SSH: .*"
                                         r"Check hosts.gpu-node.address/port/user/key and that "
                                         r"`ssh -p \d+ -l root 127.0.0.1` works.$"):

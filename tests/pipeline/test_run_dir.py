@@ -18,6 +18,7 @@ import yaml
 from pipeline.manifest import Manifest, new_run_id, now
 from pipeline.plan import build_plan
 from pipeline.config.recipe import load_recipe
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = str(REPO / "recipes/data/traces/quickstart")
@@ -41,12 +42,6 @@ def write_recipe(tmp_path: Path, **over) -> Path:
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def race_two_runs(recipe: Path, out: Path) -> list[subprocess.CompletedProcess]:
@@ -263,11 +258,11 @@ def test_a_new_run_on_an_unreachable_ssh_host_leaves_no_run_dir_and_the_fixed_re
 
     def run(**bad) -> subprocess.CompletedProcess:
         recipe = write_recipe(tmp_path, placement={"hosts": ["box"]}, hosts={"box": {**box, **bad}},
-                              server={"port": _free_port(), "startup_timeout_s": 30})
+                              server={"port": free_port(), "startup_timeout_s": 30})
         return subprocess.run([sys.executable, "-m", "pipeline.cli", "run", str(recipe), "--out", str(out)],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
 
-    for bad in ({"port": _free_port()}, {"key": str(stranger)}):
+    for bad in ({"port": free_port()}, {"key": str(stranger)}):
         p = run(**bad)
         port = bad.get("port", sshd["port"])
         assert p.returncode == 1 and p.stderr.startswith(

@@ -10,15 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 # A profile path passes `pipeline validate` (the server reads it where it runs) and stops the emulator at start.
 MISSING_PROFILE = "/nonexistent/hardware-profile.yaml"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _recipe(tmp_path: Path, port: int, server_args: dict) -> Path:
@@ -38,7 +34,7 @@ def _run(recipe: Path, out: Path) -> subprocess.CompletedProcess:
 
 
 def test_port_in_use(tmp_path):
-    port = _free_port()
+    port = free_port()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port))
         taken.listen()
@@ -49,7 +45,7 @@ def test_port_in_use(tmp_path):
 
 
 def test_server_that_exits_at_start_shows_its_log(tmp_path):
-    p = _run(_recipe(tmp_path, _free_port(), {"hardware": MISSING_PROFILE}), tmp_path / "run")
+    p = _run(_recipe(tmp_path, free_port(), {"hardware": MISSING_PROFILE}), tmp_path / "run")
     assert p.returncode == 1
     assert "error: server exited with code" in p.stderr and "before becoming healthy" in p.stderr
     assert f"no file {MISSING_PROFILE}" in p.stderr  # the emulator's own complaint, from the log tail
@@ -77,7 +73,7 @@ def test_a_server_that_lost_its_port_is_not_made_healthy_by_the_one_holding_it(t
     from pipeline.hosts import LocalHost
     from pipeline.stages.server import ServerError, wait_healthy
 
-    port = _free_port()
+    port = free_port()
     holder = subprocess.Popen([sys.executable, "-c", SLOW_HEALTH, str(port), "1.5"])  # < wait_healthy's 2 s per try
     try:
         for _ in range(100):
@@ -106,7 +102,7 @@ def test_a_server_that_lost_its_port_is_not_made_healthy_by_the_one_holding_it(t
 def test_a_missing_interpreter_on_an_ssh_host_names_its_exit_code_and_field(sshd, tmp_path, name):
     """The server's real exit status (it once read 'exited with code 0' for any server that ended) and the
     field that names the interpreter; an SSH host is one by its kind, whatever the recipe names it."""
-    r = yaml.safe_load(_recipe(tmp_path, _free_port(), {}).read_text())
+    r = yaml.safe_load(_recipe(tmp_path, free_port(), {}).read_text())
     r["hosts"] = {name: {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
                           "key": sshd["key"], "workdir": str(tmp_path / "remote"),
                           "python": "/opt/nopython/bin/python"}}
@@ -127,7 +123,7 @@ def test_existing_run_dir_is_never_overwritten(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    p = _run(_recipe(tmp_path, _free_port(), {}), out)
+    p = _run(_recipe(tmp_path, free_port(), {}), out)
     assert p.returncode != 0 and "already exists and is not empty" in p.stderr
     assert (out / "keep.txt").read_text() == "x"
 
@@ -142,7 +138,7 @@ def _start(tmp_path, monkeypatch, where: str):
     from pipeline.plan import build_plan
     from pipeline.stages import server
 
-    recipe = load_recipe(_recipe(tmp_path, _free_port(), {}))
+    recipe = load_recipe(_recipe(tmp_path, free_port(), {}))
     plan = build_plan(recipe, tmp_path / "run")
     a = plan.arm_runs[0]
     Path(a.artifact_dir).mkdir(parents=True, exist_ok=True)
@@ -183,7 +179,7 @@ def test_an_interrupt_while_the_server_starts_stops_it(tmp_path, monkeypatch):
 def test_the_runner_records_the_servers_pid_as_it_starts(tmp_path):
     """The manifest names the server's process from its start, not only once healthy: a resume stops a server
     that a killed run left behind by that pid (runner._kill_leftover)."""
-    p = _run(_recipe(tmp_path, _free_port(), {"hardware": MISSING_PROFILE}), tmp_path / "run")
+    p = _run(_recipe(tmp_path, free_port(), {"hardware": MISSING_PROFILE}), tmp_path / "run")
     assert p.returncode == 1
     manifest = yaml.safe_load((tmp_path / "run" / "manifest.json").read_text())
     entry = manifest["stages"]["off"]["server"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -22,19 +22,13 @@ def _pipeline(*args: str) -> list[str]:
     return [sys.executable, "-m", "pipeline.cli", *args]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _recipe(tmp_path: Path, **server_args) -> Path:
     """recipes/slurm-emulator.yaml with absolute paths, a free port and short windows."""
     r = yaml.safe_load((REPO / "recipes/slurm-emulator.yaml").read_text())
     r["tokenizer"] = str(REPO / "recipes/data/tokenizer")
     r["load"]["trace"] = str(REPO / "recipes/data/traces/short")
     r["accuracy"]["tasks"][0]["data"] = str(REPO / "recipes/data/accuracy/gsm8k_synthetic.jsonl")
-    r["server"]["port"] = _free_port()
+    r["server"]["port"] = free_port()
     r["server"]["args"].update(server_args)
     path = tmp_path / "slurm.yaml"
     path.write_text(yaml.safe_dump(r))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
@@ -85,12 +86,6 @@ def _box_recipe(tmp_path, sshd, python: str, port: int, startup_timeout_s: float
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _alive(pid: int) -> bool:
     """Whether the process runs (sshd is on this machine); a killed one may stay a zombie a while."""
     try:
@@ -104,7 +99,7 @@ def test_a_resume_says_it_stopped_the_server_a_hard_kill_left_on_an_ssh_host(ssh
     fake = tmp_path / "never-healthy"
     fake.write_text(NEVER_HEALTHY.format(python=sys.executable))
     fake.chmod(0o755)
-    path, out = _box_recipe(tmp_path, sshd, str(fake), _free_port(), startup_timeout_s=10), tmp_path / "run"
+    path, out = _box_recipe(tmp_path, sshd, str(fake), free_port(), startup_timeout_s=10), tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", str(path), "--out", str(out)], cwd=REPO,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     old = None
@@ -139,7 +134,7 @@ def test_a_resume_says_it_stopped_the_server_a_hard_kill_left_on_an_ssh_host(ssh
 def test_a_refused_port_pulls_nothing_from_the_ssh_host(sshd, tmp_path):
     """The server never started, so its folder on the host was never made: no `could not pull` line before the
     port's error."""
-    port = _free_port()
+    port = free_port()
     path = _box_recipe(tmp_path, sshd, "echo", port, startup_timeout_s=30)
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", port))

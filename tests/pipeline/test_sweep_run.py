@@ -6,13 +6,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,12 +67,6 @@ def _failing_sweep(tmp_path: Path, **fields) -> Path:
         "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}, **fields},
         sort_keys=False))
     return sweep
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict:
@@ -260,7 +254,7 @@ def test_an_interrupted_sweep_reports_what_finished_and_names_the_sweep_resume(t
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": "i", "base": str(REPO / "recipes/quickstart.yaml"),
-        "overrides": {"accuracy": None, "server": {"port": _free_port()},
+        "overrides": {"accuracy": None, "server": {"port": free_port()},
                       "load": {"trace": str(REPO / "recipes/data/traces/short"), "warmup_requests": 4, "benchmark_duration_s": 60}},
         "matrix": {"conc": {"c1": {"load": {"concurrency": 1}}, "c2": {"load": {"concurrency": 2}}}}}))
     root = create_sweep(str(sweep), str(tmp_path / "s"))
@@ -430,10 +424,10 @@ def test_a_point_on_an_unreachable_ssh_host_leaves_no_run_dir_and_reruns_once_fi
         "hosts": {"box": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
                           "key": sshd["key"], "workdir": str(tmp_path / "remote"), "python": "echo"}},
         "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1"}}},
-        "server": {"port": _free_port(), "startup_timeout_s": 30},
+        "server": {"port": free_port(), "startup_timeout_s": 30},
         "load": {"trace": str(REPO / "recipes/data/traces/quickstart"), "benchmark_duration_s": 10,
                  "timeout_s": 120}}))
-    closed = _free_port()
+    closed = free_port()
 
     def sweep_file(ssh_port: int) -> str:
         path = tmp_path / f"sweep-{ssh_port}.yaml"
