@@ -234,11 +234,15 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
         n_reused=len(kept), wall_s=time.perf_counter() - start)
 
 
+def _masked(text: str, api_key: str | None) -> str:
+    # An error body may quote the key back (OpenAI's masks it; a proxy might not): it never reaches a file or log.
+    return text.replace(api_key, "***") if api_key else text
+
+
 def _refused_line(task: str, endpoint: str, status: int, text: str, api_key: str | None, key_help: str) -> str:
-    # The body may quote the key back (OpenAI's masks it; a proxy might not): it never reaches a log whole.
     body = " ".join(text.split())[:200]
     if api_key:
-        return f"{task}: {endpoint} refused the API key (HTTP {status}: {body.replace(api_key, '***')}); {key_help}"
+        return f"{task}: {endpoint} refused the API key (HTTP {status}: {_masked(body, api_key)}); {key_help}"
     return f"{task}: {endpoint} answered HTTP {status} ({body}) and no API key was given; {key_help}"
 
 
@@ -265,6 +269,8 @@ async def _ask_all(task: TaskSpec, todo: list[_Job], url: str, model: str, gen: 
                                timeout_s=task.timeout_s, retries=task.retries,
                                backoff_s=task.retry_backoff_s)
             rec = _record(task.name, job, reply, model, gen)
+            if rec["error"]:
+                rec["error"] = _masked(rec["error"], api_key)
             # One event loop thread: whole lines, never interleaved.
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
             fh.flush()

@@ -5,7 +5,8 @@ Patterns, by question id (GPQA: applied to every repeat of the id):
     wrong      a well-formed wrong answer
     invalid    filler text with no extractable answer
     loose      gsm8k: the right number without '#### ' (strict misses, flexible hits)
-    fail       HTTP 500 on every attempt (failed after retries)
+    fail       HTTP 500 on every attempt (failed after retries); its body quotes the request's Authorization
+               header back, as a debugging proxy might
     flaky      HTTP 500 on the first attempt of each prompt, then the right answer
     slow       the first attempt of each prompt stalls `slow_s` seconds (client timeout)
     truncated  cut off before its final answer, finish_reason 'length' (the max_tokens budget ran out)
@@ -97,7 +98,7 @@ class AnswerServer:
             return web.json_response({"object": "error", "message": "logprobs are not supported here",
                                       "type": "BadRequestError", "code": 400}, status=400)
         if qid in self.fail or (qid in self.flaky and first):
-            return web.Response(status=500, text="injected failure")
+            return web.Response(status=500, text=f"injected failure (request had Authorization: {auth})")
         finish = "stop"
         if qid in self.truncated:
             text, finish = text.split("\n")[0], "length"

@@ -295,6 +295,21 @@ def test_eval_sends_the_api_key_as_a_bearer_header_from_the_flag_or_the_environm
     assert key not in capsys.readouterr().err
 
 
+def test_an_error_body_that_quotes_the_key_back_is_recorded_with_the_key_masked(tmp_path, monkeypatch):
+    # Guarantee: an endpoint's failure that is not about the key (a 500 whose body quotes the request's headers)
+    # keeps its error text in the records, with the key masked.
+    from pipeline.accuracy.cli import eval_main
+
+    key = "sk-test-0123456789"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with gsm_server(api_key=key, fail={"syn-gsm-test-000"}) as srv:
+        assert eval_main(["--url", srv.url, "--model", "m", "--task", "gsm8k", "--data", str(GSM), "--limit", "2",
+                          "--retries", "0", "--api-key", key, "--out", str(tmp_path)]) == 0
+    failed = [r for r in load_jsonl(tmp_path / "gsm8k.jsonl") if r["failed"]]
+    assert [r["error"] for r in failed] == ["HTTP 500: injected failure (request had Authorization: Bearer ***)"]
+    assert all(key not in f.read_text() for f in tmp_path.rglob("*") if f.is_file())
+
+
 def test_a_missing_or_refused_api_key_is_one_line_and_stops_the_task(tmp_path, capsys, monkeypatch):
     # Guarantee: a 401 or 403 says the endpoint refused the key (or that none was given) and where a key comes
     # from, without quoting the key; the task stops at once, not after every question's retries.
