@@ -5,17 +5,19 @@ that keep plans or add a faster path behind the same API (see vattn.api's docstr
 Importing vattn is cheap: torch and triton load on first use.
 
 Modules: contract (supported shapes, tolerances), planner (split planners), workspace, kernel
-(Triton), launcher (cached Triton launches), backends (the dispatch registry), api, reference (fp32
+(Triton), launcher (cached Triton launches), backends (the dispatch registry), plans (vattn.plan), checks
+(argument checks), api (vattn.attention), reference (fp32
 oracle), cost (cost model), hopper (the sm_90a CUDA kernel, opt-in with VATTN_HOPPER=1), sglang (backend
 plugin).
 """
 
 from __future__ import annotations
 
-from vattn.api import Backend, Plan, attention, plan, register_backend
+from vattn.api import Backend, attention, register_backend
+from vattn.plans import plan
 from vattn.hopper import backend as _hopper
 from vattn.reference import reference
-from vattn.workspace import Workspace
+from vattn.workspace import Plan, Workspace
 
 try:
     _hopper_on = _hopper.enabled()  # opt-in (vattn.hopper.backend), while VATTN is on

@@ -491,7 +491,7 @@ def launch_plan(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: 
     launcher.kernel(_plan_kernel()).launch((1, 1, 1), args, kwargs)
 
 
-PLAN_LIVE = (0, 1)  # positions in plan_launch_args' args of seq_lens, cu_seqlens_q (vattn.api's bindings)
+PLAN_LIVE = (0, 1)  # positions in plan_launch_args' args of seq_lens, cu_seqlens_q (vattn.plans' bindings)
 
 
 def plan_launch_args(seq_lens, cu_seqlens_q, out: dict, *, num_kv_heads: int, slots: int, mode: str,

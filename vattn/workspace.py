@@ -10,6 +10,7 @@ vattn.attention() refuses any earlier one); use one workspace per live plan.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 from vattn import switch
 from vattn.backends import planned_backend
@@ -120,7 +121,7 @@ class Workspace:
         self._alloc()
         # vattn.plan's Plan per (batch, mode): views of the buffers, so one object serves every call
         self.plans: dict = {}
-        # vattn.plan's checked call signatures (see vattn.api._plan_signature) -> the call's launch
+        # vattn.plan's checked call signatures (see vattn.plans.plan_signature) -> the call's launch
         self.plan_calls: dict = {}
         self.live = None  # the Plan vattn.plan returned last: the one whose work items the buffers hold
 
@@ -198,6 +199,34 @@ class Workspace:
                     kv_heads_per_program=self.kv_heads_per_program, programs_per_kv_head=self.programs_per_kv_head,
                     program_partial_dtype=str(self.program_partial_dtype).removeprefix("torch."),
                     config=self.config.__dict__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A batch's work list, living in its workspace's buffers (valid until the next plan()). vattn.plan
+    returns the same object for the same workspace, batch size and mode: only the buffers' values change.
+    The workspace remembers the plan its latest plan() returned (Workspace.live): attention() refuses any
+    other, whose views now hold another batch's work items."""
+
+    tensors: dict  # planner.FIELDS -> int32 tensors ([W] work_*, [B+1] seq_part_start, [1] num_items)
+    batch: int
+    num_work_items: int  # W for this batch size
+    mode: str
+    workspace: Workspace
+    # attention()'s checked call signatures (_attention_signature) -> the call's launches, and the last
+    # one used (a tuple compare is cheaper than hashing it: most calls repeat the previous signature)
+    calls: dict = field(default_factory=dict, compare=False, repr=False)
+    last: list = field(default_factory=lambda: [None, None, None], compare=False, repr=False)  # + its Shortcut
+    single: list = field(default_factory=lambda: [False], compare=False, repr=False)  # set by each plan()
+    # (query tokens, longest KV length of a sequence with queries) where plan() read the lengths on the host
+    # (a CPU workspace), else None: attention() checks q and block_tables against them at no cost
+    host: list = field(default_factory=lambda: [None], compare=False, repr=False)
+
+    @property
+    def single_pieces(self) -> bool:
+        """The caller's max_seq_len showed that every sequence is one piece, so a backend that writes whole
+        sequences itself needs no reduce: attention() then skips its launch (outside graph capture)."""
+        return self.single[0]
 
 
 def _fp8():

@@ -191,7 +191,7 @@ def test_package_surface_is_lazy_and_names_are_the_api():
     code = ("import sys, vattn; assert 'triton' not in sys.modules and 'torch' not in sys.modules, "
             "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton'))[:5];"
             "from vattn.planner import plan_python; from vattn.reference import reference;"
-            "from vattn.api import plan; assert vattn.plan is plan and vattn.reference is reference;"
+            "from vattn.plans import plan; assert vattn.plan is plan and vattn.reference is reference;"
             "assert {'Workspace', 'plan', 'attention', 'reference'} <= set(vattn.__all__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

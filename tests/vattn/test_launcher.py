@@ -206,12 +206,12 @@ def test_interpreter_and_cpu_take_the_normal_path(monkeypatch):
 
 
 def test_attention_checks_once_per_signature(dev, monkeypatch):  # noqa: F811
-    from vattn import api
+    from vattn import checks as vattn_checks
 
     launches, checks = [], []
     monkeypatch.setattr(launcher.Kernel, "slow", lambda self, grid, args, kwargs: launches.append(grid))
-    real_check = api._check_attention
-    monkeypatch.setattr(api, "_check_attention", lambda *a: checks.append(1) or real_check(*a))
+    real_check = vattn_checks.attention_args
+    monkeypatch.setattr(vattn_checks, "attention_args", lambda *a: checks.append(1) or real_check(*a))
     x, pl = planned(dev)
     vattn.attention(**x, plan=pl)
     vattn.attention(**x, plan=pl)
@@ -240,14 +240,14 @@ def test_attention_checks_once_per_signature(dev, monkeypatch):  # noqa: F811
 
 
 def test_plan_checks_once_per_signature(dev, monkeypatch):  # noqa: F811
-    from vattn import api
+    from vattn import checks
 
     x, pl = planned(dev)
     ws = pl.workspace
     assert len(ws.plan_calls) == 1
     calls = []
-    real = api._check_int_vector
-    monkeypatch.setattr(api, "_check_int_vector", lambda *a: calls.append(a[0]) or real(*a))
+    real = checks.int_vector
+    monkeypatch.setattr(checks, "int_vector", lambda *a: calls.append(a[0]) or real(*a))
     monkeypatch.setattr(launcher.Kernel, "slow", lambda self, grid, args, kwargs: None)
     again = vattn.plan(x["seq_lens"], x["cu_seqlens_q"], num_kv_heads=2, page_size=16, workspace=ws)
     assert again is pl and not calls
