@@ -18,7 +18,7 @@ from pipeline.engines import get_engine
 from pipeline.hosts import Host, HostError, LocalHost, SshHost
 from pipeline.io import write_json_atomic
 from pipeline.manifest import Manifest, gpu_facts, now
-from pipeline.paths import RunPaths, remote_superseded_dir
+from pipeline.paths import ArmPaths, RunPaths, remote_superseded_dir
 from pipeline.plan import ArmRun, RunPlan, gpus_text
 from pipeline.stages.server import save_result, served_paths, start_server
 
@@ -188,14 +188,11 @@ def _supersede_half_finished(plan: RunPlan, manifest: Manifest, hosts: dict[str,
 
 def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: ArmRun,
             barrier: threading.Barrier | None) -> None:
-    from pipeline.accuracy.stage import run_accuracy
-    from pipeline.stages.load import run_load
-
     arm = RunPaths(Path(plan.run_dir)).arm(a.name)
     pending = _pending(plan, manifest, a)
     engine = get_engine(recipe.engine)
-    _stop_leftover_server(manifest, a, host)
     say = lambda stage: (lambda msg: progress_line(a.name, stage, msg))  # noqa: E731
+    _stop_leftover_server(manifest, a, host)
     if hasattr(host, "cancel_leftover"):  # a scheduler's job outlives a hard-killed pipeline
         left = host.cancel_leftover(a.artifact_dir)
         if left:
@@ -226,13 +223,7 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             manifest.mark(a.name, stage, "running")
             say(stage)("started")
             t0 = time.monotonic()
-            if stage == "load":
-                res = run_load(recipe.load, url=result.url, model=recipe.model, tokenizer=recipe.tokenizer,
-                               arm=arm, progress=say("load"), prefix=_load_prefix(recipe, a, proc),
-                               server_alive=lambda: proc.poll() is None)
-            else:
-                res = run_accuracy(recipe.accuracy, url=result.url, model=recipe.model,
-                                   out_dir=arm.accuracy_dir, progress=say("accuracy"))
+            res = _run_client_stage(stage, recipe, a, arm, result.url, proc, say(stage))
             write_json_atomic(arm.stage_result(stage), asdict(res))
             manifest.mark(a.name, stage, "done", **served_by)
             say(stage)(f"done in {time.monotonic() - t0:.0f}s")
@@ -247,15 +238,33 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
         if proc is not None:
             proc.stop()
             say("server")("stopped")
-        # server log and engine artifacts, from where this attempt's server wrote them; none when it never
-        # started (a refused port): its folder there may not exist, and pulling it would only add noise
-        if launched and host.kind == "ssh":
-            try:  # a failed pull must not hide the stage's own error
-                host.get(a.artifact_dir, arm.root)
-            except HostError as e:
-                say("server")(f"could not pull {a.artifact_dir}: {e}")
-        if recipe.engine == "sglang":  # the base backend and vattn/base forward counts, into the manifest
-            manifest.note(a.name, "server", **served_paths(arm.server_log))
+        _collect_server_artifacts(recipe, manifest, host, a, arm, launched=bool(launched), say=say("server"))
+
+
+def _run_client_stage(stage: str, recipe: Recipe, a: ArmRun, arm: ArmPaths, url: str, proc, progress):
+    """The load (aiperf) or accuracy stage against the arm's healthy server; its typed result."""
+    from pipeline.accuracy.stage import run_accuracy
+    from pipeline.stages.load import run_load
+
+    if stage == "load":
+        return run_load(recipe.load, url=url, model=recipe.model, tokenizer=recipe.tokenizer, arm=arm,
+                        progress=progress, prefix=_load_prefix(recipe, a, proc),
+                        server_alive=lambda: proc.poll() is None)
+    return run_accuracy(recipe.accuracy, url=url, model=recipe.model, out_dir=arm.accuracy_dir, progress=progress)
+
+
+def _collect_server_artifacts(recipe: Recipe, manifest: Manifest, host: Host, a: ArmRun, arm: ArmPaths, *,
+                              launched: bool, say) -> None:
+    """After the server stopped: its log and engine artifacts from an SSH host, and sglang's path counters."""
+    # from where this attempt's server wrote them; none when it never started (a refused port): its folder there
+    # may not exist, and pulling it would only add noise
+    if launched and host.kind == "ssh":
+        try:  # a failed pull must not hide the stage's own error
+            host.get(a.artifact_dir, arm.root)
+        except HostError as e:
+            say(f"could not pull {a.artifact_dir}: {e}")
+    if recipe.engine == "sglang":  # the base backend and vattn/base forward counts, into the manifest
+        manifest.note(a.name, "server", **served_paths(arm.server_log))
 
 
 def _load_prefix(recipe: Recipe, a: ArmRun, proc) -> list[str]:
