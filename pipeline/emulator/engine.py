@@ -71,6 +71,7 @@ class Engine:
         self._deadline = 0.0
         self.cycles = 0
         self.t0 = time.monotonic()
+        self.closed = False
 
     # -- requests --
     def new_request(self, ids: list[int], max_new: int, end_reason: str) -> Request:
@@ -91,6 +92,17 @@ class Engine:
         if req.finish_reason is None:
             req.aborted = True
             req.finish_reason = "abort"
+
+    def close(self) -> None:
+        """The server is stopping: end every request now (finish_reason "abort") and wake its handler, which
+        sends what was generated and returns; else aiohttp waits out its shutdown timeouts while the requests
+        keep generating, and the process outlives the runner's grace period before SIGKILL."""
+        self.closed = True
+        for r in [*self.running, *self.waiting]:
+            self.abort(r)
+            r.event.set()
+        self.running.clear()
+        self.waiting.clear()
 
     # -- the loop --
     async def run(self) -> None:

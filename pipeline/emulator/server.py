@@ -108,6 +108,8 @@ class Api:
         if p.logprobs:
             req.logprobs = []
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if self.engine.closed:  # checked with no await before submit: a closed engine would never answer
+            raise ApiError(503, "the server is shutting down; retry on another one", type_="service_unavailable")
         self.engine.submit(req)
         try:
             if p.stream:
@@ -246,17 +248,23 @@ def build_app(cfg: EmulatorConfig, env=None) -> web.Application:
     async def start(app_):
         app_["engine_task"] = asyncio.create_task(engine.run())
 
-    async def stop(app_):
+    async def close(app_):
+        # on_shutdown runs before aiohttp waits for in-flight handlers (shutdown_timeout, twice: graceful,
+        # then cancelled): ending the requests here lets every handler answer and return at once.
+        engine.close()
         app_["engine_task"].cancel()
         try:
             await app_["engine_task"]
         except asyncio.CancelledError:
             pass
+
+    async def stop(app_):
         if cycle_log:
             cycle_log.close()
         log.info("emulator stopped after %d cycles", engine.cycles)
 
     app.on_startup.append(start)
+    app.on_shutdown.append(close)
     app.on_cleanup.append(stop)
     return app
 

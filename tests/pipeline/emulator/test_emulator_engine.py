@@ -7,6 +7,7 @@ import math
 import time
 
 import httpx
+import pytest
 from emu_harness import MODEL
 
 CYCLE_FIELDS = {"cycle", "t", "batch", "prefill_reqs", "prefill_tokens", "running", "waiting", "kv_tokens",
@@ -159,6 +160,44 @@ def test_sigint_is_a_clean_shutdown_too(emulator):
     emu.proc.send_signal(signal.SIGINT)
     assert emu.proc.wait(timeout=15) == 0
     assert sum(line["emitted"] for line in emu.cycles()) == 9
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_stop_signal_mid_request_ends_it_and_exits_promptly(emulator, sig):
+    """The runner SIGKILLs a server still up 10 s after SIGTERM (hosts.LocalHost.stop): requests in flight
+    must end at once, a stream with a last chunk and [DONE], a plain reply with what was generated so far."""
+    import signal
+    import threading
+
+    emu = emulator("--time-scale", "0.05")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 250000, "ignore_eos": True}
+    plain = {}
+    worker = threading.Thread(target=lambda: plain.update(
+        r=httpx.post(emu.url + "/v1/chat/completions", json=body, timeout=30)))
+    worker.start()
+    with httpx.stream("POST", emu.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as r:
+        lines = r.iter_lines()
+        seen = [next(lines) for _ in range(8)]
+        deadline = time.monotonic() + 10
+        while metric(emu, "sglang:num_running_reqs") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        emu.proc.send_signal(getattr(signal, sig))
+        seen += list(lines)
+    assert emu.proc.wait(timeout=15) == 0
+    took = time.monotonic() - t0
+    worker.join(15)
+    assert took < 3, f"{sig}: exit took {took:.1f} s"
+    data = [line[6:] for line in seen if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["choices"][0]["finish_reason"] == "abort"
+    streamed = sum(1 for d in data[:-1] if json.loads(d)["choices"][0]["delta"].get("content"))
+    reply = plain["r"].json()
+    assert plain["r"].status_code == 200 and reply["choices"][0]["finish_reason"] == "abort"
+    n = reply["usage"]["completion_tokens"]
+    assert n > 0 and len(reply["choices"][0]["message"]["content"].split()) == n
+    assert "emulator stopped after" in emu.log.read_text()
+    assert sum(line["emitted"] for line in emu.cycles()) == streamed + n  # the cycle log was flushed whole
 
 
 def test_kv_capacity_limits_admission(emulator):
