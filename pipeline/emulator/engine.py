@@ -49,6 +49,8 @@ class Request:
     inserted: int = 0         # hashes already given to the prefix cache
     out: list[int] = field(default_factory=list)  # output word indices not yet sent to the client
     logprobs: list[float] | None = None  # each output word's logprob, where the client asked for them
+    stops: tuple[str, ...] = ()  # stop strings: generation ends with the word that completes one
+    stop_tail: str = ""       # the output's last (longest stop - 1) chars: a stop may span word boundaries
     finish_reason: str | None = None
     aborted: bool = False
     first_token_t: float | None = None
@@ -201,21 +203,34 @@ class Engine:
 
     def _emit(self, r: Request, n: int, now: float) -> int:
         n = min(n, r.max_new - r.generated)
-        words = self.tokens.word_ids
-        for _ in range(n):
+        words, texts = self.tokens.word_ids, self.tokens.word_texts
+        stopped = False
+        for k in range(n):
             i = r.words.next()
             r.out.append(i)
             if r.logprobs is not None:
                 r.logprobs.append(r.words.logprob)
             r.hasher.append(words[i])
+            if r.stops and self._hits_stop(r, texts[i]):
+                # the word that completes a stop string is generated (and counted in usage, as vLLM does);
+                # the accepted draft tokens after it are not
+                n, stopped = k + 1, True
+                break
         r.generated += n
-        if r.generated >= r.max_new:
-            r.finish_reason = r.end_reason
+        if stopped or r.generated >= r.max_new:
+            r.finish_reason = "stop" if stopped else r.end_reason
             self._insert(r)
             self.running.remove(r)
             self.metrics.on_finish(r.generated, now - r.arrival)
         r.event.set()
         return n
+
+    @staticmethod
+    def _hits_stop(r: Request, text: str) -> bool:
+        s = r.stop_tail + text
+        keep = max(map(len, r.stops)) - 1  # a stop ending in `text` starts at most this far before it
+        r.stop_tail = s[len(s) - keep:] if keep else ""
+        return any(x in s for x in r.stops)
 
     def _insert(self, r: Request) -> None:
         self.cache.insert(r.hasher.hashes[r.inserted:])

@@ -21,8 +21,8 @@ from pipeline.emulator.attention import make_attention
 from pipeline.emulator.cyclelog import CycleLog
 from pipeline.emulator.engine import Engine, Request
 from pipeline.emulator.metrics import Metrics
-from pipeline.emulator.protocol import (ApiError, chat_messages, chat_params, check_model, completion_prompt, params,
-                                        read_body)
+from pipeline.emulator.protocol import (ApiError, chat_messages, chat_params, check_model, completion_params,
+                                        completion_prompt, read_body)
 from pipeline.emulator.timing import StepTimer
 from pipeline.emulator.tokens import load_tokens
 
@@ -74,8 +74,8 @@ class Api:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await read_body(request)
         check_model(body, self.cfg.model)
-        prompt = completion_prompt(body)
-        p = params(body)
+        prompt = completion_prompt(body, self.tokens.vocab_size)
+        p = completion_params(body)
         if isinstance(prompt, list):
             ids = prompt
         elif len(prompt) > BIG_PROMPT_CHARS:
@@ -84,13 +84,14 @@ class Api:
             ids = self.tokens.encode(prompt)
         return await self._generate(request, ids, p, chat=False)
 
-    def _budget(self, prompt_len: int, p) -> tuple[int, str]:
+    def _budget(self, prompt_len: int, p, chat: bool) -> tuple[int, str]:
         cfg = self.cfg
         if prompt_len < 1:
             raise ApiError(400, "prompt: it has 0 tokens; send at least one token", param="prompt")
         if prompt_len >= cfg.max_context_tokens:
             raise ApiError(400, f"This model's maximum context length is {cfg.max_context_tokens} tokens. However, "
-                           f"your prompt has {prompt_len} tokens.", param="messages", code="context_length_exceeded")
+                           f"your prompt has {prompt_len} tokens.", param="messages" if chat else "prompt",
+                           code="context_length_exceeded")
         n, reason = (p.max_tokens or cfg.default_max_tokens), "length"
         if not p.ignore_eos and 0 < cfg.eos_after_tokens < n:
             n, reason = cfg.eos_after_tokens, "stop"
@@ -99,7 +100,7 @@ class Api:
         return n, reason
 
     async def _generate(self, request: web.Request, ids: list[int], p, chat: bool) -> web.StreamResponse:
-        max_new, reason = self._budget(len(ids), p)
+        max_new, reason = self._budget(len(ids), p, chat)
         if len(ids) > BIG_PROMPT_TOKENS:  # block hashing of a long prompt off the event loop
             req = await self._off_loop(self.engine.new_request, ids, max_new, reason)
         else:
@@ -107,6 +108,7 @@ class Api:
         del ids
         if p.logprobs:
             req.logprobs = []
+        req.stops = p.stop
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if self.engine.closed:  # checked with no await before submit: a closed engine would never answer
             raise ApiError(503, "the server is shutting down; retry on another one", type_="service_unavailable")
@@ -118,7 +120,7 @@ class Api:
                 await req.event.wait()
                 req.event.clear()
             texts = self.tokens.word_texts
-            return web.json_response(self._full(req, rid, [texts[i] for i in req.out], chat))
+            return web.json_response(self._full(req, rid, [texts[i] for i in req.out], chat, p.stop))
         finally:
             self.engine.abort(req)  # no-op once finished; frees the slot if the client went away
 
@@ -141,10 +143,17 @@ class Api:
         if chat:
             await resp.write(f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
                              f'"logprobs":null,"finish_reason":null}}]}}\n\n'.encode())
+        pending = ""  # with stop strings: text held back because it may begin one
         while True:
             await req.event.wait()
             req.event.clear()
-            if req.out:
+            if p.stop:
+                pending += "".join(self.tokens.word_texts[i] for i in req.out)
+                req.out.clear()
+                pending, ready = _stop_split(pending, p.stop, req.finish_reason is not None)
+                if ready:
+                    await resp.write((pre + json.dumps(ready) + post).encode())
+            elif req.out:
                 await resp.write("".join(pre + texts[i] + post for i in req.out).encode())
                 req.out.clear()
             if req.finish_reason is not None:
@@ -160,19 +169,47 @@ class Api:
         return {"prompt_tokens": req.prompt_len, "completion_tokens": req.generated,
                 "total_tokens": req.prompt_len + req.generated, "prompt_tokens_details": {"cached_tokens": req.cached}}
 
-    def _full(self, req: Request, rid: str, words: list[str], chat: bool) -> dict[str, Any]:
-        text = "".join(words)
+    def _full(self, req: Request, rid: str, words: list[str], chat: bool, stops: tuple[str, ...]) -> dict[str, Any]:
+        text = _cut_at_stop("".join(words), stops)
+        # Logprobs: one entry per generated token (= usage.completion_tokens), as vLLM does, so with a stop
+        # string the reply's text is a prefix of the entries' tokens joined. No alternatives: see chat_params.
         if chat:
-            # OpenAI's chat logprobs: one entry per output token (no alternatives: top_logprobs is not modelled)
             logprobs = None if req.logprobs is None else {"content": [
                 {"token": w, "logprob": lp, "bytes": list(w.encode()), "top_logprobs": []}
                 for w, lp in zip(words, req.logprobs)]}
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": req.finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": None if req.logprobs is None else
+                      _completion_logprobs(words, req.logprobs), "finish_reason": req.finish_reason}
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.cfg.model, "choices": [choice], "usage": self._usage(req)}
+
+
+def _completion_logprobs(words: list[str], lps: list[float]) -> dict[str, Any]:
+    """The completions API's logprobs for logprobs=0: each top_logprobs entry holds the chosen token only."""
+    offsets, at = [], 0
+    for w in words:
+        offsets.append(at)
+        at += len(w)
+    return {"tokens": words, "token_logprobs": lps, "top_logprobs": [{w: lp} for w, lp in zip(words, lps)],
+            "text_offset": offsets}
+
+
+def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """text up to its first stop string (excluded)."""
+    cut = min((i for i in map(text.find, stops) if i >= 0), default=len(text))
+    return text[:cut]
+
+
+def _stop_split(text: str, stops: tuple[str, ...], final: bool) -> tuple[str, str]:
+    """(held back, ready to send): a stop string cuts the text; until the request ends, a tail of the text
+    that could be the start of a stop string is held back, since the next words may complete it."""
+    cut = _cut_at_stop(text, stops)
+    if final or len(cut) < len(text):
+        return "", cut
+    hold = max((k for s in stops for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])), default=0)
+    return text[len(text) - hold:], text[:len(text) - hold]
 
 
 def server_info(cfg: EmulatorConfig, arm: Arm, attention, tokens) -> dict[str, Any]:
@@ -222,6 +259,7 @@ def build_app(cfg: EmulatorConfig, env=None) -> web.Application:
         info["cycle_log"] = cycle_log.info()
     app = web.Application(middlewares=[errors], client_max_size=1 << 30)
     app[ENGINE], app[INFO] = engine, info
+    started = int(time.time())  # /v1/models' `created`: a Unix time, as OpenAI's (engine.t0 is monotonic)
 
     async def health(_):
         return web.Response(text="ok")
@@ -231,7 +269,7 @@ def build_app(cfg: EmulatorConfig, env=None) -> web.Application:
 
     async def models(_):
         return web.json_response({"object": "list", "data": [{
-            "id": cfg.model, "object": "model", "created": int(engine.t0), "owned_by": "pipeline-emulator",
+            "id": cfg.model, "object": "model", "created": started, "owned_by": "pipeline-emulator",
             "max_model_len": cfg.max_context_tokens}]})
 
     async def metrics_route(_):

@@ -48,6 +48,7 @@ class Tokens:
     """Counts and makes tokens; `ids` feed the prefix cache's block hashes."""
 
     name = "whitespace"
+    vocab_size = 1 << 31  # encode()'s ids are 31-bit hashes
 
     def __init__(self, seed: int = 0):
         self._role_ids: dict[str, list[int]] = {}
@@ -170,6 +171,7 @@ class HfTokens(Tokens):
             raise TokenizerError(f"tokenizer: {directory!r} has no tokenizer.json; give a HF tokenizer directory")
         self.directory = directory
         self.tok = Tokenizer.from_file(str(path))
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
         self._encode_batch = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)  # fast: no offsets
         super().__init__(seed)
         self.words, self.word_ids = self._output_words(seed)
