@@ -31,7 +31,8 @@ def test_every_shipped_recipe_validates(path):
 
 def test_bare_yaml_off_on_keys_are_arm_names(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text(f"name: t\nmodel: m\narms:\n  off: {{env: {{VATTN: '0'}}}}\n  on: {{env: {{VATTN: '1'}}}}\n"
+    path.write_text(f"name: t\nmodel: m\ntokenizer: {REPO / 'recipes/data/tokenizer'}\n"
+                    f"arms:\n  off: {{env: {{VATTN: '0'}}}}\n  on: {{env: {{VATTN: '1'}}}}\n"
                     f"load: {{trace: {TRACE}, benchmark_duration_s: 10, timeout_s: 120}}\n")
     assert sorted(load_recipe(path).arms) == ["off", "on"]
 
@@ -286,3 +287,12 @@ def test_an_emulator_on_an_ssh_host_gets_its_tokenizer_from_here_so_it_is_checke
     with pytest.raises(RecipeError, match=r"tokenizer: '.*/tokenizr' has no tokenizer.json; the emulator counts"):
         load_recipe(write_recipe(tokenizer=str(tmp_path / "tokenizr"), placement={"hosts": ["node"]},
                                  hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}))
+
+
+def test_a_recipe_without_a_tokenizer_is_refused_naming_what_it_takes(write_recipe):
+    # every run has a load stage and aiperf counts tokens with the tokenizer: without one the run died mid-way
+    path = write_recipe()
+    path.write_text("\n".join(line for line in path.read_text().splitlines() if not line.startswith("tokenizer:")))
+    with pytest.raises(RecipeError, match=r"invalid recipe\ntokenizer: Field required: a HF tokenizer directory "
+                                          r"\(with tokenizer.json; .*\) or a hub id"):
+        load_recipe(path)
