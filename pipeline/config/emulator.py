@@ -162,6 +162,14 @@ class EmulatorConfig(BaseModel):
         return total
 
 
+def names_a_file(field: str, value: str) -> bool:
+    """Whether a flag's value is a path on the server's machine: --config always; --model-preset with a .yaml or
+    .yml suffix (load_preset's rule), --hardware with any suffix (_named_profile's); else a name in configs/."""
+    if field == "model_preset":
+        return Path(value).suffix in (".yaml", ".yml")
+    return field == "config" or (field == "hardware" and Path(value).suffix != "")
+
+
 def load_preset(name_or_path: str) -> dict[str, Any]:
     path = Path(name_or_path)
     if path.suffix not in (".yaml", ".yml"):

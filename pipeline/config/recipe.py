@@ -6,7 +6,6 @@ validated once. Relative paths in the recipe resolve against the recipe file's f
 """
 from __future__ import annotations
 
-import copy
 import difflib
 import types
 import typing
@@ -22,6 +21,7 @@ from pipeline.config.emulator import check_server_args
 from pipeline.config.load import LoadSpec
 from pipeline.config.placement import HostSpec, PlacementSpec, check_placement
 from pipeline.config.presets import merged_recipe_dict
+from pipeline.config.resolve import resolve_paths
 from pipeline.config.server import ServerSpec, args_to_argv
 from pipeline.paths import file_in_the_way
 from vattn.switch import SWITCH_VARS
@@ -174,29 +174,9 @@ def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> 
     return "\n".join(lines)
 
 
-def _resolve_paths(data: dict, base: Path) -> dict:
-    """Make the recipe's input paths absolute, relative to the recipe file's folder."""
-    def resolve(p):
-        return str((base / p).resolve()) if isinstance(p, str) and not Path(p).is_absolute() else p
-
-    data = copy.deepcopy(data)
-    if data.get("tokenizer") and (base / data["tokenizer"]).exists():
-        data["tokenizer"] = resolve(data["tokenizer"])
-    load = data.get("load")
-    if isinstance(load, dict) and load.get("trace"):
-        load["trace"] = resolve(load["trace"])
-    acc = data.get("accuracy")
-    if isinstance(acc, dict):
-        for task in acc.get("tasks") or []:
-            for key in ("data", "shots_data"):
-                if isinstance(task, dict) and task.get(key):
-                    task[key] = resolve(task[key])
-    return data
-
-
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
-    data = _resolve_paths(merged_recipe_dict(path), path.resolve().parent)
+    data = resolve_paths(merged_recipe_dict(path), path.resolve().parent)
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:

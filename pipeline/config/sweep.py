@@ -23,7 +23,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.config.base import RecipeError, Strict
 from pipeline.config.presets import deep_merge, file_kind, merged_recipe_dict, read_yaml
-from pipeline.config.recipe import Recipe, _format_errors, _resolve_paths
+from pipeline.config.recipe import Recipe, _format_errors
+from pipeline.config.resolve import reads_files_here, resolve_paths
 
 _NAME = r"^[A-Za-z0-9._-]+$"
 # sweep_summary.csv's own columns (analysis.sweep.point_rows), which an axis's column must not replace
@@ -159,11 +160,14 @@ def point_recipes(spec: SweepSpec, sweep_file: Path) -> dict[str, dict]:
     if file_kind(raw) == "sweep":
         raise RecipeError(f"base: {str(base_path)!r} is a sweep file; `base` names a recipe (one with `arms`), "
                           f"such as the base of that sweep")
-    base = _resolve_paths(_bool_arm_keys(raw), base_path.parent)
+    raw = _bool_arm_keys(raw)
     out = {}
     for point, overlay in point_overlays(spec).items():
-        ours = _resolve_paths(_bool_arm_keys(deep_merge(spec.overrides, overlay)), Path(sweep_file).resolve().parent)
-        d = deep_merge(base, ours)
+        ours = _bool_arm_keys(deep_merge(spec.overrides, overlay))
+        # where the server reads its file flags is the point's, whichever file placed it
+        here = reads_files_here(deep_merge(raw, ours))
+        d = deep_merge(resolve_paths(raw, base_path.parent, here),
+                       resolve_paths(ours, Path(sweep_file).resolve().parent, here))
         d["name"] = f"{spec.name}-{point}"
         out[point] = d
         check_point(point, d)

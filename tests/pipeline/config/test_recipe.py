@@ -296,3 +296,40 @@ def test_a_recipe_without_a_tokenizer_is_refused_naming_what_it_takes(write_reci
     with pytest.raises(RecipeError, match=r"invalid recipe\ntokenizer: Field required: a HF tokenizer directory "
                                           r"\(with tokenizer.json; .*\) or a hub id"):
         load_recipe(path)
+
+
+@pytest.mark.parametrize("field, match", [
+    ({"tokenizer": 5}, r"\ntokenizer: Input should be a valid string \(found 5\)$"),
+    ({"tokenizer": ["a"]}, r"\ntokenizer: Input should be a valid string \(found \['a'\]\)$"),
+    ({"accuracy": {"tasks": 5}}, r"\naccuracy.tasks: Input should be a valid list \(found 5\)$"),
+    ({"accuracy": {"tasks": [{"name": "gsm8k", "data": 7}]}}, r"\naccuracy.tasks.0.data: Input is not a valid path"),
+    ({"load": {"trace": ["t"], "benchmark_duration_s": 10, "timeout_s": 120}}, r"\nload.trace: Input is not a "
+                                                                                  r"valid path .* \(found \['t'\]\)"),
+])
+def test_a_path_field_of_the_wrong_type_is_a_field_error(write_recipe, field, match):
+    # the paths are made absolute before the model sees them; a value that is no path must reach the model as it is
+    with pytest.raises(RecipeError, match=match):
+        load_recipe(write_recipe(**field))
+
+
+def test_emulator_files_named_in_flags_resolve_against_the_recipe_folder(write_recipe, tmp_path, monkeypatch):
+    """As the recipe's other paths do (README), whatever the cwd: --config, a model preset and a hardware profile
+    given as files, in a mapping and in an argv list."""
+    (tmp_path / "emucfg.yaml").write_text("max_running_requests: 4\n")
+    (tmp_path / "mp.yaml").write_text((REPO / "configs/models/qwen3.5-397b-a17b-tp2.yaml").read_text())
+    (tmp_path / "hw.yaml").write_text((REPO / "configs/hardware/h200.yaml").read_text())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = load_recipe(write_recipe(server={"args": {"config": "emucfg.yaml", "model_preset": "mp.yaml",
+                                                  "hardware": "hw.yaml", "max_running_requests": 8}}))
+    assert r.server.args == {"config": str(tmp_path / "emucfg.yaml"), "model_preset": str(tmp_path / "mp.yaml"),
+                             "hardware": str(tmp_path / "hw.yaml"), "max_running_requests": 8}
+    r = load_recipe(write_recipe(server={"args": ["--config=emucfg.yaml", "--model-preset", "mp.yaml",
+                                                  "--hardware", "h200"]}))
+    assert r.server.args == [f"--config={tmp_path / 'emucfg.yaml'}", "--model-preset", str(tmp_path / "mp.yaml"),
+                             "--hardware", "h200"]  # a name in configs/ stays a name
+    # on an SSH host the server reads them there: a relative path is the remote machine's
+    r = load_recipe(write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}, placement={"hosts": ["node"]},
+                                 server={"args": {"config": "emucfg.yaml"}}))
+    assert r.server.args == {"config": "emucfg.yaml"}

@@ -162,3 +162,17 @@ def test_plan_of_a_sweep_file_shows_each_point_as_its_run_would(tmp_path):
     assert f"--artifact-dir {tmp_path}/sw/runs/c4/arms/off/aiperf" in c4 and "--concurrency 4 " in c4
     assert f"--artifact-dir {tmp_path}/sw/runs/c8/arms/off/aiperf" in c8 and "--concurrency 8 " in c8
     assert not (tmp_path / "sw").exists()  # a plan launches and writes nothing
+
+
+def test_an_override_of_the_wrong_type_is_a_field_error(tmp_path):
+    # the sweep's paths are made absolute before its points are validated; a value that is no path must get there
+    with pytest.raises(RecipeError, match=r"sweep point 'a': invalid recipe\ntokenizer: Input should be a valid string "
+                                          r"\(found 5\)\naccuracy.tasks: Input should be a valid list \(found 5\)$"):
+        point_recipes(load_sweep(p := _sweep(tmp_path, overrides={"tokenizer": 5, "accuracy": {"tasks": 5}},
+                                             points={"a": {}})), p)
+
+
+def test_a_sweep_file_flag_resolves_against_the_file_that_wrote_it(tmp_path):
+    (tmp_path / "emucfg.yaml").write_text("max_running_requests: 4\n")
+    path = _sweep(tmp_path, points={"a": {"server": {"args": {"config": "emucfg.yaml"}}}})
+    assert point_recipes(load_sweep(path), path)["a"]["server"]["args"]["config"] == str(tmp_path / "emucfg.yaml")
