@@ -333,3 +333,29 @@ def test_emulator_files_named_in_flags_resolve_against_the_recipe_folder(write_r
     r = load_recipe(write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}, placement={"hosts": ["node"]},
                                  server={"args": {"config": "emucfg.yaml"}}))
     assert r.server.args == {"config": "emucfg.yaml"}
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"draft_tokens": 2}, r"invalid recipe\nserver.args: accept_probs: 3 values \[0.92, 0.87, 0.83\] for "
+                          r"draft_tokens=2; those come from model preset qwen3.5-397b-a17b-tp2: set accept_probs "
+                          r"beside draft_tokens, one probability per draft token, e.g. accept_probs: \[0.92, 0.87\]$"),
+    ({"draft_tokens": 0, "accept_probs": []}, r"invalid recipe\nserver.args: accept_probs: an empty list; a list "
+                                              r"gives a flag's values: give at least one, or null to leave the flag "
+                                              r"out$"),
+    (["--max-running-requests"], r"invalid recipe\nserver.args: --max-running-requests: expected a value$"),
+    (["--draft-tokens", "0", "--accept-probs"], r"invalid recipe\nserver.args: --accept-probs: expected at least one "
+                                                r"value$"),
+])
+def test_emulator_flags_without_their_values_are_one_line(write_recipe, args, match):
+    # argparse printed its usage and exited 2, naming no file or field; a count of draft tokens the preset's
+    # probabilities do not fit named neither the preset nor the fix
+    with pytest.raises(RecipeError, match=match):
+        load_recipe(write_recipe(server={"args": args}))
+
+
+def test_plain_decode_needs_no_acceptance_probabilities(write_recipe):
+    # with no draft token there is nothing to accept: the preset's probabilities do not apply
+    assert load_recipe(write_recipe(server={"args": {"draft_tokens": 0}})).server.args == {"draft_tokens": 0}
+    r = load_recipe(write_recipe(arms={"off": {"env": {"VATTN": "0"}, "server_args": ["--draft-tokens", "0"]},
+                                       "on": {"env": {"VATTN": "1"}, "server_args": ["--draft-tokens", "0"]}}))
+    assert r.arms["on"].server_args == ["--draft-tokens", "0"]
