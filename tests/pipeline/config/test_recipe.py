@@ -278,6 +278,8 @@ def test_emulator_flags_for_an_ssh_host_are_read_there(write_recipe):
 
 def test_an_ssh_key_under_home_is_expanded_as_ssh_would(write_recipe, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh/id_ed25519").write_text("a key\n")  # a key is read when the recipe is: it must be there
     path = write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2", "key": "~/.ssh/id_ed25519"}},
                         placement={"hosts": ["node"]})
     assert load_recipe(path).hosts["node"].key == str(tmp_path / ".ssh/id_ed25519")
@@ -359,3 +361,12 @@ def test_plain_decode_needs_no_acceptance_probabilities(write_recipe):
     r = load_recipe(write_recipe(arms={"off": {"env": {"VATTN": "0"}, "server_args": ["--draft-tokens", "0"]},
                                        "on": {"env": {"VATTN": "1"}, "server_args": ["--draft-tokens", "0"]}}))
     assert r.arms["on"].server_args == ["--draft-tokens", "0"]
+
+
+def test_an_ssh_key_that_is_not_there_fails_validate(write_recipe, tmp_path):
+    # not the SSH connection at the run's start, after the plan was shown
+    with pytest.raises(RecipeError, match=r"invalid recipe\nhosts.node: key: no such file '.*/nokey' on this machine; "
+                                          r"allowed: a private key file here, or leave key out for the SSH agent "
+                                          r"and ~/.ssh$"):
+        load_recipe(write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2", "key": str(tmp_path / "nokey")}},
+                                 placement={"hosts": ["node"]}))
