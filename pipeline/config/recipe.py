@@ -166,7 +166,9 @@ def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> 
             msg = _unknown_field(model, tuple(err["loc"]))
         elif err["type"] == "missing" and err["loc"]:
             msg = _missing_field(model, tuple(err["loc"]))
-        elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+        elif "input" in err and err["type"] != "missing" and not (
+                isinstance(err["input"], dict) and err["type"] in ("value_error", "assertion_error")):
+            # a rule over a whole block names its fields itself; a block of the wrong type shows what was found
             msg = f"{msg} (found {err['input']!r})"
         lines.append(f"{loc}: {msg}" if loc else msg)  # a whole-file rule's message names its fields itself
     for where, (found, kinds) in unions.items():

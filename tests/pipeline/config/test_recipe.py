@@ -370,3 +370,20 @@ def test_an_ssh_key_that_is_not_there_fails_validate(write_recipe, tmp_path):
                                           r"and ~/.ssh$"):
         load_recipe(write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2", "key": str(tmp_path / "nokey")}},
                                  placement={"hosts": ["node"]}))
+
+
+def test_a_yaml_syntax_error_points_into_the_file(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: [a\n")
+    with pytest.raises(RecipeError, match=rf"^recipe: {re.escape(str(path))} is not valid YAML: while parsing a flow "
+                                          rf"sequence\n  in \"{re.escape(str(path))}\", line 1, column 7"):
+        load_recipe(path)
+
+
+def test_a_block_of_the_wrong_type_shows_what_was_found(write_recipe):
+    with pytest.raises(RecipeError, match=r"\naccuracy.tasks: Input should be a valid list "
+                                          r"\(found \{'name': 'gsm8k'\}\)$"):
+        load_recipe(write_recipe(accuracy={"tasks": {"name": "gsm8k"}}))
+    # a rule over a whole block still names its fields itself, without the block
+    with pytest.raises(RecipeError, match=r"\nhosts.box: kind ssh needs `address` \(host name or IP\)$"):
+        load_recipe(write_recipe(hosts={"box": {"kind": "ssh"}}, placement={"hosts": ["box"]}))
