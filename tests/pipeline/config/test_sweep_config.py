@@ -176,3 +176,24 @@ def test_a_sweep_file_flag_resolves_against_the_file_that_wrote_it(tmp_path):
     (tmp_path / "emucfg.yaml").write_text("max_running_requests: 4\n")
     path = _sweep(tmp_path, points={"a": {"server": {"args": {"config": "emucfg.yaml"}}}})
     assert point_recipes(load_sweep(path), path)["a"]["server"]["args"]["config"] == str(tmp_path / "emucfg.yaml")
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"overrides": {"load": 5}, "matrix": {"conc": {"c4": {"load": {"concurrency": 4}}}}},
+     r"^overrides.load: expected a mapping \(found 5\); point 'c4' sets load.concurrency, which would replace it "
+     r"unseen$"),
+    ({"overrides": {"server": {"args": 5}}, "points": {"a": {"server": {"args": {"max_running_requests": 4}}}}},
+     r"^overrides.server.args: expected a mapping \(found 5\); point 'a' sets server.args.max_running_requests"),
+    ({"matrix": {"x": {"x1": {"load": 5}}, "y": {"y1": {"load": {"concurrency": 2}}}}},
+     r"^matrix.x.x1.load: expected a mapping \(found 5\); matrix.y.y1 sets load.concurrency"),
+])
+def test_a_value_a_point_would_replace_unseen_is_refused(tmp_path, fields, match):
+    # deep_merge lets a point's mapping replace a scalar whole: the point would run on the base's load, silently
+    path = _sweep(tmp_path, **fields)
+    with pytest.raises(RecipeError, match=match):
+        point_recipes(load_sweep(path), path)
+
+
+def test_a_point_may_fill_in_what_the_overrides_set_to_null(tmp_path):
+    path = _sweep(tmp_path, overrides={"accuracy": None}, points={"a": {"accuracy": {"tasks": []}}})
+    assert point_recipes(load_sweep(path), path)["a"]["accuracy"] == {"tasks": []}
