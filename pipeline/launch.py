@@ -21,11 +21,16 @@ class RunInterrupted(KeyboardInterrupt):
 def load_checked_recipe(path: str):
     """The recipe, with its accuracy files' fields checked (pipeline.accuracy.stage.check_task_files), which the
     recipe model leaves to the stage that reads them."""
+    from pipeline.accuracy.data import DataError
     from pipeline.accuracy.stage import check_task_files
+    from pipeline.config.base import RecipeError
     from pipeline.config.recipe import load_recipe
 
     recipe = load_recipe(path)
-    check_task_files(recipe.accuracy)
+    try:
+        check_task_files(recipe.accuracy)
+    except DataError as e:  # an invalid recipe like any other: its file named, exit 2
+        raise RecipeError(f"{path}: invalid recipe\n{e}") from None
     return recipe
 
 

@@ -161,7 +161,22 @@ def format_plan(plan: RunPlan, recipe: Recipe, load_commands: dict[str, list[str
                       f"    load:   {shell_join(load_commands[a.name])}",
                       f"    files:  {a.local_dir}{remote}"]
             lines += [f"    puts:   {here} -> {there}" for here, there in a.uploads]
+            if "accuracy" in plan.stages:
+                lines += _accuracy_lines(recipe, RunPaths(Path(plan.run_dir)).arm(a.name))
     return "\n".join(lines)
+
+
+def _accuracy_lines(recipe: Recipe, arm) -> list[str]:
+    """The accuracy stage of one arm run (against its url, from this machine): each task's data, the settings that
+    size it, and its records file."""
+    lines = []
+    for task in recipe.accuracy.tasks:
+        data = f"data={task.data}" if task.data else "data=HF hub"
+        shots = f" shots={task.num_shots}" + (f" from {task.shots_data}" if task.shots_data else "")
+        sizes = (f" limit={task.limit or 'all'} repeats={task.repeats} max_tokens={task.max_tokens} "
+                 f"temperature={task.temperature} concurrency={task.concurrency}")
+        lines.append(f"    accuracy: {task.name}: {data}{shots}{sizes} -> {arm.accuracy_records(task.name)}")
+    return lines
 
 
 def gpus_text(recipe: Recipe, a: ArmRun) -> str:

@@ -101,15 +101,22 @@ def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
 
 
 def check_task_files(spec: AccuracySpec | None) -> None:
-    """Raise DataError unless the first row of each task's local data and shots file has the fields the task
-    reads: the stage's own check, made before a run starts (`pipeline validate`, `plan` and `run`), since the
-    stage itself runs only after the first arm's whole load. Hub sources are checked when they are fetched."""
+    """Raise DataError unless each task's local data and shots files hold rows with the fields the task reads, and
+    the stage can plan its questions from them (shots against rows, unique ids): the stage's own checks, made before
+    a run starts (`pipeline validate`, `plan` and `run`), since the stage itself runs only after the first arm's
+    whole load. Hub sources are checked when they are fetched. Fields are named as the recipe model names them."""
     for i, task in enumerate(spec.tasks if spec else ()):
         fields = gsm8k.FIELDS if task.name == "gsm8k" else gpqa.FIELDS
         for key, path in (("data", task.data), ("shots_data", task.shots_data)):
             if path is not None:
-                where = f"accuracy.tasks[{i}].{key}"
-                require_fields(read_rows(path, where)[:1], fields, where, path)
+                where = f"accuracy.tasks.{i}.{key}"
+                rows = read_rows(path, where)
+                if not rows:  # else gsm8k would say its shots are missing, gpqa would run no question
+                    raise DataError(f"{where}: {path} holds no rows; give a file with at least one {task.name} "
+                                    f"question, or leave the field out to load from the HF hub")
+                require_fields(rows[:1], fields, where, path)
+        if task.data is not None:  # a hub source is planned once fetched, by the stage
+            _plan(task, f"accuracy.tasks.{i}.data")
 
 
 def _plan(task: TaskSpec, where: str) -> tuple[list[_Job], int]:

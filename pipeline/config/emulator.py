@@ -132,7 +132,12 @@ class EmulatorConfig(BaseModel):
     def _merge_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        preset = load_preset(data.get("model_preset", DEFAULT_PRESET))
+        name = data.get("model_preset", DEFAULT_PRESET)
+        preset = load_preset(name)
+        if "draft_tokens" in data and "accept_probs" not in data:
+            source = (f"model preset {name}" if "accept_probs" in preset else "the default")
+            probs = preset.get("accept_probs", cls.model_fields["accept_probs"].default)
+            data = {**data, "accept_probs": _probs_for(data["draft_tokens"], probs, source)}
         return {**preset, **data}
 
     @model_validator(mode="after")
@@ -160,6 +165,29 @@ class EmulatorConfig(BaseModel):
             run *= p
             total += run
         return total
+
+
+def _probs_for(draft_tokens: Any, probs: list[float], source: str) -> list[float]:
+    """The acceptance probabilities to go with a draft_tokens set without them: none for plain decode (there is
+    no draft token to accept), else `probs` if they fit; a count that does not fit is the user's to choose."""
+    try:
+        n = int(draft_tokens)
+    except (TypeError, ValueError):
+        return probs  # the field's own check names the value
+    if n == 0 or n == len(probs):
+        return [] if n == 0 else probs
+    example = (list(probs) + [probs[-1] if probs else 0.5] * n)[:n]
+    raise ValueError(f"accept_probs: {len(probs)} values {probs} for draft_tokens={n}; those come from {source}: "
+                     f"set accept_probs beside draft_tokens, one probability per draft token, e.g. "
+                     f"accept_probs: {example}")
+
+
+def names_a_file(field: str, value: str) -> bool:
+    """Whether a flag's value is a path on the server's machine: --config always; --model-preset with a .yaml or
+    .yml suffix (load_preset's rule), --hardware with any suffix (_named_profile's); else a name in configs/."""
+    if field == "model_preset":
+        return Path(value).suffix in (".yaml", ".yml")
+    return field == "config" or (field == "hardware" and Path(value).suffix != "")
 
 
 def load_preset(name_or_path: str) -> dict[str, Any]:
@@ -213,10 +241,22 @@ def _help(name: str, field) -> str:
     return f"{field.description}{extra} (default: {default})".replace("%", "%%")
 
 
+class _FlagParser(argparse.ArgumentParser):
+    """argparse prints its usage and exits on a flag without its value; a recipe's server.args are read inside
+    `pipeline validate`, where that was a 30-line dump naming no field. Raise instead: _flag_values adds where."""
+
+    def error(self, message: str):
+        message = message.removeprefix("argument ")
+        for argparse_says, we_say in (("expected one argument", "expected a value"),
+                                      ("expected at least one argument", "expected at least one value")):
+            message = message.replace(argparse_says, we_say)
+        raise ConfigError(message)
+
+
 def make_parser() -> argparse.ArgumentParser:
     """One flag per field: `max_running_requests` is `--max-running-requests VALUE`; booleans are bare flags
     (`--disable-prefix-cache`); lists take several values or one comma-separated value."""
-    parser = argparse.ArgumentParser(
+    parser = _FlagParser(
         prog="python -m pipeline.emulator",
         description="OpenAI-compatible serving emulator: continuous batching, chunked prefill, prefix cache, "
                     "speculative decoding; each cycle sleeps for modelled time (attention from vattn's cost "
@@ -238,7 +278,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _flag_values(argv: list[str] | None, where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The config fields argv sets: (the --config file's, the flags'); unknown flags are a ConfigError."""
-    args, unknown = make_parser().parse_known_args(argv)
+    try:
+        args, unknown = make_parser().parse_known_args(argv)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
     if unknown:
         flags = [a for a in unknown if a.startswith("-")] or unknown
         raise ConfigError(f"{where}: unknown flag(s) {' '.join(flags)}; "

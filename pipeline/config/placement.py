@@ -101,6 +101,9 @@ class HostSpec(Strict):
     def _ssh_needs_address(self):
         if self.kind == "ssh" and not self.address:
             raise ValueError("kind ssh needs `address` (host name or IP)")
+        if self.kind == "ssh" and self.key and not os.path.isfile(self.key):  # the SSH client here reads it
+            raise ValueError(f"key: no such file {self.key!r} on this machine; allowed: a private key file here, or "
+                             f"leave key out for the SSH agent and ~/.ssh")
         if self.kind == "slurm" and self.slurm is None:
             raise ValueError("kind slurm needs a `slurm:` block (at least `slurm: {}` for the cluster's "
                              "defaults; e.g. slurm: {partition: gpu, time_limit: '02:00:00'})")

@@ -50,7 +50,8 @@ def read_yaml(path: Path, what: str) -> dict:
     """The mapping in a YAML file; RecipeError (naming `what`) if it is missing, invalid, not a mapping, or gives a
     key twice in one mapping."""
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        with path.open(encoding="utf-8") as f:  # a stream, not its text: a syntax error's marks then name the file
+            data = yaml.load(f, Loader=_UniqueKeyLoader)
     except _DuplicateKey as e:
         raise RecipeError(f"{what}: {path}: {e}") from None
     except FileNotFoundError:

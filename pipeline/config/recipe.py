@@ -6,7 +6,6 @@ validated once. Relative paths in the recipe resolve against the recipe file's f
 """
 from __future__ import annotations
 
-import copy
 import difflib
 import types
 import typing
@@ -22,6 +21,7 @@ from pipeline.config.emulator import check_server_args
 from pipeline.config.load import LoadSpec
 from pipeline.config.placement import HostSpec, PlacementSpec, check_placement
 from pipeline.config.presets import merged_recipe_dict
+from pipeline.config.resolve import resolve_paths
 from pipeline.config.server import ServerSpec, args_to_argv
 from pipeline.paths import file_in_the_way
 from vattn.switch import SWITCH_VARS
@@ -32,7 +32,10 @@ class Recipe(Strict):
     presets: list[str] = Field(default_factory=list, description="configs/<path>.yaml merged under the recipe")
     engine: Literal["emulator", "sglang", "vllm"] = Field("emulator", description="serving engine")
     model: str = Field(..., min_length=1, description="served model name (engines: model path or id)")
-    tokenizer: str | None = Field(None, description="tokenizer dir or id for aiperf and the emulator")
+    # Required: every run has a load stage, and aiperf counts each request's tokens with this tokenizer.
+    tokenizer: str = Field(..., min_length=1, description=(
+        "a HF tokenizer directory (with tokenizer.json; relative to the recipe's folder) or a hub id, e.g. "
+        "data/tokenizer; aiperf counts each request's tokens with it, and so does the emulator (a directory only)"))
     hosts: dict[str, HostSpec] = Field(default_factory=lambda: {"local": HostSpec()},
                                        description="machines by name")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="where and in which order")
@@ -87,7 +90,7 @@ class Recipe(Strict):
         if self.engine == "emulator":
             if all(self.hosts[h].kind != "ssh" for h in self.placement.hosts):
                 check_server_args(args_to_argv(arm_server_args(self.server, self.arms["on"])), "server.args")
-            if self.tokenizer and not (Path(self.tokenizer) / "tokenizer.json").is_file():
+            if not (Path(self.tokenizer) / "tokenizer.json").is_file():
                 raise ValueError(f"tokenizer: {self.tokenizer!r} has no tokenizer.json; the emulator counts tokens "
                                  f"with it: give a HF tokenizer directory (relative to the recipe's folder)")
         return self
@@ -107,12 +110,23 @@ def _step(tp, key):
     return None
 
 
-def _unknown_field(model: type[BaseModel] | None, loc: tuple) -> str:
-    """What to say of a field the model at `loc` does not have: the nearest allowed name, and all of them."""
+def _models_at(model: type[BaseModel] | None, loc: tuple) -> list[type[BaseModel]]:
+    """The models that may hold the field at `loc` (a union may offer several)."""
     tp = model
     for key in loc[:-1]:
         tp = tp and _step(tp, key)
-    models = [t for t in (typing.get_args(tp) or (tp,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+    return [t for t in (typing.get_args(tp) or (tp,)) if isinstance(t, type) and issubclass(t, BaseModel)]
+
+
+def _missing_field(model: type[BaseModel] | None, loc: tuple) -> str:
+    """What to say of a required field left out: what it takes, from its description."""
+    info = next((m.model_fields[loc[-1]] for m in _models_at(model, loc) if loc[-1] in m.model_fields), None)
+    return f"Field required: {info.description}" if info and info.description else "Field required"
+
+
+def _unknown_field(model: type[BaseModel] | None, loc: tuple) -> str:
+    """What to say of a field the model at `loc` does not have: the nearest allowed name, and all of them."""
+    models = _models_at(model, loc)
     if not models:
         return "unknown field; check the spelling"
     allowed = list(models[0].model_fields)
@@ -150,7 +164,11 @@ def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> 
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = _unknown_field(model, tuple(err["loc"]))
-        elif "input" in err and err["type"] != "missing" and not isinstance(err["input"], dict):
+        elif err["type"] == "missing" and err["loc"]:
+            msg = _missing_field(model, tuple(err["loc"]))
+        elif "input" in err and err["type"] != "missing" and not (
+                isinstance(err["input"], dict) and err["type"] in ("value_error", "assertion_error")):
+            # a rule over a whole block names its fields itself; a block of the wrong type shows what was found
             msg = f"{msg} (found {err['input']!r})"
         lines.append(f"{loc}: {msg}" if loc else msg)  # a whole-file rule's message names its fields itself
     for where, (found, kinds) in unions.items():
@@ -158,29 +176,9 @@ def _format_errors(e: ValidationError, model: type[BaseModel] | None = None) -> 
     return "\n".join(lines)
 
 
-def _resolve_paths(data: dict, base: Path) -> dict:
-    """Make the recipe's input paths absolute, relative to the recipe file's folder."""
-    def resolve(p):
-        return str((base / p).resolve()) if isinstance(p, str) and not Path(p).is_absolute() else p
-
-    data = copy.deepcopy(data)
-    if data.get("tokenizer") and (base / data["tokenizer"]).exists():
-        data["tokenizer"] = resolve(data["tokenizer"])
-    load = data.get("load")
-    if isinstance(load, dict) and load.get("trace"):
-        load["trace"] = resolve(load["trace"])
-    acc = data.get("accuracy")
-    if isinstance(acc, dict):
-        for task in acc.get("tasks") or []:
-            for key in ("data", "shots_data"):
-                if isinstance(task, dict) and task.get(key):
-                    task[key] = resolve(task[key])
-    return data
-
-
 def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
-    data = _resolve_paths(merged_recipe_dict(path), path.resolve().parent)
+    data = resolve_paths(merged_recipe_dict(path), path.resolve().parent)
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:

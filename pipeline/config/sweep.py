@@ -23,7 +23,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from pipeline.config.base import RecipeError, Strict
 from pipeline.config.presets import deep_merge, file_kind, merged_recipe_dict, read_yaml
-from pipeline.config.recipe import Recipe, _format_errors, _resolve_paths
+from pipeline.config.recipe import Recipe, _format_errors
+from pipeline.config.resolve import reads_files_here, resolve_paths
 
 _NAME = r"^[A-Za-z0-9._-]+$"
 # sweep_summary.csv's own columns (analysis.sweep.point_rows), which an axis's column must not replace
@@ -103,7 +104,10 @@ def point_overlays(spec: SweepSpec) -> dict[str, dict]:
     out, combos = {}, {}
     for combo in itertools.product(*(list(a.items()) for a in axes)):
         overlay: dict = {}
-        for _, ov in combo:
+        labelled = list(zip(spec.matrix, combo))  # [(axis, (value name, overlay))]
+        for i, (axis, (name, ov)) in enumerate(labelled):
+            for earlier_axis, (earlier, eov) in labelled[:i]:
+                check_not_hidden(eov, ov, f"matrix.{earlier_axis}.{earlier}", f"matrix.{axis}.{name}")
             overlay = deep_merge(overlay, ov)
         names = tuple(str(n) for n, _ in combo)
         point = "-".join(names)
@@ -112,6 +116,22 @@ def point_overlays(spec: SweepSpec) -> dict[str, dict]:
                               f"{point!r}; rename a value so that no two join alike")
         out[point], combos[point] = overlay, names
     return out
+
+
+def check_not_hidden(under: dict, over: dict, where: str, by: str, path: str = "") -> None:
+    """deep_merge lets a mapping in `over` replace whatever `under` holds at its key: a scalar
+    `overrides: {load: 5}` would vanish under a point's `load: {concurrency: 4}` and the point run on the base's
+    load. Refuse a value so hidden, naming it (null, which says "none", may be filled in)."""
+    for key, value in over.items():
+        if key not in under or not isinstance(value, dict):
+            continue
+        field = f"{path}{key}"
+        if isinstance(under[key], dict):
+            check_not_hidden(under[key], value, where, by, f"{field}.")
+        elif under[key] is not None:
+            sets = f"{field}.{next(iter(value))}" if value else f"{field}: {{}}"
+            raise RecipeError(f"{where}.{field}: expected a mapping (found {under[key]!r}); {by} sets {sets}, which "
+                              f"would replace it unseen")
 
 
 def point_labels(matrix: dict | None) -> dict[str, dict[str, str]]:
@@ -159,11 +179,16 @@ def point_recipes(spec: SweepSpec, sweep_file: Path) -> dict[str, dict]:
     if file_kind(raw) == "sweep":
         raise RecipeError(f"base: {str(base_path)!r} is a sweep file; `base` names a recipe (one with `arms`), "
                           f"such as the base of that sweep")
-    base = _resolve_paths(_bool_arm_keys(raw), base_path.parent)
+    raw = _bool_arm_keys(raw)
     out = {}
-    for point, overlay in point_overlays(spec).items():
-        ours = _resolve_paths(_bool_arm_keys(deep_merge(spec.overrides, overlay)), Path(sweep_file).resolve().parent)
-        d = deep_merge(base, ours)
+    overlays = point_overlays(spec)
+    for point, overlay in overlays.items():
+        check_not_hidden(spec.overrides, overlay, "overrides", f"point {point!r}")
+        ours = _bool_arm_keys(deep_merge(spec.overrides, overlay))
+        # where the server reads its file flags is the point's, whichever file placed it
+        here = reads_files_here(deep_merge(raw, ours))
+        d = deep_merge(resolve_paths(raw, base_path.parent, here),
+                       resolve_paths(ours, Path(sweep_file).resolve().parent, here))
         d["name"] = f"{spec.name}-{point}"
         out[point] = d
         check_point(point, d)

@@ -3,6 +3,7 @@ refuses before a run starts."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -85,14 +86,38 @@ def test_accuracy_data_of_another_task_is_refused_before_a_run_starts(tmp_path, 
     sweep = tmp_path / "s.yaml"
     sweep.write_text(yaml.safe_dump({"name": "s", "base": str(path),
                                      "points": {"c2": {"load": {"concurrency": 2}}}}))
-    says = f"accuracy.tasks[0].data: row 0 of {data} lacks field(s) {missing}"
-    for args, prefix in ((["validate", str(path)], ""), (["plan", str(path)], ""),
-                         (["run", str(path), "--out", str(tmp_path / "run")], ""),
+    says = f"accuracy.tasks.0.data: row 0 of {data} lacks field(s) {missing}"
+    # an invalid recipe like any other: its file (or sweep point) named, the field as pydantic's, exit 2
+    for args, prefix in ((["validate", str(path)], f"{path}: "), (["plan", str(path)], f"{path}: "),
+                         (["run", str(path), "--out", str(tmp_path / "run")], f"{path}: "),
                          (["validate", str(sweep)], "sweep point 'c2': ")):
         p = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
                            timeout=120)
-        assert p.returncode == 1 and p.stderr.startswith(f"error: {prefix}{says}"), (args, p.stderr[-2000:])
+        assert p.returncode == 2 and p.stderr.startswith(f"error: {prefix}invalid recipe\n{says}"), \
+            (args, p.stderr[-2000:])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("rows, says", [
+    (0, r"accuracy.tasks.0.data: .*/g.jsonl holds no rows; give a file with at least one gsm8k question, or leave "
+        r"the field out to load from the HF hub"),
+    (3, r"accuracy.tasks.0.data: 5 shots requested but only 3 solved problems are available; lower "
+        r"accuracy.tasks.0.num_shots or add train rows"),
+])
+def test_accuracy_data_the_task_cannot_use_fails_validate(tmp_path, rows, says):
+    """Not the accuracy stage after the first arm's whole load (which said an empty file lacked shots)."""
+    lines = (REPO / "recipes/data/accuracy/gsm8k_synthetic.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "g.jsonl").write_text("".join(lines[:rows]))
+    recipe = yaml.safe_load((REPO / "recipes/quickstart.yaml").read_text())
+    recipe["tokenizer"] = str(REPO / "recipes/data/tokenizer")
+    recipe["load"]["trace"] = str(REPO / "recipes/data/traces/short")
+    recipe["accuracy"] = {"tasks": [{"name": "gsm8k", "data": str(tmp_path / "g.jsonl")}]}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "validate", str(path)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and re.fullmatch(rf"error: {re.escape(str(path))}: invalid recipe\n{says}\n",
+                                              p.stderr), p.stderr[-2000:]
 
 
 @pytest.mark.parametrize("command", ["plan", "validate"])

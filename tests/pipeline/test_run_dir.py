@@ -36,7 +36,7 @@ sys.exit(pipeline.cli.main(sys.argv[2:]))
 
 
 def write_recipe(tmp_path: Path, **over) -> Path:
-    recipe = {"name": "t", "engine": "emulator", "model": "m",
+    recipe = {"name": "t", "engine": "emulator", "model": "m", "tokenizer": str(REPO / "recipes/data/tokenizer"),
               "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1"}}},
               "load": {"trace": TRACE, "benchmark_duration_s": 10, "timeout_s": 120}, **over}
     path = tmp_path / "recipe.yaml"

@@ -67,6 +67,7 @@ def _plan_and_manifest(tmp_path, mode: str, stages: dict):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({
         "name": "t", "engine": "emulator", "model": "m", "placement": {"mode": mode},
+        "tokenizer": str(Path(TRACE).parents[1] / "tokenizer"),
         "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1"}}},
         "load": {"trace": TRACE, "benchmark_duration_s": 10, "timeout_s": 120}}))
     recipe = load_recipe(path)

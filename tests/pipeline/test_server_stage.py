@@ -18,7 +18,7 @@ MISSING_PROFILE = "/nonexistent/hardware-profile.yaml"
 
 
 def _recipe(tmp_path: Path, port: int, server_args: dict) -> Path:
-    r = {"name": "t", "engine": "emulator", "model": "m",
+    r = {"name": "t", "engine": "emulator", "model": "m", "tokenizer": str(REPO / "recipes/data/tokenizer"),
          "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1"}}},
          "server": {"port": port, "args": server_args, "startup_timeout_s": 60},
          "load": {"trace": str(REPO / "recipes/data/traces/quickstart"), "benchmark_duration_s": 5,

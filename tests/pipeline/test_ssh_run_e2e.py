@@ -73,7 +73,7 @@ time.sleep(300)
 
 def _box_recipe(tmp_path, sshd, python: str, port: int, startup_timeout_s: float) -> Path:
     recipe = {
-        "name": "ssh-leftover", "engine": "emulator", "model": "m",
+        "name": "ssh-leftover", "engine": "emulator", "model": "m", "tokenizer": str(REPO / "recipes/data/tokenizer"),
         "hosts": {"box": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
                           "key": sshd["key"], "workdir": str(tmp_path / "remote"), "python": python}},
         "placement": {"hosts": ["box"]},

@@ -421,6 +421,7 @@ def test_a_point_on_an_unreachable_ssh_host_leaves_no_run_dir_and_reruns_once_fi
     base = tmp_path / "base.yaml"
     base.write_text(yaml.safe_dump({
         "name": "b", "engine": "emulator", "model": "m", "placement": {"hosts": ["box"]},
+        "tokenizer": str(REPO / "recipes/data/tokenizer"),
         "hosts": {"box": {"kind": "ssh", "address": "127.0.0.1", "port": sshd["port"], "user": sshd["user"],
                           "key": sshd["key"], "workdir": str(tmp_path / "remote"), "python": "echo"}},
         "arms": {"off": {"env": {"VATTN": "0"}}, "on": {"env": {"VATTN": "1"}}},

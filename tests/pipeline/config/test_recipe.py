@@ -31,7 +31,8 @@ def test_every_shipped_recipe_validates(path):
 
 def test_bare_yaml_off_on_keys_are_arm_names(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text(f"name: t\nmodel: m\narms:\n  off: {{env: {{VATTN: '0'}}}}\n  on: {{env: {{VATTN: '1'}}}}\n"
+    path.write_text(f"name: t\nmodel: m\ntokenizer: {REPO / 'recipes/data/tokenizer'}\n"
+                    f"arms:\n  off: {{env: {{VATTN: '0'}}}}\n  on: {{env: {{VATTN: '1'}}}}\n"
                     f"load: {{trace: {TRACE}, benchmark_duration_s: 10, timeout_s: 120}}\n")
     assert sorted(load_recipe(path).arms) == ["off", "on"]
 
@@ -277,6 +278,8 @@ def test_emulator_flags_for_an_ssh_host_are_read_there(write_recipe):
 
 def test_an_ssh_key_under_home_is_expanded_as_ssh_would(write_recipe, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh/id_ed25519").write_text("a key\n")  # a key is read when the recipe is: it must be there
     path = write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2", "key": "~/.ssh/id_ed25519"}},
                         placement={"hosts": ["node"]})
     assert load_recipe(path).hosts["node"].key == str(tmp_path / ".ssh/id_ed25519")
@@ -286,3 +289,101 @@ def test_an_emulator_on_an_ssh_host_gets_its_tokenizer_from_here_so_it_is_checke
     with pytest.raises(RecipeError, match=r"tokenizer: '.*/tokenizr' has no tokenizer.json; the emulator counts"):
         load_recipe(write_recipe(tokenizer=str(tmp_path / "tokenizr"), placement={"hosts": ["node"]},
                                  hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}))
+
+
+def test_a_recipe_without_a_tokenizer_is_refused_naming_what_it_takes(write_recipe):
+    # every run has a load stage and aiperf counts tokens with the tokenizer: without one the run died mid-way
+    path = write_recipe()
+    path.write_text("\n".join(line for line in path.read_text().splitlines() if not line.startswith("tokenizer:")))
+    with pytest.raises(RecipeError, match=r"invalid recipe\ntokenizer: Field required: a HF tokenizer directory "
+                                          r"\(with tokenizer.json; .*\) or a hub id"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize("field, match", [
+    ({"tokenizer": 5}, r"\ntokenizer: Input should be a valid string \(found 5\)$"),
+    ({"tokenizer": ["a"]}, r"\ntokenizer: Input should be a valid string \(found \['a'\]\)$"),
+    ({"accuracy": {"tasks": 5}}, r"\naccuracy.tasks: Input should be a valid list \(found 5\)$"),
+    ({"accuracy": {"tasks": [{"name": "gsm8k", "data": 7}]}}, r"\naccuracy.tasks.0.data: Input is not a valid path"),
+    ({"load": {"trace": ["t"], "benchmark_duration_s": 10, "timeout_s": 120}}, r"\nload.trace: Input is not a "
+                                                                                  r"valid path .* \(found \['t'\]\)"),
+])
+def test_a_path_field_of_the_wrong_type_is_a_field_error(write_recipe, field, match):
+    # the paths are made absolute before the model sees them; a value that is no path must reach the model as it is
+    with pytest.raises(RecipeError, match=match):
+        load_recipe(write_recipe(**field))
+
+
+def test_emulator_files_named_in_flags_resolve_against_the_recipe_folder(write_recipe, tmp_path, monkeypatch):
+    """As the recipe's other paths do (README), whatever the cwd: --config, a model preset and a hardware profile
+    given as files, in a mapping and in an argv list."""
+    (tmp_path / "emucfg.yaml").write_text("max_running_requests: 4\n")
+    (tmp_path / "mp.yaml").write_text((REPO / "configs/models/qwen3.5-397b-a17b-tp2.yaml").read_text())
+    (tmp_path / "hw.yaml").write_text((REPO / "configs/hardware/h200.yaml").read_text())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    r = load_recipe(write_recipe(server={"args": {"config": "emucfg.yaml", "model_preset": "mp.yaml",
+                                                  "hardware": "hw.yaml", "max_running_requests": 8}}))
+    assert r.server.args == {"config": str(tmp_path / "emucfg.yaml"), "model_preset": str(tmp_path / "mp.yaml"),
+                             "hardware": str(tmp_path / "hw.yaml"), "max_running_requests": 8}
+    r = load_recipe(write_recipe(server={"args": ["--config=emucfg.yaml", "--model-preset", "mp.yaml",
+                                                  "--hardware", "h200"]}))
+    assert r.server.args == [f"--config={tmp_path / 'emucfg.yaml'}", "--model-preset", str(tmp_path / "mp.yaml"),
+                             "--hardware", "h200"]  # a name in configs/ stays a name
+    # on an SSH host the server reads them there: a relative path is the remote machine's
+    r = load_recipe(write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2"}}, placement={"hosts": ["node"]},
+                                 server={"args": {"config": "emucfg.yaml"}}))
+    assert r.server.args == {"config": "emucfg.yaml"}
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"draft_tokens": 2}, r"invalid recipe\nserver.args: accept_probs: 3 values \[0.92, 0.87, 0.83\] for "
+                          r"draft_tokens=2; those come from model preset qwen3.5-397b-a17b-tp2: set accept_probs "
+                          r"beside draft_tokens, one probability per draft token, e.g. accept_probs: \[0.92, 0.87\]$"),
+    ({"draft_tokens": 0, "accept_probs": []}, r"invalid recipe\nserver.args: accept_probs: an empty list; a list "
+                                              r"gives a flag's values: give at least one, or null to leave the flag "
+                                              r"out$"),
+    (["--max-running-requests"], r"invalid recipe\nserver.args: --max-running-requests: expected a value$"),
+    (["--draft-tokens", "0", "--accept-probs"], r"invalid recipe\nserver.args: --accept-probs: expected at least one "
+                                                r"value$"),
+])
+def test_emulator_flags_without_their_values_are_one_line(write_recipe, args, match):
+    # argparse printed its usage and exited 2, naming no file or field; a count of draft tokens the preset's
+    # probabilities do not fit named neither the preset nor the fix
+    with pytest.raises(RecipeError, match=match):
+        load_recipe(write_recipe(server={"args": args}))
+
+
+def test_plain_decode_needs_no_acceptance_probabilities(write_recipe):
+    # with no draft token there is nothing to accept: the preset's probabilities do not apply
+    assert load_recipe(write_recipe(server={"args": {"draft_tokens": 0}})).server.args == {"draft_tokens": 0}
+    r = load_recipe(write_recipe(arms={"off": {"env": {"VATTN": "0"}, "server_args": ["--draft-tokens", "0"]},
+                                       "on": {"env": {"VATTN": "1"}, "server_args": ["--draft-tokens", "0"]}}))
+    assert r.arms["on"].server_args == ["--draft-tokens", "0"]
+
+
+def test_an_ssh_key_that_is_not_there_fails_validate(write_recipe, tmp_path):
+    # not the SSH connection at the run's start, after the plan was shown
+    with pytest.raises(RecipeError, match=r"invalid recipe\nhosts.node: key: no such file '.*/nokey' on this machine; "
+                                          r"allowed: a private key file here, or leave key out for the SSH agent "
+                                          r"and ~/.ssh$"):
+        load_recipe(write_recipe(hosts={"node": {"kind": "ssh", "address": "10.0.0.2", "key": str(tmp_path / "nokey")}},
+                                 placement={"hosts": ["node"]}))
+
+
+def test_a_yaml_syntax_error_points_into_the_file(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: [a\n")
+    with pytest.raises(RecipeError, match=rf"^recipe: {re.escape(str(path))} is not valid YAML: while parsing a flow "
+                                          rf"sequence\n  in \"{re.escape(str(path))}\", line 1, column 7"):
+        load_recipe(path)
+
+
+def test_a_block_of_the_wrong_type_shows_what_was_found(write_recipe):
+    with pytest.raises(RecipeError, match=r"\naccuracy.tasks: Input should be a valid list "
+                                          r"\(found \{'name': 'gsm8k'\}\)$"):
+        load_recipe(write_recipe(accuracy={"tasks": {"name": "gsm8k"}}))
+    # a rule over a whole block still names its fields itself, without the block
+    with pytest.raises(RecipeError, match=r"\nhosts.box: kind ssh needs `address` \(host name or IP\)$"):
+        load_recipe(write_recipe(hosts={"box": {"kind": "ssh"}}, placement={"hosts": ["box"]}))

@@ -162,3 +162,38 @@ def test_plan_of_a_sweep_file_shows_each_point_as_its_run_would(tmp_path):
     assert f"--artifact-dir {tmp_path}/sw/runs/c4/arms/off/aiperf" in c4 and "--concurrency 4 " in c4
     assert f"--artifact-dir {tmp_path}/sw/runs/c8/arms/off/aiperf" in c8 and "--concurrency 8 " in c8
     assert not (tmp_path / "sw").exists()  # a plan launches and writes nothing
+
+
+def test_an_override_of_the_wrong_type_is_a_field_error(tmp_path):
+    # the sweep's paths are made absolute before its points are validated; a value that is no path must get there
+    with pytest.raises(RecipeError, match=r"sweep point 'a': invalid recipe\ntokenizer: Input should be a valid string "
+                                          r"\(found 5\)\naccuracy.tasks: Input should be a valid list \(found 5\)$"):
+        point_recipes(load_sweep(p := _sweep(tmp_path, overrides={"tokenizer": 5, "accuracy": {"tasks": 5}},
+                                             points={"a": {}})), p)
+
+
+def test_a_sweep_file_flag_resolves_against_the_file_that_wrote_it(tmp_path):
+    (tmp_path / "emucfg.yaml").write_text("max_running_requests: 4\n")
+    path = _sweep(tmp_path, points={"a": {"server": {"args": {"config": "emucfg.yaml"}}}})
+    assert point_recipes(load_sweep(path), path)["a"]["server"]["args"]["config"] == str(tmp_path / "emucfg.yaml")
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"overrides": {"load": 5}, "matrix": {"conc": {"c4": {"load": {"concurrency": 4}}}}},
+     r"^overrides.load: expected a mapping \(found 5\); point 'c4' sets load.concurrency, which would replace it "
+     r"unseen$"),
+    ({"overrides": {"server": {"args": 5}}, "points": {"a": {"server": {"args": {"max_running_requests": 4}}}}},
+     r"^overrides.server.args: expected a mapping \(found 5\); point 'a' sets server.args.max_running_requests"),
+    ({"matrix": {"x": {"x1": {"load": 5}}, "y": {"y1": {"load": {"concurrency": 2}}}}},
+     r"^matrix.x.x1.load: expected a mapping \(found 5\); matrix.y.y1 sets load.concurrency"),
+])
+def test_a_value_a_point_would_replace_unseen_is_refused(tmp_path, fields, match):
+    # deep_merge lets a point's mapping replace a scalar whole: the point would run on the base's load, silently
+    path = _sweep(tmp_path, **fields)
+    with pytest.raises(RecipeError, match=match):
+        point_recipes(load_sweep(path), path)
+
+
+def test_a_point_may_fill_in_what_the_overrides_set_to_null(tmp_path):
+    path = _sweep(tmp_path, overrides={"accuracy": None}, points={"a": {"accuracy": {"tasks": []}}})
+    assert point_recipes(load_sweep(path), path)["a"]["accuracy"] == {"tasks": []}
