@@ -66,7 +66,8 @@ class TaskRecords:
 
 
 def arm_accuracy(arm: ArmPaths, task: str, records: TaskRecords | None = None) -> dict[str, Any] | None:
-    """{accuracy, n, questions, repeats, failed} from the per-question file, else from the summary."""
+    """{accuracy, n, questions, repeats, failed} over every record of the per-question file, else from the
+    summary: the table's "all records" column. Its headline is the paired accuracy (paired_comparison)."""
     rows = (records or TaskRecords(task)).rows(arm)  # missing or torn: the summary's numbers below
     if rows:
         # A failed record counts as wrong: the denominator is every question asked (as the summary does).
@@ -95,26 +96,27 @@ def arm_accuracy(arm: ArmPaths, task: str, records: TaskRecords | None = None) -
 
 
 def paired_comparison(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str = "off",
-                      b_label: str = "on") -> tuple[str, list[str]]:
-    """(table cell, discordant-question lines) from pipeline.accuracy.compare, which owns the paired tests."""
+                      b_label: str = "on") -> tuple[str, list[str], dict[str, Any] | None]:
+    """(table cell, discordant-question lines, paired accuracies: TaskComparison.paired_accuracy or None where
+    no test ran) from pipeline.accuracy.compare, which owns the paired tests."""
     try:
         from pipeline.accuracy.compare import compare_records
         from pipeline.accuracy.records import answer_records
     except ImportError:
-        return "paired test not available (pipeline.accuracy.compare missing)", []
+        return "paired test not available (pipeline.accuracy.compare missing)", [], None
     unread = [records.why_none(arm) for arm in (a, b) if records.rows(arm) is None]
     if unread:  # an arm's numbers came from its summary alone: no question can be paired
-        return f"paired test not possible: {'; '.join(unread)}", []
+        return f"paired test not possible: {'; '.join(unread)}", [], None
     try:
         result = compare_records(records.task, *(answer_records(records.rows(arm)) for arm in (a, b)))
     except (KeyError, ValueError, TypeError) as e:  # a malformed record file must not sink the whole report
-        return f"paired test failed: {type(e).__name__}: {e}", []
+        return f"paired test failed: {type(e).__name__}: {e}", [], None
     disc = list(getattr(result.test, "discordant", ()))
     lines = [f"- {d.id}" + (f" (repeat {d.repeat})" if d.repeat is not None else "") +
              f": {_mark(d.off)} -> {_mark(d.on)}" for d in disc[:MAX_DISCORDANT]]
     if len(disc) > MAX_DISCORDANT:
         lines.append(f"- ... and {len(disc) - MAX_DISCORDANT} more")
-    return result.cell(a_label, b_label).replace("|", "/"), lines
+    return result.cell(a_label, b_label).replace("|", "/"), lines, result.paired_accuracy()
 
 
 def identity_lines(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str,
@@ -199,6 +201,31 @@ def _cell(r: dict[str, Any] | None) -> str:
     return f"{r['accuracy'] * 100:.1f}%{strict}"
 
 
+def _paired_cell(p: dict[str, Any] | None, arm: str) -> str:
+    """An arm's accuracy over the paired answers; '-' where nothing could be paired."""
+    if p is None or p[arm] is None:
+        return "-"
+    strict = f" (strict {p['strict_' + arm] * 100:.1f}%)" if p.get("strict_" + arm) is not None else ""
+    return f"{p[arm] * 100:.1f}%{strict}"
+
+
+def _delta_cell(p: dict[str, Any] | None) -> str:
+    if p is None or p["delta"] is None:
+        return "-"
+    ci = f" [{p['ci_low'] * 100:+.1f}, {p['ci_high'] * 100:+.1f}]" if p["ci_low"] is not None else ""
+    spread = " (no question differs)" if p["ci_method"].endswith("no spread") else ""
+    return f"{p['delta'] * 100:+.1f}{ci}{spread}"
+
+
+TABLE_NOTE = ("{a} and {b}: accuracy over the answers both arms gave (the paired test's n; a question that failed in "
+              "either arm, or that one arm never asked, is left out of both). Delta: {b} - {a} over those answers, "
+              "95% CI by Tango's score interval for paired proportions where a question has one answer, else by a "
+              "bootstrap over questions, each with its repeats (accuracy is then the mean over questions of each "
+              "one's mean over its repeats); \"no question differs\": that bootstrap has no spread, which shows no "
+              "more than its n questions can. All records: every record of each arm, a failed one counted wrong "
+              "(as the accuracy stage's summary counts it); n and failed count those records.")
+
+
 def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: str | None,
                 repeats: Sequence[tuple[ArmPaths, ArmPaths, str, str]] = (), *, dummy: bool = False) -> list[str]:
     """The accuracy table, then output identity a vs b and, for each (first run, repeat, names) in
@@ -213,19 +240,21 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         lines += [f"**{EMULATOR_NOTE}**", ""]
     elif dummy:
         lines += [f"**{DUMMY_WEIGHTS_NOTE}**", ""]
-    lines += [f"| task | {a_label} | {b_label} | delta (pp) | n ({a_label} / {b_label}) | failed | paired test |",
-              "|---|---|---|---|---|---|---|"]
+    # The headline columns come from the paired test's own pairs: accuracy over each arm's every record
+    # would score a failed or missing answer as wrong in one arm only and contradict the test beside it.
+    lines += [f"| task | {a_label} | {b_label} | delta (pp) [95% CI] | n ({a_label} / {b_label}) | failed | "
+              f"all records ({a_label} / {b_label}) | paired test |", "|---|---|---|---|---|---|---|---|"]
     discordant: list[str] = []
     identity: list[str] = []
     for t in tasks:
         records = TaskRecords(t)
         ra, rb = arm_accuracy(a, t, records), arm_accuracy(b, t, records)
-        fa, fb = _cell(ra), _cell(rb)
-        dd = f"{(rb['accuracy'] - ra['accuracy']) * 100:+.1f}" if ra and rb else "-"
+        test, disc, p = paired_comparison(records, a, b, a_label, b_label) if ra and rb else ("-", [], None)
+        fa, fb = (_paired_cell(p, arm) if r else "not run" for r, arm in ((ra, "off"), (rb, "on")))
         n = f"{ra['n'] if ra else '-'} / {rb['n'] if rb else '-'}"
         failed = f"{ra['failed'] if ra else '-'} / {rb['failed'] if rb else '-'}"
-        test, disc = paired_comparison(records, a, b, a_label, b_label) if ra and rb else ("-", [])
-        lines.append(f"| {t} | {fa} | {fb} | {dd} | {n} | {failed} | {test} |")
+        lines.append(f"| {t} | {fa} | {fb} | {_delta_cell(p)} | {n} | {failed} | {_cell(ra)} / {_cell(rb)} | "
+                     f"{test} |")
         if disc:
             discordant += ["", f"Discordant questions, {t} ({a_label} -> {b_label}):", *disc]
         pairs = [(a, b, a_label, b_label, "")] + [(*r, ", A/A baseline") for r in repeats]
@@ -234,4 +263,4 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
                 identity += ["", *identity_lines(records, x, y, x_label, y_label, note)]
         identity += ignored_prompt_lines(records, {label: arm for x, y, x_label, y_label, _ in pairs
                                              for label, arm in ((x_label, x), (y_label, y))})
-    return lines + identity + discordant
+    return lines + ["", TABLE_NOTE.format(a=a_label, b=b_label)] + identity + discordant

@@ -108,6 +108,24 @@ def equal_window_row(a_runs: list[ArmRun], b_runs: list[ArmRun], duration_s: flo
             "higher_is_better": True}
 
 
+def unusable_tpot_notes(runs: list[ArmRun]) -> list[str]:
+    """A note per arm run with completed requests whose TPOT is there but is no measurement (inf, 0, negative):
+    analysis.load counts them as having no TPOT, so every table, plot and the verdict leave them out alike."""
+    notes, seen = [], set()
+    for r in runs:
+        if r.name in seen:  # one folder on both sides of a comparison of a run with itself
+            continue
+        seen.add(r.name)
+        f = r.records
+        bad = f.loc[~f["cancelled"] & f["error"].isna() & f["tpot_ms"].notna() & ~f["ok"], "tpot_ms"]
+        if len(bad):
+            values = ", ".join(sorted({f"{v:g}" for v in bad}))
+            notes.append(f"arm run `{r.name}`: {len(bad)} completed request(s) with a TPOT that is not a positive "
+                         f"finite number ({values}) left out of every table, plot and the verdict, as requests with "
+                         "no TPOT are (Load counts them under no TPOT)")
+    return notes
+
+
 def compare(a_runs: list[ArmRun], b_runs: list[ArmRun], a_label: str, b_label: str,
             n_boot: int = stats.N_BOOT, seed: int = stats.SEED, duration_s: float | None = None) -> Comparison:
     import pandas as pd
@@ -126,7 +144,7 @@ def compare(a_runs: list[ArmRun], b_runs: list[ArmRun], a_label: str, b_label: s
     arm_table["floor"] = arm_table["key"].map(arm_floor)
     if not matched.empty:
         matched["floor"] = matched["key"].map(matched_floor)
-    notes = []
+    notes = unusable_tpot_notes([*a_runs, *b_runs])
     if len(a_runs) != len(b_runs):
         notes.append(f"{a_label} ran {len(a_runs)}x and {b_label} {len(b_runs)}x; matched requests use the "
                      f"first {min(len(a_runs), len(b_runs))} run(s) of each")

@@ -79,9 +79,10 @@ def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> l
                  for k in ("step_mean", "step_p50", "step_p90", "decode_step_p50")]
         share = f"{s['attn_share'] * 100:.1f}%" if "attn_share" in s else "n/a"
         lines.append(f"| {label} | {int(s['cycles'])} | {' | '.join(cells)} | {share} |")
+    styles = plots.comparison_styles(((c.a_label, ()), (c.b_label, ())))  # each arm's colour in every plot
     steps = {k: df["step_us"].dropna().to_numpy(float) for k, df in frames.items() if "step_us" in df}
     if steps:
-        p = plots.step_time_distribution(steps, plots_dir / f"{prefix}step_time.png", "us")
+        p = plots.step_time_distribution(steps, plots_dir / f"{prefix}step_time.png", "us", styles)
         lines += ["", f"![Emulator step time per arm]({Path(os.path.relpath(p, out_dir)).as_posix()})"]
     for label, df in frames.items():
         if "measured_attention_us" in df and "attn_us" in df:
@@ -94,7 +95,8 @@ def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> l
                               f"{(err <= 0.2).mean() * 100:.0f}% of cycles (ratio predicted/measured p50 "
                               f"{(both['attn_us'] / both['measured_attention_us']).median():.2f})."]
                 p = plots.predicted_vs_measured(both["attn_us"].to_numpy(), both["measured_attention_us"].to_numpy(),
-                                                plots_dir / f"{prefix}attention_pred_vs_meas_{label.replace(':', '_')}.png")
+                                                plots_dir / f"{prefix}attention_pred_vs_meas_{label.replace(':', '_')}.png",
+                                                styles[label])
                 lines += ["", f"![Predicted vs measured attention, {label}]"
                               f"({Path(os.path.relpath(p, out_dir)).as_posix()})"]
     return lines

@@ -80,8 +80,17 @@ def records_frame(lines: list[dict[str, Any]]) -> "pd.DataFrame":
     for col in METRIC_COLUMNS.values():
         df[col] = pd.to_numeric(df[col], errors="coerce")
     # A cancelled request is also an error in aiperf's export; "ok" means it completed and has a TPOT.
-    df["ok"] = ~df["cancelled"] & df["error"].isna() & df["tpot_ms"].notna()
+    df["ok"] = ~df["cancelled"] & df["error"].isna() & usable_tpot(df["tpot_ms"])
     return df[RECORD_COLUMNS]
+
+
+def usable_tpot(tpot: "pd.Series") -> "pd.Series":
+    """A TPOT that measures something: finite and positive. An inf one passed a notna() test, so the per-arm
+    table and the matched pairs counted its request while the verdict, which takes logs, dropped it: the
+    tables disagreed on n. Such a request counts as having no TPOT, everywhere."""
+    import numpy as np
+
+    return (np.isfinite(tpot) & (tpot > 0)).astype(bool)
 
 
 def root_sessions(conversation_ids) -> "np.ndarray":
@@ -103,8 +112,8 @@ def outcome_counts(df: "pd.DataFrame") -> dict[str, int]:
     """Requests by outcome: completed, cancelled, failed (errors that were not cancellations)."""
     cancelled = int(df["cancelled"].sum())
     failed = int((~df["cancelled"] & df["error"].notna()).sum())
-    # Records with neither error nor TPOT (e.g. one output token) are neither ok nor failed; count them.
-    no_tpot = int((~df["cancelled"] & df["error"].isna() & df["tpot_ms"].isna()).sum())
+    # Records with neither error nor TPOT (e.g. one output token, or an inf TPOT) are neither ok nor failed.
+    no_tpot = int((~df["cancelled"] & df["error"].isna() & ~usable_tpot(df["tpot_ms"])).sum())
     return {"total": len(df), "completed": int(df["ok"].sum()), "cancelled": cancelled,
             "failed": failed, "no_tpot": no_tpot}
 

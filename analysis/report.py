@@ -149,13 +149,16 @@ def make_plots(c: Comparison, plots_dir: Path, prefix: str = "") -> dict[str, Pa
     b_ok = {r.name: r.records[r.records["ok"]] for r in c.b_runs}
     tpot = {c.a_label: np.concatenate([f["tpot_ms"].to_numpy() for f in a_ok.values()]),
             c.b_label: np.concatenate([f["tpot_ms"].to_numpy() for f in b_ok.values()])}
+    sides = [(label, [_series_name(label, r) for r in runs]) for label, runs in ((c.a_label, c.a_runs),
+                                                                                 (c.b_label, c.b_runs))]
+    styles = plots.comparison_styles(sides)  # an arm's colour follows it from plot to plot
     over_time = {_series_name(label, r): r.records[r.records["ok"]]
                  for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)) for r in runs}
     return {
-        "TPOT CDF per arm": plots.tpot_cdf(tpot, plots_dir / f"{prefix}tpot_cdf.png"),
+        "TPOT CDF per arm": plots.tpot_cdf(tpot, plots_dir / f"{prefix}tpot_cdf.png", styles),
         "Matched per-request TPOT delta": plots.delta_histogram(
             c.request_deltas.to_numpy(), plots_dir / f"{prefix}matched_tpot_delta.png", f"{c.b_label} vs {c.a_label}"),
-        "TPOT over time per arm": plots.tpot_over_time(over_time, plots_dir / f"{prefix}tpot_over_time.png"),
+        "TPOT over time per arm": plots.tpot_over_time(over_time, plots_dir / f"{prefix}tpot_over_time.png", styles),
     }
 
 

@@ -119,7 +119,7 @@ def pareto_plot(df: "pd.DataFrame", path: Path, axes: list[str] = (), along: str
     both axes and labelled with its `along` value (its point name without a matrix)."""
     from matplotlib.lines import Line2D
 
-    from analysis.plots import COLORS, _figure, _save
+    from analysis.plots import _figure, _save, arm_style
 
     fig, ax = _figure("Sweep: interactivity vs output throughput per GPU", "output throughput per GPU (tok/s)",
                       "interactivity (tok/s/user)")
@@ -127,7 +127,8 @@ def pareto_plot(df: "pd.DataFrame", path: Path, axes: list[str] = (), along: str
     series = list(dict.fromkeys(s for _, s, _ in lines))
     markers = "os^Dv<>PX*"
     for arm, s, a in lines:
-        color, marker = COLORS[("off", "on").index(arm)], markers[series.index(s) % len(markers)]
+        # off and on in the colours every report plot gives its baseline and candidate (plots.arm_style)
+        color, marker = arm_style(("off", "on").index(arm))["color"], markers[series.index(s) % len(markers)]
         x = a["tput_per_gpu"].to_numpy(float)
         xerr = _err(x, a["tput_per_gpu_lo"], a["tput_per_gpu_hi"])
         for key, style, face in (("inter_p50", "-", color), ("inter_p90", "--", "none")):
@@ -138,7 +139,7 @@ def pareto_plot(df: "pd.DataFrame", path: Path, axes: list[str] = (), along: str
             ax.annotate(str(r[along]) if along else r["point"], (r["tput_per_gpu"], r["inter_p50"]),
                         textcoords="offset points", xytext=(4, 4 if arm == "off" else -10), fontsize=7,
                         color=color)
-    handles = [Line2D([], [], color=COLORS[i], label=arm) for i, arm in enumerate(("off", "on"))]
+    handles = [Line2D([], [], color=arm_style(i)["color"], label=arm) for i, arm in enumerate(("off", "on"))]
     handles += [Line2D([], [], color="gray", ls="-", marker="o", label="at TPOT p50"),
                 Line2D([], [], color="gray", ls="--", marker="o", mfc="none", label="at TPOT p90")]
     if len(series) > 1:

@@ -133,7 +133,8 @@ def test_accuracy_table_and_emulator_label(run):
     md = write_report(run, n_boot=N_BOOT).read_text()
     acc = section(md, "Accuracy")
     assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
-    assert "| gsm8k | 75.0% (strict 75.0%) | 50.0% (strict 50.0%) | -25.0 | 4 / 4 | 0 / 0 | McNemar exact p=1 " \
+    assert "| gsm8k | 75.0% (strict 75.0%) | 50.0% (strict 50.0%) | -25.0 [-69.9, +36.2] | 4 / 4 | 0 / 0 | " \
+           "75.0% (strict 75.0%) / 50.0% (strict 50.0%) | McNemar exact p=1 " \
            "(off-only 1, on-only 0, n=4); strict p=1; outputs differ 1/4 |" in acc
     assert "Discordant questions, gsm8k (off -> on):\n- q1 (repeat 0): right -> wrong" in acc
     # Output x1 became x0: one answer of four differs, at its first (and only) word.
@@ -141,7 +142,8 @@ def test_accuracy_table_and_emulator_label(run):
             "(earliest), 0 (median):\n- q1 (repeat 0): first differs at word 0 of 1 / 1") in acc
     # --arms on off: the discordance is named by the arm it favours, whichever side it is on
     swapped = section(write_report(run, run / "swapped.md", arms=("on", "off"), n_boot=N_BOOT).read_text(), "Accuracy")
-    assert "| gsm8k | 50.0% (strict 50.0%) | 75.0% (strict 75.0%) | +25.0 | 4 / 4 | 0 / 0 | McNemar exact p=1 " \
+    assert "| gsm8k | 50.0% (strict 50.0%) | 75.0% (strict 75.0%) | +25.0 [-36.2, +69.9] | 4 / 4 | 0 / 0 | " \
+           "50.0% (strict 50.0%) / 75.0% (strict 75.0%) | McNemar exact p=1 " \
            "(on-only 0, off-only 1, n=4)" in swapped
     # a torn line or a missing record file leaves the table, with the arm's summary, and names the file
     records = run / "arms" / "on" / "accuracy" / "gsm8k.jsonl"
@@ -149,10 +151,13 @@ def test_accuracy_table_and_emulator_label(run):
         {"accuracy": 0.5, "n_records": 4, "n_questions": 4, "repeats": 1, "n_failed": 0}))
     records.write_text(records.read_text()[:-40])
     torn = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
-    assert f"| 50.0% | -25.0 | 4 / 4 | 0 / 0 | paired test not possible: {records}:4: not valid JSON" in torn
+    # ... and no paired headline or delta: a summary pairs no question
+    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
+            f"{records}:4: not valid JSON") in torn
     records.unlink()
     gone = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
-    assert f"| 50.0% | -25.0 | 4 / 4 | 0 / 0 | paired test not possible: {records} missing |" in gone
+    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
+            f"{records} missing |") in gone
 
 
 def test_kernel_in_the_loop_section_from_cycle_log(run):

@@ -131,3 +131,43 @@ def test_compare_files_reads_jsonl(tmp_path):
     pa.write_text("".join(json.dumps(r) + "\n" for r in off))
     pb.write_text("".join(json.dumps(r) + "\n" for r in on))
     assert compare_files("gpqa_diamond", pa, pb).test == mcnemar(off, on)
+
+
+def test_paired_difference_ci_tango():
+    from pipeline.accuracy.compare import Z_95, paired_difference_ci
+
+    # No discordant pair: the score interval solves n d / (1 - d) = z^2, so +-z^2 / (n + z^2), by hand;
+    # a bootstrap would give [0, 0] here.
+    half = Z_95 ** 2 / (14 + Z_95 ** 2)
+    assert paired_difference_ci(0, 0, 14) == pytest.approx((-half, half), abs=1e-9)
+    assert half == pytest.approx(0.2153, abs=1e-4)
+    # Fagerland, Lydersen & Laake's two examples (off_only, on_only, n); the limits were checked against
+    # Tango's statistic with its constrained MLE found by a grid search (|z| = 1.960 at both ends).
+    assert paired_difference_ci(7, 1, 21) == pytest.approx((-0.5172, -0.0260), abs=1e-4)
+    assert paired_difference_ci(16, 6, 161) == pytest.approx((-0.1240, -0.0054), abs=1e-4)
+    assert paired_difference_ci(6, 16, 161) == pytest.approx((0.0054, 0.1240), abs=1e-4)  # arms swapped
+    assert paired_difference_ci(0, 5, 5)[1] == 1.0 and paired_difference_ci(5, 0, 5)[0] == -1.0
+    with pytest.raises(ValueError, match="need 0 <= off_only \\+ on_only <= n and n > 0, got off_only=3, "
+                                         "on_only=2, n=4"):
+        paired_difference_ci(3, 2, 4)
+
+
+def test_paired_accuracy_is_over_the_tested_pairs():
+    """The headline accuracies and delta come from the test's pairs: a question failed in one arm (qf) or
+    asked in one only (q_off_only) is in neither arm's accuracy, and the CI is around that delta."""
+    from pipeline.accuracy.compare import paired_difference_ci
+
+    off, on = _gsm_arms()
+    for r in (*off, *on):
+        r["correct_strict"] = r["correct"]
+    p = compare_records("gsm8k", off, on).paired_accuracy()
+    assert (p["n"], p["off"], p["on"], p["delta"]) == (12, 4 / 12, 9 / 12, pytest.approx(5 / 12))
+    assert (p["strict_off"], p["strict_on"]) == (4 / 12, 9 / 12)
+    assert p["ci_low"] < p["delta"] < p["ci_high"] and p["ci_method"] == "Tango score"
+    m = mcnemar(off, on)
+    assert (p["ci_low"], p["ci_high"]) == (m.ci_low, m.ci_high) == paired_difference_ci(1, 6, 12)
+    # repeats: the question bootstrap's CI, said to have no spread where no question's mean moved
+    same = [_rec(q, k == 0, repeat=k) for q in "ab" for k in range(2)]
+    g = compare_records("gpqa_diamond", same, same).paired_accuracy()
+    assert (g["n"], g["off"], g["on"], g["delta"], g["ci_low"], g["ci_high"]) == (2, 0.5, 0.5, 0, 0, 0)
+    assert g["ci_method"] == "question bootstrap, no spread" and "strict_off" not in g
