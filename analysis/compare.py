@@ -104,7 +104,7 @@ def equal_window_row(a_runs: list[ArmRun], b_runs: list[ArmRun], duration_s: flo
 
     d = stats.paired_bootstrap(sample(a_runs), sample(b_runs), len(sessions), n_boot, seed)
     return {"key": "throughput_equal_window", "metric": f"Output throughput, equal {w:.0f} s window (tok/s)",
-            "a": d.a, "b": d.b, "delta_pct": d.pct, "lo": d.lo, "hi": d.hi, "sessions": d.sessions,
+            "a": d.a, "b": d.b, "delta_pct": d.pct, "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "why": d.why,
             "higher_is_better": True}
 
 

@@ -80,7 +80,8 @@ def arm_deltas(a: ArmData, b: ArmData, n_boot: int = stats.N_BOOT, seed: int = s
     for spec in ARM_METRICS:
         d = stats.paired_bootstrap(_sample(a, spec, sessions), _sample(b, spec, sessions), len(sessions), n_boot, seed)
         rows.append({"key": spec.key, "metric": spec.label, "a": d.a, "b": d.b, "delta_pct": d.pct,
-                     "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "higher_is_better": spec.higher_is_better})
+                     "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "why": d.why,
+                     "higher_is_better": spec.higher_is_better})
     return pd.DataFrame(rows)
 
 

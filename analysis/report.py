@@ -82,7 +82,7 @@ def load_md(c: Comparison) -> list[str]:
 def arm_table_md(c: Comparison) -> list[str]:
     lines = [f"| metric | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor |", "|---|---|---|---|---|"]
     for r in c.arm_table.itertuples():
-        lines.append(f"| {r.metric} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi)} | "
+        lines.append(f"| {r.metric} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi, r.why)} | "
                      f"{fmt_floor(r.floor, c.aa_source is not None)} |")
     if c.aa_source:
         lines += ["", f"A/A noise floor from: {c.aa_source}. Repeats of an arm are pooled in this table."]
