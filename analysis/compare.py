@@ -71,11 +71,13 @@ def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int,
         ew = pd.DataFrame([equal_window_row([r1], [r2], duration_s, n_boot, seed)])
         for row in pd.concat([arm_deltas(pool([r1]), pool([r2]), n_boot, seed), ew]).itertuples():
             f = stats.noise_floor(stats.Delta(row.a, row.b, row.delta_pct, row.lo, row.hi))
-            arm_floor[row.key] = max(arm_floor.get(row.key, 0.0), f)
+            if np.isfinite(f):  # a row without an A/A CI has no floor ("n/a"), not a floor of 0
+                arm_floor[row.key] = max(arm_floor.get(row.key, 0.0), f)
         md = matched_deltas(match_requests(r1.records, r2.records), n_boot, seed)
         for row in md.itertuples():
             f = stats.noise_floor(stats.Delta(row.a, row.b, row.delta_pct, row.lo, row.hi))
-            matched_floor[row.key] = max(matched_floor.get(row.key, 0.0), f)
+            if np.isfinite(f):
+                matched_floor[row.key] = max(matched_floor.get(row.key, 0.0), f)
     return arm_floor, matched_floor, (", ".join(used) or None)
 
 
@@ -104,7 +106,7 @@ def equal_window_row(a_runs: list[ArmRun], b_runs: list[ArmRun], duration_s: flo
 
     d = stats.paired_bootstrap(sample(a_runs), sample(b_runs), len(sessions), n_boot, seed)
     return {"key": "throughput_equal_window", "metric": f"Output throughput, equal {w:.0f} s window (tok/s)",
-            "a": d.a, "b": d.b, "delta_pct": d.pct, "lo": d.lo, "hi": d.hi, "sessions": d.sessions,
+            "a": d.a, "b": d.b, "delta_pct": d.pct, "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "why": d.why,
             "higher_is_better": True}
 
 

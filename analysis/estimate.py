@@ -10,11 +10,14 @@ Candidates (all written for bootstrap weights, like analysis.stats): the median,
 Hodges-Lehmann estimate (median of pairwise averages), and the plain mean of r (not robust; kept as
 a control). PRIMARY names the one chosen on recorded runs (BENCHMARKS.md, "Verdict calibration").
 
-CI = centre +- t x its bootstrap standard error (small_sample_factor says why t; `estimate` why the
-standard error is read from the replicates' 16-84% range). The bootstrap resamples
-whole sessions (analysis.stats); when an arm pair ran more than once (ABBA: off/on and off.2/on.2), each
-replicate first draws launches with replacement, then sessions within each, so the CI carries
-launch-to-launch variance as well as request noise.
+CI = centre +- t x its standard error (small_sample_factor says why t; `estimate` why the
+standard error is read from the replicates' 16-84% range). The bootstrap resamples whole sessions
+(analysis.stats). When an arm pair ran more than once (ABBA: off/on and off.2/on.2), every launch replays
+the same sessions, so a replicate draws sessions once and gives a session the same weight in every launch
+(a session's own difficulty is shared by the launches); the launch-to-launch drift, which no session
+draw can see, comes from the spread of the per-launch centres with the unbiased divisor L - 1, and the
+two combine with Welch-Satterthwaite degrees of freedom (launch_variance says how). The CI then covers
+what another set of launches of the same sessions would give, not only these launches.
 """
 from __future__ import annotations
 
@@ -93,20 +96,28 @@ def log_ratios(pairs: "pd.DataFrame", col: str = "tpot_ms") -> "pd.DataFrame":
                          "r": np.log(b[keep] / a[keep])})
 
 
-def launch_session_weights(launch: np.ndarray, session: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """[n_boot, n] bootstrap multiplicity of each row: launches drawn with replacement (when more than
-    one), then sessions drawn with replacement within each launch."""
+def session_weights(session: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """[n_boot, n] bootstrap multiplicity of each row: sessions drawn with replacement, one draw for all
+    launches (launches replay the same sessions, so a session id names one conversation in each)."""
     rng = np.random.default_rng(seed)
-    launches, li = np.unique(launch.astype(str), return_inverse=True)
-    w = np.zeros((n_boot, len(session)))
-    lw = (rng.multinomial(len(launches), np.full(len(launches), 1 / len(launches)), size=n_boot)
-          if len(launches) > 1 else np.ones((n_boot, 1)))
-    for k in range(len(launches)):
-        rows = li == k
-        sess, si = np.unique(session[rows].astype(str), return_inverse=True)
-        draws = rng.multinomial(len(sess), np.full(len(sess), 1 / len(sess)), size=n_boot)
-        w[:, rows] = draws[:, si] * lw[:, k:k + 1]
-    return w
+    sess, si = np.unique(session.astype(str), return_inverse=True)
+    return rng.multinomial(len(sess), np.full(len(sess), 1 / len(sess)), size=n_boot)[:, si]
+
+
+def t975(df: float) -> float:
+    """Student's t 97.5% quantile at fractional df (Welch-Satterthwaite), linear between the table's whole
+    dfs: t is convex in df, so this errs wide."""
+    df = max(float(df), 1.0)
+    if df >= len(T975) - 1:
+        return float(Z95 + (Z95 ** 3 + Z95) / (4 * df))
+    lo = int(df)
+    return float(T975[lo] + (T975[lo + 1] - T975[lo]) * (df - lo))
+
+
+def _se(reps: np.ndarray) -> np.ndarray:
+    """Half the 16-84% range per column (`estimate` says why not the SD)."""
+    lo16, hi84 = np.nanpercentile(reps, [15.87, 84.13], axis=0)
+    return (hi84 - lo16) / 2
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,9 @@ class Estimate:
     n: int            # matched pairs
     sessions: int
     launches: int
-    se_launch: float = 0.0   # the assumed launch drift inside se_log (one launch pair), which no window shrinks
+    se_launch: float = 0.0   # the launch drift inside se_log (assumed for one launch pair), which no window shrinks
+    k: float = float("nan")  # CI half-width / se_log: t x sqrt(G / (G - 1)) (one launch pair) or Welch's t (several)
+    launch_pcts: tuple = ()  # per-launch centres, percent, when launches repeat
 
     def excludes_zero(self) -> bool:
         return bool(self.lo > 0 or self.hi < 0)
@@ -131,7 +144,13 @@ class Estimate:
     def mde_log(self) -> float:
         """Smallest true effect (log units) this noise would detect 80% of the time at the 5% level: the
         CI's half-width multiplier plus the normal's 80% quantile, times the standard error."""
-        return float((small_sample_factor(self.sessions) + Z80) * self.se_log)
+        k = self.k if np.isfinite(self.k) else small_sample_factor(self.sessions)
+        return float((k + Z80) * self.se_log)
+
+    def launches_disagree(self) -> bool:
+        """More than half the variance is the launches' spread beyond what request noise explains: the CI is
+        then set by a handful of launches, and is wide for that reason."""
+        return bool(self.launches > 1 and self.se_launch ** 2 > 0.5 * self.se_log ** 2)
 
     def mde_pct(self) -> float:
         return float(np.expm1(self.mde_log()) * 100)
@@ -143,8 +162,9 @@ def _pct(x):
 
 def estimate(lr: "pd.DataFrame", name: str = PRIMARY, n_boot: int = stats.N_BOOT, seed: int = stats.SEED,
              level: float = 95.0, launch_sd: float = LAUNCH_SD_LOG) -> Estimate:
-    """One estimator's centre and session(-and-launch) bootstrap CI from a log_ratios frame; with a
-    single launch pair, 2 x launch_sd^2 joins the variance (LAUNCH_SD_LOG says why)."""
+    """One estimator's centre and session bootstrap CI from a log_ratios frame; with a single launch pair,
+    2 x launch_sd^2 joins the variance (LAUNCH_SD_LOG says why), with several the launches' own spread does
+    (launch_variance)."""
     stat = ESTIMATORS[name]
     lr = lr.sort_values("r", kind="stable")
     if name == "hodges_lehmann" and len(lr) > HL_MAX_PAIRS:
@@ -156,18 +176,52 @@ def estimate(lr: "pd.DataFrame", name: str = PRIMARY, n_boot: int = stats.N_BOOT
     centre = float(stat(v, np.ones((1, len(v))))[0])
     if n_sess < stats.MIN_SESSIONS:
         return Estimate(name, float(_pct(centre)), np.nan, np.nan, np.nan, len(v), n_sess, n_launch)
-    w = launch_session_weights(launch, sess, n_boot, seed)
+    if level != 95.0:
+        raise ValueError(f"level: {level} is not supported; allowed: 95.0 (the t table is for 95%)")
+    w = session_weights(sess, n_boot, seed)
     reps = np.concatenate([stat(v, w[s:s + stats.CHUNK]) for s in range(0, n_boot, stats.CHUNK)])
     # The standard error from the replicates' central 68% (half the 16-84% range), not their SD: a robust
     # centre jumps in the rare replicate that draws an outlier's session many times, and those few
     # replicates would set an SD; for a normal spread the two agree.
-    lo16, hi84 = np.percentile(reps[np.isfinite(reps)], [15.87, 84.13])
-    se = float(hi84 - lo16) / 2
-    se_launch = float(np.sqrt(2) * launch_sd) if n_launch == 1 else 0.0
-    se = float(np.hypot(se, se_launch))
-    half = small_sample_factor(n_sess, level) * se
+    se = float(_se(reps))
+    if n_launch == 1:
+        se_launch = float(np.sqrt(2) * launch_sd)
+        se = float(np.hypot(se, se_launch))
+        k = small_sample_factor(n_sess, level)
+        launch_pcts: tuple = ()
+    else:
+        var, var_launch, df, centres = launch_variance(v, sess, launch, w, se ** 2, stat)
+        se, se_launch, k = float(np.sqrt(var)), float(np.sqrt(var_launch)), t975(df)
+        launch_pcts = tuple(float(_pct(c)) for c in centres)
+    half = k * se
     return Estimate(name, float(_pct(centre)), float(_pct(centre - half)), float(_pct(centre + half)), se,
-                    len(v), n_sess, n_launch, se_launch)
+                    len(v), n_sess, n_launch, se_launch, k, launch_pcts)
+
+
+def launch_variance(v, sess, launch, w, var_boot: float, stat: stats.Stat):
+    """Several launch pairs -> (variance of the centre, its launch-drift part, Welch-Satterthwaite df,
+    per-launch centres). With per-launch centres c_l = S + d_l + e_l (S: the sessions' shared part, d_l:
+    launch drift, e_l: that launch's own request noise), the pooled centre's variance is
+    Var(S) + Var(d + e) / L. The joint session bootstrap measures Var(S) + Var(e) / L (var_boot) and, from
+    the replicates' per-launch centres, Var(e) / L alone (v_e); the launches' spread s^2 / L (divisor
+    L - 1) measures Var(d + e) / L with L - 1 df. So: V = max(0, var_boot - v_e) [G - 1 df] + max(s^2 / L,
+    v_e) [L - 1 df]. Flooring the launch term at v_e, its known noise part, keeps two launches that agree
+    by chance from reading as no drift: without it, two launches under 1% drift alarmed 9% of the time at
+    a nominal 5% (BENCHMARKS.md, "Verdict calibration"; tests/analysis/test_estimate.py)."""
+    ids = sorted(set(map(str, launch)))
+    lab = launch.astype(str)
+    g, n_l = len(set(map(str, sess))), len(ids)
+    infl = g / (g - 1)   # the bootstrap's plug-in divisor G understates a variance by (G - 1) / G
+    centres = np.array([stat(v[lab == i], np.ones((1, int((lab == i).sum()))))[0] for i in ids])
+    per = np.stack([np.concatenate([stat(v[lab == i], w[s:s + stats.CHUNK][:, lab == i])
+                                    for s in range(0, len(w), stats.CHUNK)]) for i in ids], axis=1)
+    dev = per - np.nanmean(per, axis=1, keepdims=True)
+    v_e = float(np.sum(_se(dev) ** 2)) / (n_l * (n_l - 1)) * infl
+    v_s = max(0.0, var_boot * infl - v_e)
+    v_l = max(float(np.var(centres, ddof=1)) / n_l, v_e)
+    var = v_s + v_l
+    df = var ** 2 / (v_s ** 2 / (g - 1) + v_l ** 2 / (n_l - 1))
+    return var, v_l - v_e, df, centres
 
 
 def small_sample_factor(n_sessions: int, level: float = 95.0) -> float:
@@ -199,9 +253,10 @@ def compare_estimators(lr: "pd.DataFrame", n_boot: int = stats.N_BOOT, seed: int
 def window_for_effect(window_s: float, e: Estimate, target_pct: float) -> float:
     """Window length that would detect `target_pct` at this noise: the requests' part of the standard error
     narrows as 1/sqrt(matched requests), and matched requests grow in proportion to the window (same load, same
-    sessions); the launch drift (se_launch) stays. inf where the drift alone is too large for `target_pct`: then
-    only repeated arms (ABBA) can show it."""
-    k = small_sample_factor(e.sessions) + Z80
+    sessions); the launch drift (se_launch: assumed for one launch pair, measured over repeated ones) stays.
+    inf where the drift alone is too large for `target_pct`: then only more launch pairs can show it. With
+    repeated launches the CI's multiplier (Welch's t) is held at this run's, though it would change too."""
+    k = (e.k if np.isfinite(e.k) else small_sample_factor(e.sessions)) + Z80
     if not (np.isfinite(e.se_log) and target_pct > 0):
         return float("nan")
     se_requests_sq = e.se_log ** 2 - e.se_launch ** 2

@@ -16,11 +16,12 @@ def fmt(v: float) -> str:
     return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
-def fmt_delta(pct: float, lo: float, hi: float) -> str:
+def fmt_delta(pct: float, lo: float, hi: float, why: str | None = None) -> str:
+    """why: the reason a delta has no CI (stats.Delta.why); without one, too few sessions."""
     if not np.isfinite(pct):
         return "n/a"
     if not (np.isfinite(lo) and np.isfinite(hi)):
-        return f"{pct:+.1f}% [no CI: < {stats.MIN_SESSIONS} sessions]"
+        return f"{pct:+.1f}% [no CI: {why or f'< {stats.MIN_SESSIONS} sessions'}]"
     if hi - lo <= 1e-9 * max(1.0, abs(pct)):
         # Every resample gave the same delta: each session did the same work in both arms (a rate over the same
         # completed requests), so the delta is the windows' ratio and a CI of no width would read as certainty.

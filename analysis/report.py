@@ -33,7 +33,9 @@ _METRIC_DEFINITIONS = (
     "Interactivity is tokens per second per user, defined as 1000 / TPOT[ms]; \"at TPOT p50\" uses the "
     "median TPOT and \"at TPOT p90\" the 90th-percentile (slow-tail) TPOT. Output throughput is output "
     "tokens of completed requests divided by the measured window (aiperf's profiling phase, to its last "
-    "request's end), summed over repeats. Output throughput over an equal window counts the output tokens each arm run emitted in the "
+    "request's end), summed over repeats; it has no CI, because one request's end sets that window and a session "
+    "bootstrap would hold it fixed. Output throughput over an equal window counts the output tokens each arm "
+    "run emitted in the "
     "same W seconds from its profiling start (W: the recipe's duration, at most the shortest window; a "
     "request's first token at its TTFT, the rest spread evenly to its end), so an arm whose last requests "
     "spill into the grace period is not measured over a longer window. Percentiles interpolate linearly between order statistics.")
@@ -82,7 +84,7 @@ def load_md(c: Comparison) -> list[str]:
 def arm_table_md(c: Comparison) -> list[str]:
     lines = [f"| metric | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor |", "|---|---|---|---|---|"]
     for r in c.arm_table.itertuples():
-        lines.append(f"| {r.metric} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi)} | "
+        lines.append(f"| {r.metric} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi, r.why)} | "
                      f"{fmt_floor(r.floor, c.aa_source is not None)} |")
     if c.aa_source:
         lines += ["", f"A/A noise floor from: {c.aa_source}. Repeats of an arm are pooled in this table."]

@@ -25,8 +25,13 @@ N_BOOT = 2000
 SEED = 20240917          # fixed: the same run dir gives the same CIs every time
 CHUNK = 256              # replicates per block, to bound memory at [CHUNK, n_requests]
 # Below this many sessions a session bootstrap has too few distinct resamples to mean anything
-# (2 sessions give 3 distinct draws); the report then says "no CI" rather than a confident range.
+# (2 sessions give 3 distinct draws); the report then says "no CI" rather than a confident range. Counted per
+# arm: an arm's statistic varies only with its own sessions, and the other arm's do not make up for them.
 MIN_SESSIONS = 5
+# A replicate whose delta is undefined (an arm drew none of its sessions, or its statistic was 0) cannot just be
+# dropped: the CI would then describe only the draws that happened to work. With MIN_SESSIONS sessions in an arm,
+# missing all of them happens in about e^-5 = 0.7% of replicates; past this share the report gives no CI.
+MAX_UNDEFINED_SHARE = 0.01
 
 # A statistic maps (values [n], weights [b, n]) -> [b]; values are pre-sorted where it matters.
 Stat = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -107,7 +112,8 @@ class Delta:
     pct: float          # (b - a) / a, percent
     lo: float           # 95% CI of pct; NaN when fewer than MIN_SESSIONS sessions
     hi: float
-    sessions: int = 0   # distinct sessions behind the estimate
+    sessions: int = 0   # distinct sessions behind the estimate (the smaller arm's count)
+    why: str = ""       # why there is no CI, when lo and hi are NaN
 
     def excludes_zero(self) -> bool:
         return bool(self.lo > 0 or self.hi < 0)
@@ -119,18 +125,21 @@ def paired_bootstrap(a: Sample, b: Sample, n_sessions: int, n_boot: int = N_BOOT
     pa = float(a.stat(a.values, np.ones((1, len(a.values))))[0])
     pb = float(b.stat(b.values, np.ones((1, len(b.values))))[0])
     pct = float(delta_pct(np.float64(pa), np.float64(pb)))
-    present = len(np.union1d(a.sessions, b.sessions))
+    nan = float("nan")
+    present = min(len(np.unique(a.sessions)), len(np.unique(b.sessions)))
     if present < MIN_SESSIONS:
-        return Delta(pa, pb, pct, float("nan"), float("nan"), present)
+        return Delta(pa, pb, pct, nan, nan, present, f"< {MIN_SESSIONS} sessions")
     draws = session_draws(n_sessions, n_boot, seed)
     reps = []
     for s in range(0, n_boot, CHUNK):
         c = draws[s:s + CHUNK]
         reps.append(delta_pct(a.stat(a.values, c[:, a.sessions]), b.stat(b.values, c[:, b.sessions])))
     d = np.concatenate(reps)
-    d = d[np.isfinite(d)]
+    undefined = float(np.mean(~np.isfinite(d)))
+    if undefined > MAX_UNDEFINED_SHARE:
+        return Delta(pa, pb, pct, nan, nan, present, f"undefined in {undefined:.0%} of resamples")
     tail = (100.0 - level) / 2
-    lo, hi = (np.percentile(d, [tail, 100 - tail]) if len(d) else (np.nan, np.nan))
+    lo, hi = np.percentile(d[np.isfinite(d)], [tail, 100 - tail])
     return Delta(pa, pb, pct, float(lo), float(hi), present)
 
 

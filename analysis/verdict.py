@@ -74,6 +74,10 @@ def verdict_line(c: "Comparison") -> str | None:
         return (f"{head}: no conclusion: {e.sessions} session(s), fewer than the {stats.MIN_SESSIONS} a "
                 "session bootstrap needs; run longer or with more sessions.")
     floor = _floor_clause(e, c.primary_floor)
+    if e.launches_disagree():  # the CI is then as wide as a few launches' spread makes it: say where it comes from
+        per = ", ".join(f"{p:+.1f}%" for p in e.launch_pcts)
+        floor += (f"; the launches disagree (per launch pair: {per}), more than their requests' noise explains, "
+                  "so the CI is set by launch-to-launch drift: more launch pairs narrow it, a longer window does not")
     if not e.excludes_zero():
         return (f"{head}: no change detected (the 95% CI includes 0; this run could have seen about "
                 f"{e.mde_pct():.1f}% or more); {floor}.")
@@ -89,9 +93,12 @@ def primary_md(c: "Comparison") -> list[str]:
         return []
     lines = [f"Per-request change of decode time per token, log-ratio log({c.b_label}/{c.a_label}) per matched request, "
              "summarised and shown as (exp(x) - 1); 95% CI: the centre +- t(sessions - 1) x sqrt(sessions / "
-             "(sessions - 1)) x its standard error, the bootstrap resampling sessions (and launches, when arms "
-             "repeat); with one launch of each arm the error adds an assumed launch drift of "
-             f"{est.LAUNCH_SD_LOG * 100:.1f}% a launch in quadrature, which one launch pair cannot measure. "
+             "(sessions - 1)) x its standard error, the bootstrap resampling sessions; with one launch of each arm "
+             f"the error adds an assumed launch drift of {est.LAUNCH_SD_LOG * 100:.1f}% a launch in quadrature, which "
+             "one launch pair cannot measure. When arms repeat, a resample draws sessions once for every launch "
+             "(they replay the same sessions), the spread of the launch pairs' own centres measures the drift, and "
+             "the t takes Welch-Satterthwaite degrees of freedom from both: the CI covers what other launches of "
+             "these sessions would give, and with two launch pairs it is wide when they disagree. "
              f"The verdict uses the **{LABELS[est.PRIMARY]}**, chosen on recorded runs (BENCHMARKS.md, \"Verdict "
              "calibration\"): robust to the few requests that overlapped another session's prefill in one arm.",
              "", "| estimate | delta [95% CI] | CI excludes 0 |", "|---|---|---|"]
@@ -115,7 +122,7 @@ def sensitivity_md(c: "Comparison", target_pct: float | None) -> list[str]:
         return ["Too few sessions for a bootstrap: no detectable-effect figure."]
     mde = e.mde_pct()
     lines = [f"Smallest detectable effect: {mde:.1f}% (a true change this large would give a 95% CI that "
-             f"excludes 0 in 80% of runs like this one: ({est.small_sample_factor(e.sessions):.2f} + 0.84) x the "
+             f"excludes 0 in 80% of runs like this one: ({e.k if np.isfinite(e.k) else est.small_sample_factor(e.sessions):.2f} + 0.84) x the "
              f"bootstrap standard error, {e.se_log * 100:.2f}% in log units, over {e.n} matched requests in a {c.window_s:.0f} s window)."]
     targets = [t for t in (target_pct, 5.0, 2.0) if t]
     for t in dict.fromkeys(targets):
@@ -125,12 +132,15 @@ def sensitivity_md(c: "Comparison", target_pct: float | None) -> list[str]:
             verdict = "this window suffices"
         elif np.isinf(need):
             verdict = (f"no window suffices with one launch of each arm: the assumed launch drift alone "
-                       f"({est.LAUNCH_SD_LOG * 100:.1f}% a launch) is too large; repeat the arms (ABBA)")
+                       f"({est.LAUNCH_SD_LOG * 100:.1f}% a launch) is too large; repeat the arms (ABBA)"
+                       if e.launches == 1 else "no window suffices: the launches' measured drift alone is too "
+                       "large; run more launch pairs")
         else:
             verdict = f"about {need:.0f} s of window ({need / c.window_s:.1f}x this one) at this noise level"
         lines.append(f"- a {t:g}% effect{src}: {verdict}.")
     lines.append("The window estimate assumes the requests' part of the standard error narrows as "
                  "1 / sqrt(matched requests) and that matched requests grow in proportion to the window; the "
-                 "launch-to-launch drift does not shrink with a longer window, so compare with the A/A floor when "
-                 "the recipe repeats an arm.")
+                 "launch-to-launch drift (assumed with one launch pair, measured from the launches' spread when arms "
+                 "repeat) does not shrink with a longer window, so compare with the A/A floor when the recipe "
+                 "repeats an arm.")
     return lines

@@ -54,6 +54,18 @@ def test_ci_collapses_when_every_request_halves():
         assert t.loc[key, ["delta_pct", "lo", "hi"]].tolist() == pytest.approx([-50.0, -50.0, -50.0])
 
 
+def test_own_window_throughput_gets_no_ci():
+    """The own window ends at the last request's end, which a session bootstrap holds fixed: no CI, and the
+    row says where to look instead."""
+    off = frame([record(f"s{i}", 0, 0, tpot=4 + i) for i in range(6)])
+    on = frame([record(f"s{i}", 0, 0, tpot=(4 + i) / 2) for i in range(6)])
+    t = arm_deltas(ArmData(off, 2.0), ArmData(on, 1.0), n_boot=200).set_index("key")
+    assert t.loc["throughput", "delta_pct"] == pytest.approx(100.0)
+    assert np.isnan(t.loc["throughput", "lo"]) and np.isnan(t.loc["throughput", "hi"])
+    assert "equal-window row" in t.loc["throughput", "why"]
+    assert np.isfinite(t.loc["completed", "lo"])
+
+
 def test_match_with_repeated_keys_and_unmatched_requests():
     # c0/0 runs twice in both arms (retry or re-dispatch): the k-th occurrence pairs with the k-th.
     a = frame([record("c0", 0, 0, tpot=10), record("c0", 0, 50, tpot=20), record("c1", 0, 0, tpot=30),

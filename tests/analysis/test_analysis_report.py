@@ -298,6 +298,10 @@ def test_abba_pairs_kth_runs_and_takes_floor_from_both_arms(tmp_path):
     # Pairs off|on and off.2|on.2: mean after / mean before = 0.8 * (1 + 0.99) / (1 + 1.01) -> -20.8%.
     assert row.startswith("| Decode time per token (ms) | 12 | 12.56 | 9.95 | -20.8% [")
     assert "| 12 / 0 |" in row and "no repeat" not in row
+    # The own-window throughput row has no CI (its window ends at one request's end), so no A/A floor either:
+    # "n/a", not a floor of 0 from a missing CI.
+    tput = next(l for l in section(md, "Per-arm metrics").splitlines() if l.startswith("| Output throughput (tok/s)"))
+    assert tput.endswith("[no CI: its window ends at one request's end; see the equal-window row] | n/a |"), tput
 
 
 def test_too_few_sessions_gives_no_ci_and_no_conclusion(tmp_path):

@@ -124,3 +124,28 @@ def test_bootstrap_is_deterministic_and_point_estimate_is_plain():
 def test_noise_floor_is_largest_abs_bound():
     assert stats.noise_floor(stats.Delta(1, 1, 0.5, -2.0, 3.0)) == 3.0
     assert stats.noise_floor(stats.Delta(1, 1, -4.0, -6.5, -1.0)) == 6.5
+
+
+def test_an_arm_with_fewer_than_min_sessions_gets_no_ci():
+    """Ten sessions between the arms, but b has one request in one session: b's median cannot vary as a
+    session bootstrap assumes, and a third of the replicates draw none of b (its median undefined). No CI."""
+    s = [f"s{i}" for i in range(10)]
+    a = stats.make_sample(np.arange(10, 20.0), s, s, stats.quantile_stat(50))
+    b = stats.make_sample([12.0], ["s0"], s, stats.quantile_stat(50))
+    d = stats.paired_bootstrap(a, b, 10, n_boot=200)
+    assert d.pct == pytest.approx((12.0 - 14.5) / 14.5 * 100)
+    assert np.isnan(d.lo) and np.isnan(d.hi) and d.sessions == 1
+    assert d.why == f"< {stats.MIN_SESSIONS} sessions"
+
+
+def test_a_ci_is_not_built_from_the_replicates_that_happened_to_be_defined():
+    """Each arm has 10 sessions, but a's median is 0 in any replicate that draws 6+ of its zero sessions (a
+    delta over 0: undefined); dropping those replicates would give a CI of the lucky draws."""
+    s = [f"s{i}" for i in range(10)]
+    a = stats.make_sample([0.0] * 5 + [1.0] * 5, s, s, stats.quantile_stat(50))
+    b = stats.make_sample([1.0] * 10, s, s, stats.quantile_stat(50))
+    d = stats.paired_bootstrap(a, b, 10, n_boot=400)
+    assert np.isnan(d.lo) and np.isnan(d.hi) and d.sessions == 10
+    assert d.why.startswith("undefined in ") and d.why.endswith("% of resamples"), d.why
+    from analysis.formatting import fmt_delta
+    assert fmt_delta(d.pct, d.lo, d.hi, d.why) == f"{d.pct:+.1f}% [no CI: {d.why}]"
