@@ -39,17 +39,9 @@ def cmd_validate(args) -> int:
     from pipeline.plan import env_diff
 
     if file_kind(read_yaml(Path(args.recipe), "recipe")) == "sweep":
-        from pipeline.accuracy.data import DataError
-        from pipeline.accuracy.stage import check_task_files
-        from pipeline.config.base import RecipeError
-        from pipeline.config.sweep import check_point, load_sweep, point_recipes
+        from pipeline.launch import load_checked_sweep
 
-        points = point_recipes(load_sweep(args.recipe), Path(args.recipe))  # each point validated as a recipe
-        for point, data in points.items():
-            try:
-                check_task_files(check_point(point, data).accuracy)
-            except DataError as e:  # as check_point says a point's other errors
-                raise RecipeError(f"sweep point {point!r}: invalid recipe\n{e}") from None
+        _, points = load_checked_sweep(args.recipe)
         print(f"{args.recipe}: ok (sweep of {len(points)} points: {', '.join(points)})")
         return 0
     recipe = _load(args.recipe)

@@ -34,6 +34,24 @@ def load_checked_recipe(path: str):
     return recipe
 
 
+def load_checked_sweep(sweep_file: str):
+    """(the sweep spec, {point: its expanded recipe}), every point validated as a recipe and its accuracy files
+    checked as load_checked_recipe does: a bad point stops the sweep before its first point runs."""
+    from pipeline.accuracy.data import DataError
+    from pipeline.accuracy.stage import check_task_files
+    from pipeline.config.base import RecipeError
+    from pipeline.config.sweep import check_point, load_sweep, point_recipes
+
+    spec = load_sweep(sweep_file)
+    recipes = point_recipes(spec, Path(sweep_file))
+    for point, data in recipes.items():
+        try:
+            check_task_files(check_point(point, data).accuracy)
+        except DataError as e:  # as check_point says a point's other errors
+            raise RecipeError(f"sweep point {point!r}: invalid recipe\n{e}") from None
+    return spec, recipes
+
+
 def _run_dir_taken(run_dir: Path, why: str) -> SystemExit:
     return SystemExit(f"error: --out: run dir {run_dir} {why}; a run never overwrites or shares another's dir. "
                       f"Use `pipeline run --resume {run_dir}` to finish that run, or another --out")

@@ -29,10 +29,9 @@ def progress(msg: str) -> None:
 
 
 def create_sweep(sweep_file: str, out: str | None) -> Path:
-    from pipeline.config.sweep import load_sweep, point_recipes
+    from pipeline.launch import load_checked_sweep
 
-    spec = load_sweep(sweep_file)
-    recipes = point_recipes(spec, Path(sweep_file))
+    spec, recipes = load_checked_sweep(sweep_file)
     root = Path(out) if out else Path(spec.output_dir) / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     paths = SweepPaths(root)
     if root.exists() and not root.is_dir():
@@ -73,10 +72,9 @@ def replan_sweep(root: Path, sweep_file: str) -> None:
     its new points; an unfinished point whose recipe changed starts a new run, its earlier one kept under
     superseded/. Finished points keep their runs: a file that changes one, or drops a point, is refused (a
     sweep's points must come from one plan), before anything is changed."""
-    from pipeline.config.sweep import load_sweep, point_recipes
+    from pipeline.launch import load_checked_sweep
 
-    spec = load_sweep(sweep_file)
-    recipes = point_recipes(spec, Path(sweep_file))
+    spec, recipes = load_checked_sweep(sweep_file)
     paths = SweepPaths(root)
     doc = read_json(paths.manifest)
     dropped = [p for p in doc["points"] if p not in recipes]

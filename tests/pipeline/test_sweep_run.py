@@ -54,6 +54,22 @@ def test_sweep_errors_name_the_fix(tmp_path):
     assert "give a sweep file (pipeline sweep sweep.yaml) or --resume SWEEP_DIR" in p.stderr
 
 
+def test_a_later_points_unusable_accuracy_file_stops_the_sweep_before_any_point_runs(tmp_path):
+    """As `pipeline validate` of the sweep file says: not after the first points' loads."""
+    (tmp_path / "empty.jsonl").write_text("")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "name": "f", "base": str(REPO / "recipes/quickstart.yaml"), "overrides": {"server": {"port": free_port()}},
+        "matrix": {"conc": {"c1": {"load": {"concurrency": 1}},
+                            "c2": {"load": {"concurrency": 2},
+                                   "accuracy": {"tasks": [{"name": "gsm8k", "data": str(tmp_path / "empty.jsonl")}]}}}}}))
+    out = tmp_path / "s"
+    p = subprocess.run(_pipeline("sweep", str(sweep), "--out", str(out)), cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and "sweep point 'c2': invalid recipe\naccuracy.tasks.0.data" in p.stderr, p.stderr
+    assert not out.exists()
+
+
 RECORDED_RUN = REPO / "tests/analysis/data/quickstart_run"  # a finished quickstart run
 
 
