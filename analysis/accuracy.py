@@ -116,7 +116,7 @@ def paired_comparison(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: s
              f": {_mark(d.off)} -> {_mark(d.on)}" for d in disc[:MAX_DISCORDANT]]
     if len(disc) > MAX_DISCORDANT:
         lines.append(f"- ... and {len(disc) - MAX_DISCORDANT} more")
-    return result.cell(a_label, b_label).replace("|", "/"), lines, result.paired_accuracy()
+    return result.cell(a_label, b_label, with_ci=False).replace("|", "/"), lines, result.paired_accuracy()
 
 
 def identity_lines(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str,
@@ -213,7 +213,7 @@ def _delta_cell(p: dict[str, Any] | None) -> str:
     if p is None or p["delta"] is None:
         return "-"
     ci = f" [{p['ci_low'] * 100:+.1f}, {p['ci_high'] * 100:+.1f}]" if p["ci_low"] is not None else ""
-    spread = " (no question differs)" if p["ci_method"].endswith("no spread") else ""
+    spread = " (no question differs)" if p["ci_method"].startswith("no question differs") else ""
     return f"{p['delta'] * 100:+.1f}{ci}{spread}"
 
 
@@ -221,8 +221,8 @@ TABLE_NOTE = ("{a} and {b}: accuracy over the answers both arms gave (the paired
               "either arm, or that one arm never asked, is left out of both). Delta: {b} - {a} over those answers, "
               "95% CI by Tango's score interval for paired proportions where a question has one answer, else by a "
               "bootstrap over questions, each with its repeats (accuracy is then the mean over questions of each "
-              "one's mean over its repeats); \"no question differs\": that bootstrap has no spread, which shows no "
-              "more than its n questions can. All records: every record of each arm, a failed one counted wrong "
+              "one's mean over its repeats); \"no question differs\": the bound on the share of questions that "
+              "differ that 0 of n allows (Wilson's score limit), where a bootstrap would say [0, 0]. All records: every record of each arm, a failed one counted wrong "
               "(as the accuracy stage's summary counts it); n and failed count those records.")
 
 

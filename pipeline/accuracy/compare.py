@@ -189,6 +189,15 @@ def paired_difference_ci(off_only: int, on_only: int, n: int, z: float = Z_95) -
     return low, high
 
 
+def no_difference_ci(n: int, z: float = Z_95) -> tuple[float, float]:
+    """95% interval of the mean per-question difference when none of n questions differs between the arms.
+    A question's difference (of its means over repeats) lies in [-1, 1], so the mean's size is at most the share of
+    questions that differ at all; 0 of n observed bounds that share by Wilson's score limit z^2 / (n + z^2) (what
+    Tango's interval gives for one answer a question). A bootstrap over questions would say [0, 0] whatever n."""
+    bound = z * z / (n + z * z)
+    return -bound, bound
+
+
 def sign_flip_p(diffs: Sequence[float], *, n_resamples: int = 100_000,
                 seed: int = 0) -> tuple[float, str]:
     """Two-sided paired sign-flip p-value for mean(diffs) = 0, and the method used."""
@@ -238,7 +247,7 @@ def paired_repeats(off: Any, on: Any, *, column: str = "correct", n_resamples: i
     diffs = [b - a for a, b in zip(m_off, m_on)]
     p, method = sign_flip_p(diffs, n_resamples=n_resamples, seed=seed)
     n = len(ids)
-    ci = _bootstrap_ci(diffs, seed) if n else (None, None)
+    ci = (None, None) if not n else _bootstrap_ci(diffs, seed) if any(diffs) else no_difference_ci(n)
     disc = sorted((Discordant(q, None, a, b) for q, a, b in zip(ids, m_off, m_on) if a != b),
                   key=lambda x: -abs(x.on - x.off))
     return RepeatsResult(column, n, sum(m_off) / n if n else None, sum(m_on) / n if n else None,
@@ -287,23 +296,23 @@ class TaskComparison:
             out = {"n": t.n_pairs, "off": t.accuracy_off, "on": t.accuracy_on, "ci_method": "Tango score"}
         else:
             out = {"n": t.n_questions, "off": t.mean_off, "on": t.mean_on,
-                   # no question whose means differ: every resample's mean is 0, whatever n
-                   "ci_method": "question bootstrap" + (", no spread" if t.n_nonzero == 0 else "")}
+                   "ci_method": "question bootstrap" if t.n_nonzero else "no question differs: Wilson bound"}
         out |= {"delta": t.delta, "ci_low": t.ci_low, "ci_high": t.ci_high}
         if self.strict is not None:
             out |= {"strict_off": self.strict.accuracy_off, "strict_on": self.strict.accuracy_on}
         return out
 
-    def cell(self, a_label: str = "off", b_label: str = "on") -> str:
+    def cell(self, a_label: str = "off", b_label: str = "on", *, with_ci: bool = True) -> str:
         """One markdown table cell (no '|'): the test, its p-value, discordance, divergence. The labels name
-        the first and second record sets as the report does (`--arms on off` puts `on` first)."""
+        the first and second record sets as the report does (`--arms on off` puts `on` first). with_ci=False
+        leaves out the repeats' CI, for a table whose delta column shows it."""
         t = self.test
         if isinstance(t, McNemarResult):
             head = (f"McNemar exact p={t.p_value:.3g} ({a_label}-only {t.off_only}, "
                     f"{b_label}-only {t.on_only}, n={t.n_pairs})")
         else:
             ci = (f", 95% CI [{t.ci_low * 100:+.1f}, {t.ci_high * 100:+.1f}] pp"
-                  if t.ci_low is not None else "")
+                  if t.ci_low is not None and with_ci else "")
             head = (f"paired sign-flip p={t.p_value:.3g}{ci}; {len(t.discordant)} of "
                     f"{t.n_questions} questions differ")
         if self.strict is not None:

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from pipeline.accuracy.compare import (RepeatsResult, compare_files, compare_records, mcnemar,
-                                       mcnemar_exact_p, output_divergence, paired_repeats,
+                                       mcnemar_exact_p, no_difference_ci, output_divergence, paired_repeats,
                                        sign_flip_p)
 
 
@@ -155,7 +155,7 @@ def test_paired_difference_ci_tango():
 def test_paired_accuracy_is_over_the_tested_pairs():
     """The headline accuracies and delta come from the test's pairs: a question failed in one arm (qf) or
     asked in one only (q_off_only) is in neither arm's accuracy, and the CI is around that delta."""
-    from pipeline.accuracy.compare import paired_difference_ci
+    from pipeline.accuracy.compare import Z_95, paired_difference_ci
 
     off, on = _gsm_arms()
     for r in (*off, *on):
@@ -166,8 +166,10 @@ def test_paired_accuracy_is_over_the_tested_pairs():
     assert p["ci_low"] < p["delta"] < p["ci_high"] and p["ci_method"] == "Tango score"
     m = mcnemar(off, on)
     assert (p["ci_low"], p["ci_high"]) == (m.ci_low, m.ci_high) == paired_difference_ci(1, 6, 12)
-    # repeats: the question bootstrap's CI, said to have no spread where no question's mean moved
+    # repeats where no question's mean moved: not the bootstrap's [0, 0] but the bound 0 of 2 questions allows
     same = [_rec(q, k == 0, repeat=k) for q in "ab" for k in range(2)]
     g = compare_records("gpqa_diamond", same, same).paired_accuracy()
-    assert (g["n"], g["off"], g["on"], g["delta"], g["ci_low"], g["ci_high"]) == (2, 0.5, 0.5, 0, 0, 0)
-    assert g["ci_method"] == "question bootstrap, no spread" and "strict_off" not in g
+    assert (g["n"], g["off"], g["on"], g["delta"]) == (2, 0.5, 0.5, 0)
+    assert (g["ci_low"], g["ci_high"]) == no_difference_ci(2)
+    assert g["ci_high"] == pytest.approx(paired_difference_ci(0, 0, 2)[1]) == pytest.approx(Z_95 ** 2 / (2 + Z_95 ** 2))
+    assert g["ci_method"] == "no question differs: Wilson bound" and "strict_off" not in g
