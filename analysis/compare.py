@@ -1,8 +1,8 @@
 """One A/B comparison: side a (baseline, "off") against side b ("on"), each one or more arm runs.
 
-Repeats of an arm (ABBA, or `repeats: 2`) are pooled for the per-arm table;
-matched requests pair the k-th run of a with the k-th run of b; the first two
-runs of any side that ran twice give the A/A noise floor.
+Repeats of an arm (ABBA, or `repeats: 2`) are pooled for the per-arm table's rate rows and its all-request
+context values; matched requests pair the k-th run of a with the k-th run of b, and give the per-arm table's
+latency rows as well as the matched table; the first two runs of any side that ran twice give the A/A noise floor.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import numpy as np
 from analysis import estimate as est
 from analysis import stats, window
 from analysis.load import root_sessions
-from analysis.metrics import ArmData, arm_deltas, match_counts, match_requests, matched_deltas, per_request_delta
+from analysis.metrics import (ArmData, arm_deltas, match_counts, match_requests, matched_arm_deltas, matched_deltas,
+                              per_request_delta)
 from analysis.rundir import ArmRun
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ class Comparison:
     b_label: str
     a_runs: list[ArmRun]
     b_runs: list[ArmRun]
-    arm_table: "pd.DataFrame"        # metric | a | b | delta_pct | lo | hi | floor
+    # key | metric | basis | n | a | b | delta_pct | lo | hi | ... | a_all | b_all | floor (arm_rows)
+    arm_table: "pd.DataFrame"
     matched: "pd.DataFrame"          # metric | n | a | b | delta_pct | lo | hi | ... | floor
     match_counts: dict[str, int]
     request_deltas: "pd.Series"      # matched per-request TPOT delta %
@@ -37,6 +39,7 @@ class Comparison:
     candidates: "pd.DataFrame | None" = None     # every estimator on the same pairs, for the report
     primary_floor: float | None = None           # A/A noise floor of the primary estimate
     window_s: float = float("nan")               # the matched runs' measured window (first pair)
+    arm_own: "pd.DataFrame | None" = None        # every arm_table row over each arm's own requests, with CIs
 
 
 def pool(runs: list[ArmRun]) -> ArmData:
@@ -55,11 +58,31 @@ def matched_pairs(a_runs: list[ArmRun], b_runs: list[ArmRun]) -> "pd.DataFrame":
     return pd.concat(parts, ignore_index=True)
 
 
-def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int,
-              duration_s: float | None = None) -> tuple[dict, dict, str | None]:
-    """Noise floor per arm metric and per matched metric from every side that ran twice (max over sides)."""
+def arm_rows(a_runs: list[ArmRun], b_runs: list[ArmRun], n_boot: int, seed: int,
+             duration_s: float | None = None) -> tuple["pd.DataFrame", "pd.DataFrame"]:
+    """(the per-arm table, the same rows over each arm's own requests).
+
+    The table's per-request latency rows (TPOT, interactivity, TTFT, E2E) take a, b, delta and CI over matched
+    requests (basis "matched", n pairs); its rate rows over each arm's own requests (basis "all"). a_all / b_all
+    hold every row's value over each arm's own completed requests, for context: a faster arm sends requests the
+    other never reached (quickstart: 11 late turns, all prefix-cache hits), which move its own percentiles."""
     import pandas as pd
 
+    own = arm_deltas(pool(a_runs), pool(b_runs), n_boot, seed)
+    own = pd.concat([own, pd.DataFrame([equal_window_row(a_runs, b_runs, duration_s, n_boot, seed)])],
+                    ignore_index=True)
+    table = own.assign(basis="all", n=np.nan, a_all=own["a"], b_all=own["b"]).set_index("key")
+    matched = matched_arm_deltas(matched_pairs(a_runs, b_runs), n_boot, seed).set_index("key")
+    cols = ["n", "a", "b", "delta_pct", "lo", "hi", "sessions", "why"]
+    table.loc[matched.index, cols] = matched[cols]
+    table.loc[matched.index, "basis"] = "matched"
+    return table.reset_index(), own
+
+
+def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int,
+              duration_s: float | None = None) -> tuple[dict, dict, str | None]:
+    """Noise floor per arm metric and per matched metric from every side that ran twice (max over sides). An arm
+    row's floor comes from arm_rows of the two runs, so it counts the requests its row counts (matched or all)."""
     arm_floor: dict[str, float] = {}
     matched_floor: dict[str, float] = {}
     used = []
@@ -68,8 +91,7 @@ def aa_floors(sides: list[list[ArmRun]], n_boot: int, seed: int,
             continue
         r1, r2 = runs[0], runs[1]
         used.append(f"{r1.name} vs {r2.name}")
-        ew = pd.DataFrame([equal_window_row([r1], [r2], duration_s, n_boot, seed)])
-        for row in pd.concat([arm_deltas(pool([r1]), pool([r2]), n_boot, seed), ew]).itertuples():
+        for row in arm_rows([r1], [r2], n_boot, seed, duration_s)[0].itertuples():
             f = stats.noise_floor(stats.Delta(row.a, row.b, row.delta_pct, row.lo, row.hi))
             if np.isfinite(f):  # a row without an A/A CI has no floor ("n/a"), not a floor of 0
                 arm_floor[row.key] = max(arm_floor.get(row.key, 0.0), f)
@@ -130,11 +152,7 @@ def unusable_tpot_notes(runs: list[ArmRun]) -> list[str]:
 
 def compare(a_runs: list[ArmRun], b_runs: list[ArmRun], a_label: str, b_label: str,
             n_boot: int = stats.N_BOOT, seed: int = stats.SEED, duration_s: float | None = None) -> Comparison:
-    import pandas as pd
-
-    arm_table = arm_deltas(pool(a_runs), pool(b_runs), n_boot, seed)
-    arm_table = pd.concat([arm_table, pd.DataFrame([equal_window_row(a_runs, b_runs, duration_s, n_boot, seed)])],
-                          ignore_index=True)
+    arm_table, arm_own = arm_rows(a_runs, b_runs, n_boot, seed, duration_s)
     m = matched_pairs(a_runs, b_runs)
     matched = matched_deltas(m, n_boot, seed)
     lr = est.log_ratios(m)
@@ -152,4 +170,4 @@ def compare(a_runs: list[ArmRun], b_runs: list[ArmRun], a_label: str, b_label: s
                      f"first {min(len(a_runs), len(b_runs))} run(s) of each")
     return Comparison(a_label, b_label, a_runs, b_runs, arm_table, matched, match_counts(m),
                       per_request_delta(m), source, notes, primary, candidates,
-                      primary_floor(sides, n_boot, seed), a_runs[0].window_s)
+                      primary_floor(sides, n_boot, seed), a_runs[0].window_s, arm_own)

@@ -43,9 +43,13 @@ class MetricSpec:
     key: str
     label: str
     column: str
-    make_stat: Callable[[ArmData], stats.Stat]
+    make_stat: Callable[[ArmData | None], stats.Stat]   # None for a per-request row over matched requests
     higher_is_better: bool = False
     no_ci: str = ""   # why the row gets no CI, where a session bootstrap would misstate its uncertainty
+    # A per-request latency statistic: compared over matched requests (matched_arm_deltas), since requests only the
+    # faster arm got to send (late turns, prefix-cache hits) move an arm's own percentile without the kernel moving
+    # any request. A rate (False) is compared over each arm's own requests: more requests served is its point.
+    per_request: bool = True
 
 
 ARM_METRICS = [
@@ -63,9 +67,9 @@ ARM_METRICS = [
     # (identical calibration runs moved this row -12.9%, -11.5%, +37.9%). The equal-window row has the CI.
     MetricSpec("throughput", "Output throughput (tok/s)", "osl",
                lambda d: stats.rate_stat(d.window_s), higher_is_better=True,
-               no_ci="its window ends at one request's end; see the equal-window row"),
+               no_ci="its window ends at one request's end; see the equal-window row", per_request=False),
     MetricSpec("completed", "Requests completed (per run)", "one",
-               lambda d: stats.rate_stat(d.n_runs), higher_is_better=True),
+               lambda d: stats.rate_stat(d.n_runs), higher_is_better=True, per_request=False),
 ]
 
 
@@ -77,7 +81,9 @@ def _sample(d: ArmData, spec: MetricSpec, sessions: list) -> stats.Sample:
 
 
 def arm_deltas(a: ArmData, b: ArmData, n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> "pd.DataFrame":
-    """metric | a | b | delta_pct | lo | hi for every ARM_METRICS entry, CIs by paired session bootstrap."""
+    """metric | a | b | delta_pct | lo | hi for every ARM_METRICS entry over each arm's own completed requests,
+    CIs by paired session bootstrap. Where the arms completed different requests, a per-request row's delta
+    compares different requests: matched_arm_deltas gives those rows over the same ones."""
     import pandas as pd
 
     sessions = sorted({*root_sessions(a.ok["conversation_id"]), *root_sessions(b.ok["conversation_id"])}, key=str)
@@ -88,6 +94,34 @@ def arm_deltas(a: ArmData, b: ArmData, n_boot: int = stats.N_BOOT, seed: int = s
             d = stats.Delta(d.a, d.b, d.pct, float("nan"), float("nan"), d.sessions, spec.no_ci)
         rows.append({"key": spec.key, "metric": spec.label, "a": d.a, "b": d.b, "delta_pct": d.pct,
                      "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "why": d.why,
+                     "higher_is_better": spec.higher_is_better})
+    return pd.DataFrame(rows)
+
+
+def matched_arm_deltas(m: "pd.DataFrame", n_boot: int = stats.N_BOOT, seed: int = stats.SEED) -> "pd.DataFrame":
+    """metric | n | a | b | delta_pct | lo | hi for the per-request ARM_METRICS entries over the matched requests of
+    `m` (match_requests, or several stacked: analysis.compare.matched_pairs): each arm's statistic over the same
+    requests. A resample draws sessions and gives a request's two values its session's weight in both arms, so
+    pairs stay together; stacked launch pairs replay the same sessions and share one draw, as the verdict's do."""
+    import pandas as pd
+
+    pairs = m[m["status"] == "matched"]
+    sess = root_sessions(pairs["conversation_id"])
+    sessions = sorted(set(sess), key=str)
+    rows = []
+    for spec in (s for s in ARM_METRICS if s.per_request):
+        xa, xb = pairs[f"{spec.column}_a"].to_numpy(float), pairs[f"{spec.column}_b"].to_numpy(float)
+        keep = np.isfinite(xa) & np.isfinite(xb)
+        stat = spec.make_stat(None)  # a per-request statistic reads no arm-level figure (window, runs)
+        if keep.any():
+            d = stats.paired_bootstrap(stats.make_sample(xa[keep], sess[keep], sessions, stat),
+                                       stats.make_sample(xb[keep], sess[keep], sessions, stat),
+                                       len(sessions), n_boot, seed)
+        else:
+            nan = float("nan")
+            d = stats.Delta(nan, nan, nan, nan, nan, 0, "no request completed in both arms")
+        rows.append({"key": spec.key, "metric": spec.label, "n": int(keep.sum()), "a": d.a, "b": d.b,
+                     "delta_pct": d.pct, "lo": d.lo, "hi": d.hi, "sessions": d.sessions, "why": d.why,
                      "higher_is_better": spec.higher_is_better})
     return pd.DataFrame(rows)
 

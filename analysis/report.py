@@ -61,7 +61,7 @@ def verdict(c: Comparison) -> str:
     line = verdict_md.verdict_line(c)
     if line is not None:
         return line
-    row = c.arm_table[c.arm_table["key"] == "tpot_p50"].iloc[0]
+    row = c.arm_own[c.arm_own["key"] == "tpot_p50"].iloc[0]  # the table's own row has no pair to compare
     head = f"**Verdict:** {c.b_label} vs {c.a_label}: TPOT p50 {fmt_delta(row['delta_pct'], row['lo'], row['hi'])}"
     if not (np.isfinite(row["lo"]) and np.isfinite(row["hi"])):
         return (f"{head}: no conclusion: {row['sessions']} session(s) behind it, fewer than the "
@@ -82,19 +82,30 @@ def load_md(c: Comparison) -> list[str]:
 
 
 def arm_table_md(c: Comparison) -> list[str]:
-    lines = [f"| metric | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor |", "|---|---|---|---|---|"]
+    done_a = sum(r.counts["completed"] for r in c.a_runs)
+    done_b = sum(r.counts["completed"] for r in c.b_runs)
+    lines = [f"| metric | requests | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor | "
+             f"all requests: {c.a_label} / {c.b_label} |", "|---|---|---|---|---|---|---|"]
     for r in c.arm_table.itertuples():
-        lines.append(f"| {r.metric} | {fmt(r.a)} | {fmt(r.b)} | {fmt_delta(r.delta_pct, r.lo, r.hi, r.why)} | "
-                     f"{fmt_floor(r.floor, c.aa_source is not None)} |")
-    if c.aa_source:
-        lines += ["", f"A/A noise floor from: {c.aa_source}. Repeats of an arm are pooled in this table."]
+        counted = f"{int(r.n)} matched" if r.basis == "matched" else f"all ({done_a} / {done_b})"
+        lines.append(f"| {r.metric} | {counted} | {fmt(r.a)} | {fmt(r.b)} | "
+                     f"{fmt_delta(r.delta_pct, r.lo, r.hi, r.why)} | {fmt_floor(r.floor, c.aa_source is not None)} "
+                     f"| {fmt(r.a_all)} / {fmt(r.b_all)} |")
     k = c.match_counts
-    if k["only_a"] or k["only_b"]:
-        # Requests one arm dispatched and the other did not come at the window's end, at low load: fast ones.
-        lines += ["", f"Each column pools its arm's own requests: {k['only_b']} were dispatched in {c.b_label} only "
-                      f"and {k['only_a']} in {c.a_label} only (the faster arm reaches further into each session "
-                      "before the window ends), so these rows compare different sets of requests; the matched "
-                      "requests below compare the same ones."]
+    lines += ["", "Rows on matched requests (TPOT, interactivity, TTFT, E2E latency) give each arm's statistic over "
+                  "the same requests, completed in both arms (as in Matched requests below): their delta, CI and A/A "
+                  "floor are paired by request and resample sessions, as the verdict does. Rows on all requests "
+                  "(throughput, requests completed) count each arm's own requests: serving more of them is what a rate "
+                  "measures. The last column gives every row over each arm's own completed requests, for context, "
+                  "with no CI"
+                  + (f": {k['only_b']} request(s) were dispatched in {c.b_label} only and {k['only_a']} in "
+                     f"{c.a_label} only (the faster arm reaches further into each session before the window ends), "
+                     "so there its latency values compare different requests." if k["only_a"] or k["only_b"] else
+                     "; here both arms dispatched the same requests.")]
+    if c.aa_source:
+        lines += ["", f"A/A noise floor from: {c.aa_source}. Each row's floor counts the requests its row counts "
+                      "(matched between the two runs, or all). Repeats of an arm are pooled in this table; matched "
+                      "requests pair the k-th run of each arm."]
     return lines
 
 

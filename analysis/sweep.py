@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DELTA_KEYS = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput_equal_window")
+# What the CSV's off_ / on_ / d_ columns of a per-request row count, in their names: report.md's per-arm table takes
+# those rows over matched requests (analysis.compare.arm_rows); they were named `d_tpot_p50` etc. when they counted
+# each arm's own requests, and a column that changed meaning under its old name would mislead a reader's old script.
+MATCHED_SUFFIX = "_matched"
+ALL_SUFFIX = "_all"
 
 
 def arm_ci(values: np.ndarray, sessions: np.ndarray, stat: stats.Stat, n_boot: int = stats.N_BOOT,
@@ -65,17 +70,30 @@ def point_rows(point: str, run_dir: Path, gpus: int, labels: dict[str, str], sho
     by_arm = {arm: [r for r in run.arm_runs if r.arm == arm] for arm in ("off", "on")}
     duration = ((run.manifest.get("recipe") or {}).get("load") or {}).get("benchmark_duration_s")
     c = compare(by_arm["off"], by_arm["on"], "off", "on", duration_s=duration)
-    deltas = {}
-    for _, r in c.arm_table.iterrows():
-        if r["key"] in DELTA_KEYS:
-            deltas.update({f"d_{r['key']}": r["delta_pct"], f"d_{r['key']}_lo": r["lo"],
-                           f"d_{r['key']}_hi": r["hi"], f"off_{r['key']}": r["a"], f"on_{r['key']}": r["b"]})
+    deltas = delta_columns(c.arm_table)
     e = c.primary  # the run's verdict: the same statistic, so the sweep never disagrees with a point's report
     if e is not None and e.n:
         deltas.update(d_matched_tpot=e.pct, d_matched_tpot_lo=e.lo, d_matched_tpot_hi=e.hi, matched_n=e.n)
     w = window.equal_window([r.window_s for r in by_arm["off"] + by_arm["on"]], duration)
     base = {"point": point, **labels, "gpus": gpus, "run_dir": shown_as}
     return [{**base, "arm": arm, **_arm_figures(by_arm[arm], gpus, w), **deltas} for arm in ("off", "on")]
+
+
+def delta_columns(arm_table: "pd.DataFrame") -> dict:
+    """The CSV's columns of the per-arm table's DELTA_KEYS rows: `d_<key>`, `_lo`, `_hi` (delta % of on over off,
+    95% CI) and `off_<key>` / `on_<key>` (each arm's value). A row over matched requests names its columns
+    `<key>_matched` and adds each arm's value over its own requests as `off_<key>_all` / `on_<key>_all`; a rate row
+    (over each arm's own requests) keeps its plain name."""
+    out = {}
+    for _, r in arm_table.iterrows():
+        if r["key"] not in DELTA_KEYS:
+            continue
+        name = r["key"] + (MATCHED_SUFFIX if r["basis"] == "matched" else "")
+        out.update({f"d_{name}": r["delta_pct"], f"d_{name}_lo": r["lo"], f"d_{name}_hi": r["hi"],
+                    f"off_{name}": r["a"], f"on_{name}": r["b"]})
+        if r["basis"] == "matched":
+            out.update({f"off_{r['key']}{ALL_SUFFIX}": r["a_all"], f"on_{r['key']}{ALL_SUFFIX}": r["b_all"]})
+    return out
 
 
 def summary_frame(points: list[dict], sweep_dir: Path | None = None) -> tuple["pd.DataFrame", dict[str, str]]:
@@ -166,27 +184,48 @@ def _pair(off, on, key: str) -> str:
     return f"{fmt(off[key])} / {fmt(on[key])}"
 
 
+def _matched(on, key: str) -> str:
+    """off / on over matched requests (delta [CI]): a value and its delta count the same requests."""
+    m = key + MATCHED_SUFFIX
+    return f"{fmt(on.get(f'off_{m}'))} / {fmt(on.get(f'on_{m}'))} ({_delta(on, m)})"
+
+
 def four_point_md(df: "pd.DataFrame") -> list[str]:
-    """The MI355X reference's table shape: one row per point, off / on and the delta with its CI."""
-    lines = ["| point | matched TPOT delta (the verdict) | TPOT p50 ms off / on | interactivity p50 off / on (delta) "
-             "| interactivity p90 off / on (delta) | tok/s/GPU off / on (delta) |",
+    """The MI355X reference's table shape: one row per point, off / on and the delta with its CI. Latency columns
+    count matched requests, as report.md's per-arm table does; throughput each arm's own, over the equal window."""
+    lines = ["| point | matched TPOT delta (the verdict) | TPOT p50 ms off / on, matched (delta) "
+             "| interactivity p50 off / on, matched (delta) | interactivity p90 off / on, matched (delta) "
+             "| tok/s/GPU off / on, all requests (delta) |",
              "|---|---|---|---|---|---|"]
     for point, g in df.groupby("point", sort=False):
         off, on = g[g["arm"] == "off"].iloc[0], g[g["arm"] == "on"].iloc[0]
-        lines.append(f"| {point} | {_delta(on, 'matched_tpot')} | {fmt(on.get('off_tpot_p50'))} / "
-                     f"{fmt(on.get('on_tpot_p50'))} | {_pair(off, on, 'inter_p50')} ({_delta(on, 'inter_p50')}) "
-                     f"| {_pair(off, on, 'inter_p90')} ({_delta(on, 'inter_p90')}) "
+        lines.append(f"| {point} | {_delta(on, 'matched_tpot')} | {_matched(on, 'tpot_p50')} "
+                     f"| {_matched(on, 'inter_p50')} | {_matched(on, 'inter_p90')} "
                      f"| {_pair(off, on, 'tput_per_gpu')} ({_delta(on, 'throughput_equal_window')}) |")
     return lines
 
 
 def deltas_md(df: "pd.DataFrame") -> list[str]:
-    keys = ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "throughput_equal_window")
-    lines = ["| point | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    cols = [k + MATCHED_SUFFIX for k in DELTA_KEYS if k != "throughput_equal_window"] + ["throughput_equal_window"]
+    lines = ["| point | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for point, g in df.groupby("point", sort=False):
         on = g[g["arm"] == "on"].iloc[0]
-        lines.append(f"| {point} | " + " | ".join(_delta(on, k) for k in keys) + " |")
+        lines.append(f"| {point} | " + " | ".join(_delta(on, k) for k in cols) + " |")
     return lines
+
+
+# Under the tables: what their columns and the CSV's count (the CSV's latency columns were renamed when they
+# moved to matched requests; this says so where a reader of the sweep looks).
+COLUMNS_NOTE = (
+    "Latency columns (TPOT, interactivity, TTFT; `*_matched` in the tables and in sweep_summary.csv's "
+    "`off_*` / `on_*` / `d_*` columns) count matched requests, the same request completed in both arms, paired by "
+    "request and resampled by session, as each run's report.md per-arm table: the faster arm also sends requests "
+    "the other never reached (late turns, often prefix-cache hits), which would move its own percentiles. "
+    "`off_<key>_all` / `on_<key>_all` give each arm's value over its own completed requests, with no CI (an older "
+    "sweep_summary.csv has `d_tpot_p50`, `off_tpot_p50` and the like instead: those counted each arm's own "
+    "requests). "
+    "Throughput (`throughput_equal_window`, `tput_per_gpu`) counts each arm's own requests, as do the per-arm "
+    "`inter_p50` / `inter_p90` columns and the Pareto plot: each arm's own operating point.")
 
 
 def md_cell(text: str, limit: int) -> str:
@@ -220,12 +259,13 @@ def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], repor
         return "\n".join(parts + ["", none]) + "\n"
     parts += ["", "## Four-point table (the MI355X reference's shape)", "", *four_point_md(df), "",
               "## Deltas on vs off per point (95% CI, session bootstrap; as in each run's report.md)", "",
-              *deltas_md(df), ""]
+              *deltas_md(df), "", COLUMNS_NOTE, ""]
     if png is not None:
         parts += ["## Interactivity vs output throughput per GPU", "",
                   f"![pareto]({os.path.relpath(png, report_dir)})", "",
                   "Each marker is one point and arm; bars are 95% CIs from resampling whole sessions. "
-                  "Interactivity = 1000 / TPOT[ms] at the TPOT p50 (solid) and p90 (dashed). Throughput per "
+                  "Interactivity = 1000 / TPOT[ms] at the TPOT p50 (solid) and p90 (dashed) of the arm's own "
+                  "completed requests. Throughput per "
                   "GPU = output tokens emitted in the point's equal window (the recipe's duration from the "
                   "profiling start, as report.md's equal-window row) / that window / the point's GPUs per server (the "
                   "status table names each count and what sets it). The matched "

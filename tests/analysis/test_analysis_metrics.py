@@ -9,7 +9,8 @@ import pytest
 from analysis_records import record
 
 from analysis.load import add_match_key, profiling_only, records_frame
-from analysis.metrics import ArmData, arm_deltas, match_counts, match_requests, matched_deltas, percentile, per_request_delta
+from analysis.metrics import (ArmData, arm_deltas, match_counts, match_requests, matched_arm_deltas, matched_deltas,
+                              percentile, per_request_delta)
 
 
 def frame(lines):
@@ -64,6 +65,24 @@ def test_own_window_throughput_gets_no_ci():
     assert np.isnan(t.loc["throughput", "lo"]) and np.isnan(t.loc["throughput", "hi"])
     assert "equal-window row" in t.loc["throughput", "why"]
     assert np.isfinite(t.loc["completed", "lo"])
+
+
+def test_matched_arm_rows_by_hand_leave_out_requests_one_arm_sent():
+    # Six sessions; on 10% faster on each request both completed, plus a fast second turn (a prefix-cache hit) in
+    # every session that only on got to send. Over the matched requests: medians 12.5 -> 11.25, -10%, and every
+    # session resample scales by 0.9, so the CI collapses on -10%. On's own median (1, 1, ..., 9, ..., 13.5) is 5.
+    off = frame([record(f"s{i}", 0, 0, tpot=10 + i, ttft=100) for i in range(6)])
+    on = frame([record(f"s{i}", 0, 0, tpot=0.9 * (10 + i), ttft=90) for i in range(6)]
+               + [record(f"s{i}", 1, 50, tpot=1, ttft=15) for i in range(6)])
+    t = matched_arm_deltas(match_requests(off, on), n_boot=200).set_index("key")
+    assert list(t.index) == ["tpot_p50", "tpot_mean", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50", "e2e_p90"]
+    assert t.loc["tpot_p50", ["n", "a", "b"]].tolist() == pytest.approx([6, 12.5, 11.25])
+    assert t.loc["tpot_p50", ["delta_pct", "lo", "hi"]].tolist() == pytest.approx([-10.0, -10.0, -10.0])
+    assert t.loc["ttft_p50", ["a", "b", "delta_pct"]].tolist() == pytest.approx([100.0, 90.0, -10.0])
+    assert t.loc["inter_p50", "delta_pct"] == pytest.approx(100 / 0.9 - 100)
+    assert t["sessions"].eq(6).all()
+    own = arm_deltas(ArmData(off, 1.0), ArmData(on, 1.0), n_boot=200).set_index("key")
+    assert own.loc["tpot_p50", "b"] == pytest.approx(5.0)                  # (1 + 9) / 2: the extras pull it down
 
 
 def test_match_with_repeated_keys_and_unmatched_requests():

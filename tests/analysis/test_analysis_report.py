@@ -43,7 +43,9 @@ def check_report(md: str, a: str, b: str) -> None:
     assert md.startswith("# A/B report")
     assert "**Verdict:**" in md.splitlines()[2]
     per_arm = section(md, "Per-arm metrics")
-    assert f"| metric | {a} | {b} | delta [95% CI] | A/A noise floor |" in per_arm
+    # latency rows over matched requests, each arm's all-request value beside them for context
+    assert (f"| metric | requests | {a} | {b} | delta [95% CI] | A/A noise floor | all requests: {a} / {b} |"
+            in per_arm)
     for label in ("TPOT p50 (ms)", "TPOT mean (ms)", "TPOT p90 (ms)", "Interactivity at TPOT p50",
                   "Interactivity at TPOT p90", "TTFT p50 (ms)", "E2E latency p90 (ms)", "Output throughput",
                   "Requests completed"):
@@ -301,7 +303,7 @@ def test_abba_pairs_kth_runs_and_takes_floor_from_both_arms(tmp_path):
     # The own-window throughput row has no CI (its window ends at one request's end), so no A/A floor either:
     # "n/a", not a floor of 0 from a missing CI.
     tput = next(l for l in section(md, "Per-arm metrics").splitlines() if l.startswith("| Output throughput (tok/s)"))
-    assert tput.endswith("[no CI: its window ends at one request's end; see the equal-window row] | n/a |"), tput
+    assert "[no CI: its window ends at one request's end; see the equal-window row] | n/a | " in tput, tput
 
 
 def test_too_few_sessions_gives_no_ci_and_no_conclusion(tmp_path):
@@ -311,7 +313,7 @@ def test_too_few_sessions_gives_no_ci_and_no_conclusion(tmp_path):
                                        "on": [record("s0", 0, 0, tpot=8), record("s1", 0, 0, tpot=9)]})
     md = write_report(run, n_boot=N_BOOT).read_text()
     assert "no conclusion: 2 session(s), fewer than the 5" in md.splitlines()[2]
-    assert "| TPOT p50 (ms) | 11.00 | 8.50 | -22.7% [no CI: < 5 sessions] | no repeat |" in md
+    assert "| TPOT p50 (ms) | 2 matched | 11.00 | 8.50 | -22.7% [no CI: < 5 sessions] | no repeat | 11.00 / 8.50 |" in md
 
 
 def test_pipeline_report_command(run):
@@ -500,3 +502,18 @@ def test_server_metrics_zero_in_both_arms_are_named_not_tabled():
     assert "| sglang:num_queue_reqs | gauge (avg) | 0.04 | 0 |" in md  # zero in one arm only: kept
     assert "| sglang:mamba_usage" not in md and "| sglang:swa_usage" not in md
     assert md.endswith("Zero or absent in both arms, left out of the table: sglang:mamba_usage, sglang:swa_usage.")
+
+
+def test_per_arm_latency_rows_pair_matched_requests_and_show_each_arms_own_beside(tmp_path):
+    """The quickstart run with six fast requests only `on` sent (test_analysis_compare.with_fast_extras): its TTFT
+    p50 over its own requests drops to 14016 ms, which the row shows only as context, beside the medians of the 9
+    matched requests (off's own 20569.9 counts a tenth request on never sent)."""
+    from test_analysis_compare import with_fast_extras
+
+    md = write_report(with_fast_extras(tmp_path), n_boot=N_BOOT).read_text()
+    per_arm = section(md, "Per-arm metrics")
+    row = next(x for x in per_arm.splitlines() if x.startswith("| TTFT p50 (ms)"))
+    assert row.startswith("| TTFT p50 (ms) | 9 matched | 16919.0 | 22057.1 | +30.4% [") and \
+        row.endswith(" | no repeat | 20569.9 / 14016.1 |"), row
+    assert "| Requests completed (per run) | all (10 / 15) | 10.00 | 15.00 | +50.0% [" in per_arm
+    assert "6 request(s) were dispatched in on only and 1 in off only" in per_arm

@@ -9,6 +9,7 @@ import pytest
 
 from analysis import stats
 from analysis.compare import compare
+from analysis.formatting import fmt, fmt_delta
 from analysis.load import read_jsonl
 from analysis.rundir import load_run
 from analysis.sweep import arm_ci, four_point_md, pareto_plot, summary_frame, sweep_report_md
@@ -51,7 +52,7 @@ def test_summary_of_a_recorded_run_matches_its_report(tmp_path):
         (c.primary.pct, c.primary.lo, c.primary.n))
     # per GPU: the arm's equal-window throughput halved; interactivity = 1000 / TPOT p50
     assert on["tput_per_gpu"] == pytest.approx(tput["b"] / 2)
-    assert on["inter_p50"] == pytest.approx(c.arm_table.set_index("key").loc["inter_p50", "b"])
+    assert on["inter_p50"] == pytest.approx(c.arm_table.set_index("key").loc["inter_p50", "b_all"])
     for arm in ("off", "on"):
         r = df[df["arm"] == arm].iloc[0]
         assert r["inter_p50_lo"] <= r["inter_p50"] <= r["inter_p50_hi"]
@@ -63,6 +64,27 @@ def test_summary_of_a_recorded_run_matches_its_report(tmp_path):
     assert table[0].startswith("| point | matched TPOT delta") and table[2].startswith("| c8 | ")
     md = sweep_report_md("s", df, {"c8": "done", "c16": "missing"}, tmp_path, png)
     assert "| c16 | missing |" in md and "![pareto](plots/pareto.png)" in md
+
+
+def test_latency_columns_say_they_count_matched_requests(tmp_path):
+    """The CSV's latency deltas now come from matched requests: their columns carry `_matched` (an old
+    `d_tpot_p50` held each arm's own requests, and must not reappear meaning something else), each arm's own value
+    sits in `_all`, the rate column keeps its name, and the sweep report says which is which."""
+    df, _ = summary_frame([{"point": "c8", "run_dir": str(RUN), "gpus": 2}])
+    run = load_run(RUN)
+    c = compare(run.runs_of("off"), run.runs_of("on"), "off", "on",
+                duration_s=run.manifest["recipe"]["load"]["benchmark_duration_s"])
+    t, on = c.arm_table.set_index("key"), df[df["arm"] == "on"].iloc[0]
+    for key in ("tpot_p50", "tpot_p90", "inter_p50", "inter_p90", "ttft_p50"):
+        assert f"d_{key}" not in df.columns and f"off_{key}" not in df.columns
+        assert [on[f"d_{key}_matched"], on[f"d_{key}_matched_lo"], on[f"off_{key}_matched"],
+                on[f"on_{key}_matched"]] == pytest.approx(t.loc[key, ["delta_pct", "lo", "a", "b"]].tolist())
+        assert [on[f"off_{key}_all"], on[f"on_{key}_all"]] == pytest.approx(t.loc[key, ["a_all", "b_all"]].tolist())
+    assert on["d_throughput_equal_window"] == pytest.approx(t.loc["throughput_equal_window", "delta_pct"])
+    md = sweep_report_md("s", df, {"c8": "done"}, tmp_path, None)
+    assert "| ttft_p50_matched |" in md and "`off_<key>_all` / `on_<key>_all` give each arm's value" in md
+    assert f"| c8 | {fmt_delta(on['d_matched_tpot'], on['d_matched_tpot_lo'], on['d_matched_tpot_hi'])} | " \
+           f"{fmt(t.loc['tpot_p50', 'a'])} / {fmt(t.loc['tpot_p50', 'b'])} (" in md
 
 
 def test_a_run_that_cannot_be_analysed_is_left_out_with_its_reason(tmp_path):

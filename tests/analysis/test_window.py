@@ -53,7 +53,8 @@ def test_grace_period_spill_alone_changes_no_equal_window_throughput(tmp_path):
     assert "| 14.92 | 14.06 | -5.8% [" in old       # (1608 + 238) / 123.72 vs (1608 + 500) / 149.92
     row = next(x for x in md.splitlines() if x.startswith("| Output throughput, equal 120 s window"))
     # 8 x 201 tokens + 1 + (120 - 100.02) / 0.1 = 1608 + 200.8 tokens in 120 s, in both arms.
-    assert row.startswith("| Output throughput, equal 120 s window (tok/s) | 15.07 | 15.07 | +0.0% [no spread]")
+    assert row.startswith("| Output throughput, equal 120 s window (tok/s) | all (9 / 9) | 15.07 | 15.07 | "
+                          "+0.0% [no spread]")
 
 
 def test_a_rate_over_the_same_requests_shows_no_spread_where_per_request_times_keep_their_ci(tmp_path):
@@ -65,7 +66,7 @@ def test_a_rate_over_the_same_requests_shows_no_spread_where_per_request_times_k
     run = make_run(tmp_path / "same", {"off": off, "on": on})
     md = write_report(run, n_boot=200).read_text()
     row = next(x for x in md.splitlines() if x.startswith("| Output throughput (tok/s)"))
-    a, b, delta = row.split(" | ")[1:4]
+    a, b, delta = row.split(" | ")[2:5]   # after the metric and the requests it counts
     # This own-window row now has no CI at all (its window ends at one request's end: analysis.metrics), which
     # is stricter than "no spread"; the equal-window row above still prints "no spread".
     assert delta == f"{(float(b) / float(a) - 1) * 100:+.1f}% [no CI: its window ends at one request's end; see " \
