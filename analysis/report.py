@@ -113,8 +113,8 @@ def matched_md(c: Comparison) -> list[str]:
     k = c.match_counts
     lines = [f"Matched on (conversation_id, turn_index, k-th occurrence): {k['matched']} pairs completed by both; "
              f"dispatched in one arm only: {k['only_a']} ({c.a_label}) / {k['only_b']} ({c.b_label}); "
-             f"failed in {c.a_label} only {k['failed_a']}, in {c.b_label} only {k['failed_b']}, "
-             f"in both {k['failed_both']}.", ""]
+             f"not completed with a decode time (an error, a cancellation at the window's end, or no TPOT) in "
+             f"{c.a_label} only {k['failed_a']}, in {c.b_label} only {k['failed_b']}, in both {k['failed_both']}.", ""]
     if c.matched.empty:
         return lines + ["No matched requests: the arms completed no request in common."]
     lines += [f"| metric | n | before ({c.a_label}, mean) | after ({c.b_label}, mean) | delta [95% CI] | "
