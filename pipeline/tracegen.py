@@ -15,7 +15,8 @@ Shape (DESIGN.md, "Load and accuracy"; public figures from TraceLab and the Infe
   is a prefix the previous call already sent;
 - outputs are lognormal with mean `output_mean` ~520 tokens, capped at `output_cap`;
 - contexts grow turn by turn until the next call would pass `max_context` (~250k);
-- between calls the agent waits for tools (`think_time`, lognormal, capped);
+- between calls the agent waits for tools (`think_time`, lognormal with mean `think_mean`, capped;
+  its median is mean * exp(-sigma^2/2), 0.61x the mean at the default sigma 1);
 - with probability `subagent_prob` per session one or two subagents branch off after a parent
   call: their own short context (own system prompt, a task), a few calls, then the parent
   resumes after the subagent's end.
@@ -64,7 +65,7 @@ class TraceParams:
     output_sigma: float = 0.9
     output_cap: int = 4_096
     max_context: int = 250_000         # a session ends before a call would exceed this input
-    think_median: float = 2.0          # tool/think time before a continuation call
+    think_mean: float = 2.0            # tool/think time before a continuation call: lognormal mean
     think_sigma: float = 1.0
     think_cap: float = 30.0
     subagent_prob: float = 0.3         # per session: chance of subagents (one, sometimes two)
@@ -83,14 +84,28 @@ PRESETS: dict[str, TraceParams] = {
     # prefill is quadratic in the emulator) yet contexts still reach ~240k.
     #   stats (seed 1): prefix token share 0.92, mean input 82k, max 236k, 3 subagents.
     "quickstart": TraceParams(sessions=10, turns_min=3, turns_max=5, first_context_median=70_000,
-                              first_context_sigma=0.6, output_cap=2048, think_median=1.0,
+                              first_context_sigma=0.6, output_cap=2048, think_mean=1.0,
                               think_cap=8.0, subagent_prob=0.25),
     # GPU run: more calls per session, realistic tool waits.
     #   stats (seed 2): prefix token share 0.95, mean input 140k, max 249k, 7 subagents.
     "agentic-h200": TraceParams(sessions=16, turns_min=6, turns_max=12,
-                                first_context_median=130_000, think_median=3.0,
+                                first_context_median=130_000, think_mean=3.0,
                                 think_cap=60.0, subagent_prob=0.35),
 }
+
+
+# Parameter names of older generator.meta files -> today's names. `think_median` was always drawn
+# as a lognormal *mean* (`_lognormal`), so it maps to `think_mean` unchanged: the committed traces,
+# on which the project's measurements were taken, regenerate byte for byte.
+_RENAMED = {"think_median": "think_mean"}
+
+
+def params_from_meta(params: dict) -> TraceParams:
+    """TraceParams from a generator.meta's "params", accepting the older names in `_RENAMED`."""
+    new = {_RENAMED.get(k, k): v for k, v in params.items()}
+    if len(new) != len(params):
+        raise ValueError(f"params: both an old and a new name given ({sorted(params)}); keep one")
+    return TraceParams(**new)
 
 
 def _lognormal(rng: random.Random, mean: float, sigma: float) -> float:
@@ -134,7 +149,7 @@ def _subagent(rng: random.Random, p: TraceParams, t0: float, next_id: list[int],
     n = rng.randint(p.subagent_turns_min, p.subagent_turns_max)
     requests, t, fresh = [], t0, chain.tokens
     for i in range(n):
-        think = None if i == 0 else min(p.think_cap, _lognormal(rng, p.think_median, p.think_sigma))
+        think = None if i == 0 else min(p.think_cap, _lognormal(rng, p.think_mean, p.think_sigma))
         if i:
             fresh = max(1, min(p.fresh_cap, round(_lognormal(rng, p.subagent_fresh_mean, p.fresh_sigma))))
             chain.extend(requests[-1]["out"] + fresh)
@@ -169,7 +184,7 @@ def make_session(p: TraceParams, seed: int, index: int) -> dict:
             fresh = max(1, min(p.fresh_cap, round(_lognormal(rng, p.fresh_mean, p.fresh_sigma))))
             if chain.tokens + last["out"] + fresh > p.max_context:
                 break
-            think = min(p.think_cap, _lognormal(rng, p.think_median, p.think_sigma))
+            think = min(p.think_cap, _lognormal(rng, p.think_mean, p.think_sigma))
             chain.extend(last["out"] + fresh)
             t = resume + think
         last = _call(p, t, chain, _output(rng, p, p.output_mean), fresh, think, "tool_use")
@@ -335,6 +350,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="start from a preset; any flag below overrides it")
     for f in fields(TraceParams):
         g.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None)
+    # Old spelling of --think-mean (it always set the mean); kept so old command lines still work.
+    g.add_argument("--think-median", dest="think_mean", type=float, default=None,
+                   help=argparse.SUPPRESS)
     s = sub.add_parser("stats", help="print the shape statistics of a trace directory")
     s.add_argument("dir", type=Path)
     return ap.parse_args(argv)

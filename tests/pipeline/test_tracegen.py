@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
-from pipeline.tracegen import (PRESETS, TraceParams, build_tokenizer, main, make_session,
-                               read_traces, trace_stats, write_traces)
+from pipeline.tracegen import (PRESETS, TraceParams, _parse, build_tokenizer, main, make_session,
+                               params_from_meta, read_traces, trace_stats, write_traces)
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "recipes" / "data" / "traces"
@@ -94,17 +95,47 @@ def test_timeline_think_times_and_subagent_join():
         assert [r for r in reqs if r["type"] == "s"][-1]["stop"] == "end_turn"
 
 
+def test_think_mean_is_the_mean_of_think_times():
+    # Uncapped and with short contexts (fast): ~10k think times, so the sample mean's standard
+    # error is ~1.3% (lognormal sd = mean * sqrt(e^sigma^2 - 1)).
+    p = replace(TraceParams(), sessions=2_500, first_context_median=20_000, max_context=60_000,
+                turns_max=8, think_mean=2.0, think_cap=1e9, subagent_prob=0.5)
+    times = sorted(c["think_time"] for i in range(p.sessions)
+                   for chain in _chains(make_session(p, seed=7, index=i)) for c in chain
+                   if c["think_time"] is not None)
+    assert len(times) > 8_000
+    assert sum(times) / len(times) == pytest.approx(p.think_mean, rel=0.04)
+    # ... and the median is not the parameter: mean * exp(-sigma^2 / 2)
+    assert times[len(times) // 2] == pytest.approx(2.0 * math.exp(-0.5), rel=0.05)
+
+
+def test_old_meta_name_think_median_loads_as_the_mean():
+    old = {k: v for k, v in asdict(PRESETS["quickstart"]).items() if k != "think_mean"}
+    assert params_from_meta({**old, "think_median": 1.0}) == PRESETS["quickstart"]
+    with pytest.raises(ValueError, match=r"both an old and a new name given"):
+        params_from_meta({**old, "think_median": 1.0, "think_mean": 1.0})
+    args = ["traces", "--out", "x", "--think-median", "4.5"]
+    assert vars(_parse(args))["think_mean"] == 4.5
+
+
+@pytest.mark.parametrize("name", ["quickstart", "short", "agentic-h200"])
+def test_committed_trace_sets_regenerate_byte_for_byte(name, tmp_path):
+    # The project's measurements were taken on these files: generator changes must keep them.
+    folder = TRACES / name
+    meta = json.loads((folder / "generator.meta").read_text())
+    write_traces(tmp_path, params_from_meta(meta["params"]), seed=meta["seed"])
+    committed = sorted(folder.glob("*.json"))
+    assert [f.name for f in committed] == sorted(f.name for f in tmp_path.glob("*.json"))
+    assert all(f.read_bytes() == (tmp_path / f.name).read_bytes() for f in committed)
+
+
 @pytest.mark.parametrize("name", ["quickstart", "agentic-h200"])
-def test_committed_trace_sets_are_reproducible_and_aiperf_valid(name, tmp_path):
+def test_committed_trace_sets_are_aiperf_valid(name):
     from aiperf.dataset.loader.weka_trace import WekaTraceLoader
     from aiperf.dataset.loader.weka_trace_models import WekaTrace
 
     folder = TRACES / name
-    meta = json.loads((folder / "generator.meta").read_text())
-    write_traces(tmp_path, TraceParams(**meta["params"]), seed=meta["seed"])
     committed = sorted(folder.glob("*.json"))
-    assert [f.name for f in committed] == sorted(f.name for f in tmp_path.glob("*.json"))
-    assert all(f.read_bytes() == (tmp_path / f.name).read_bytes() for f in committed)
     for f in committed:
         WekaTrace.model_validate(json.loads(f.read_text()))
     assert WekaTraceLoader.can_load(filename=folder)
