@@ -164,20 +164,31 @@ def _subagent(rng: random.Random, p: TraceParams, t0: float, next_id: list[int],
             "models": [MODEL], "tool_tokens": 0, "system_tokens": p.subagent_system_tokens}
 
 
+def _first_context_bounds(p: TraceParams) -> tuple[int, float]:
+    """[floor, cap] of a first context: the shared prefix plus 1k, and room for continuations."""
+    return p.system_tokens + p.tool_tokens + 1_000, 0.8 * p.max_context
+
+
 def make_session(p: TraceParams, seed: int, index: int) -> dict:
     """One session (a Weka trace object); deterministic in (p, seed, index)."""
+    return _make_session(p, seed, index)[0]
+
+
+def _make_session(p: TraceParams, seed: int, index: int) -> tuple[dict, str | None]:
+    """The session, and which bound clamped its first context ("floor", "cap" or None)."""
     rng = random.Random(f"{seed}:{index}")
     next_id = [0]
     chain = _Chain(p, next_id)
-    prefix = p.system_tokens + p.tool_tokens
+    lo, hi = _first_context_bounds(p)
     first = rng.lognormvariate(math.log(p.first_context_median), p.first_context_sigma)
-    chain.extend(round(min(max(first, prefix + 1_000), 0.8 * p.max_context)))
+    clamped = "floor" if first < lo else "cap" if first > hi else None
+    chain.extend(round(min(max(first, lo), hi)))
     turns = rng.randint(p.turns_min, p.turns_max)
     spawn_after = set()
     if rng.random() < p.subagent_prob:
         spawn_after = set(rng.sample(range(turns - 1), k=min(turns - 1, rng.choice((1, 1, 2)))))
     requests: list[dict] = []
-    t, fresh, last, n_sub = 0.0, chain.tokens, None, 0
+    t, fresh, last, n_sub, resume = 0.0, chain.tokens, None, 0, 0.0
     for i in range(turns):
         think = None
         if last is not None:
@@ -198,7 +209,27 @@ def make_session(p: TraceParams, seed: int, index: int) -> dict:
     last["stop"] = "end_turn"
     return {"id": f"session_{index:03d}", "models": [MODEL], "block_size": p.block_size,
             "hash_id_scope": "local", "tool_tokens": p.tool_tokens,
-            "system_tokens": p.system_tokens, "requests": requests}
+            "system_tokens": p.system_tokens, "requests": requests}, clamped
+
+
+# Share of first-context draws at one bound above which the trace is told it is degenerate.
+# The floor should bind rarely (a first call is the history so far, well past the prefix); the
+# cap clips the long tail by design (defaults and presets: ~10-20% of draws), hence its higher
+# threshold.
+_CLAMP_WARN = {"floor": 0.1, "cap": 0.25}
+
+
+def _warn_clamped(p: TraceParams, clamps: list[str | None]) -> None:
+    """One stderr line per bound that clamped more than its share of first contexts."""
+    lo, hi = _first_context_bounds(p)
+    for bound, value, rule in (("floor", lo, "system_tokens + tool_tokens + 1000"),
+                               ("cap", round(hi), "0.8 * max_context")):
+        n = clamps.count(bound)
+        if clamps and n / len(clamps) > _CLAMP_WARN[bound]:
+            print(f"tracegen: warning: {n} of {len(clamps)} first contexts clamped to the {bound} "
+                  f"{value} = {rule} (first_context_median {p.first_context_median}, "
+                  f"first_context_sigma {p.first_context_sigma}): those first calls all have "
+                  f"in = {value}", file=sys.stderr)
 
 
 def write_traces(out: Path, p: TraceParams, seed: int) -> list[Path]:
@@ -209,14 +240,16 @@ def write_traces(out: Path, p: TraceParams, seed: int) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("session_*.json"):
         stale.unlink()
-    paths = []
+    paths, clamps = [], []
     for i in range(p.sessions):
-        s = make_session(p, seed, i)
+        s, clamped = _make_session(p, seed, i)
+        clamps.append(clamped)
         path = out / f"{s['id']}.json"
         write_text_atomic(path, json.dumps(s, separators=(",", ":")) + "\n")
         paths.append(path)
     # Not named *.json: aiperf's loader reads every *.json in the directory as a trace.
     write_json_atomic(out / "generator.meta", {"seed": seed, "params": asdict(p)})
+    _warn_clamped(p, clamps)
     return paths
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -186,3 +187,22 @@ def test_out_must_be_a_directory(tmp_path):
     f.write_text("x")
     with pytest.raises(ValueError, match=r"--out: '.*file' exists and is not a directory"):
         write_traces(f, TraceParams(sessions=1), seed=0)
+
+
+def test_warns_when_first_contexts_are_clamped(tmp_path, capsys):
+    # The committed `short` set: a median of 8000 under the 17000 floor puts every first call
+    # at exactly 17000 tokens; that used to pass silently.
+    meta = json.loads((TRACES / "short" / "generator.meta").read_text())
+    write_traces(tmp_path / "short", params_from_meta(meta["params"]), seed=meta["seed"])
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1
+    assert re.fullmatch(r"tracegen: warning: 16 of 16 first contexts clamped to the floor 17000 = "
+                        r"system_tokens \+ tool_tokens \+ 1000 \(first_context_median 8000, "
+                        r"first_context_sigma 0\.6\): those first calls all have in = 17000", err[0])
+    write_traces(tmp_path / "cap", TraceParams(sessions=8, first_context_median=400_000), seed=0)
+    assert re.match(r"tracegen: warning: 8 of 8 first contexts clamped to the cap 200000 = "
+                    r"0\.8 \* max_context", capsys.readouterr().err)
+    # The presets clip a few draws at the cap by design: no warning.
+    for name in ("quickstart", "agentic-h200"):
+        write_traces(tmp_path / name, replace(PRESETS[name], sessions=40), seed=0)
+    assert capsys.readouterr().err == ""
