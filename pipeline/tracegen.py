@@ -22,6 +22,25 @@ Shape (DESIGN.md, "Load and accuracy"; public figures from TraceLab and the Infe
   resumes after the subagent's end.
 `api_time` is a nominal server time (prefill of the fresh part + decode at `decode_ms_per_token`)
 so that the recorded timeline (t) is consistent; aiperf replays the idle gaps between calls.
+
+What a prefix cache sees, and how it differs from production (both arms replay the same files
+through the same aiperf, so each limit costs both arms the same prefill; it shifts absolute
+cache-hit rates and TTFTs, not which arm the comparison favours):
+- nothing is shared across sessions. Each session's system + tool prefix (`system_tokens` +
+  `tool_tokens`, 16k by default) gets its own block ids, and aiperf 0.13 only reads
+  `hash_id_scope: "local"` (its schema rejects "global") and seeds a block's tokens by (trace
+  file, hash id), so equal ids in two files are different text anyway. In production those 16k
+  tokens are identical across sessions and served from cache after the first; here every
+  session's first call prefills them cold, and each session's copy takes its own KV-cache room
+  (more eviction pressure than one shared copy). A shared prefix cannot be written in this
+  format until aiperf reads a global scope, so there is no parameter for it.
+- within a chain, a continuation call reuses the previous call's full blocks only. `_Chain.extend`
+  gives the previous input's partial tail block (< `block_size` tokens) a new id, and the
+  previous output is re-sent as new blocks that aiperf fills with synthetic text, not with what
+  the server generated. A radix cache that kept the previous turn's partial block and output
+  (production re-sends them verbatim) recomputes them here: about `output_mean` + half a block
+  (~550 tokens) per continuation call, under 1% of its input at the default shape.
+  `trace_stats`'s prefix share counts full matching blocks only, i.e. what the cache can reuse.
 """
 from __future__ import annotations
 
