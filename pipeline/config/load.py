@@ -70,7 +70,8 @@ class LoadSpec(NoBoolNumbers):
                       "synthesis and sampling; the same in both arms.")
     timeout_s: float = Field(
         900.0, gt=0, le=86_400, description="Hard bound on aiperf's wall time, start-up "
-        "included; on expiry its process group is killed. Must exceed the window + grace.")
+        "included; on expiry its process group is killed and the load fails. Must cover start-up + "
+        "warm-up + window + grace.")
     streaming: Literal[True] = Field(True, description="Always stream: TTFT and per-token "
                                      "latency (TPOT) need it.")
     ignore_eos: Literal[True] = Field(True, description="Always ignore EOS so every request "
@@ -114,9 +115,11 @@ class LoadSpec(NoBoolNumbers):
         if self.benchmark_duration_s is not None:
             need = self.benchmark_duration_s + self.grace_period_s
             if self.timeout_s <= need:
+                # only the window is known here; start-up and warm-up depend on the host and server
                 raise ValueError(f"timeout_s: {self.timeout_s} must exceed "
-                                 f"benchmark_duration_s + grace_period_s = {need} (plus "
-                                 "aiperf's start-up, ~30 s on 2 cores)")
+                                 f"benchmark_duration_s + grace_period_s = {need} and also cover "
+                                 "aiperf's start-up (~30 s on 2 cores) and the warm-up "
+                                 f"({self.warmup_requests} requests); a run killed at timeout_s fails")
         return self
 
 

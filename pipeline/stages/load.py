@@ -205,8 +205,7 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
                         duration_s=round(duration, 3), aiperf_dir=str(arm.aiperf_dir),
                         profile_export=str(arm.profile_export), log=str(arm.aiperf_log))
     _check(spec, result, arm)
-    say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors"
-        + (f" (killed at timeout_s={spec.timeout_s:g})" if timed_out else ""))
+    say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors")
     return result
 
 
@@ -319,11 +318,22 @@ def _progress(spec: LoadSpec, arm: ArmPaths) -> str:
     return f"warm-up: {done}/{spec.warmup_requests} requests done; the measured window starts after it"
 
 
+def _window(spec: LoadSpec) -> str:
+    if spec.benchmark_duration_s is None:
+        return f"request_count={spec.request_count} requests"
+    return (f"benchmark_duration_s={spec.benchmark_duration_s:g} + "
+            f"grace_period_s={spec.grace_period_s:g}")
+
+
 def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
     where = f"aiperf log {arm.aiperf_log}, last lines:\n{log_tail(arm.aiperf_log)}"
-    if r.timed_out and r.records < spec.min_records:
-        raise LoadError(f"load: aiperf did not finish within timeout_s={spec.timeout_s:g} and "
-                        f"left {r.records} records (min_records={spec.min_records}); {where}")
+    if r.timed_out:
+        # aiperf killed mid-window or mid-drain: the window is cut short by a different amount in each arm,
+        # so the records, however many, measure unequal windows; failing lets --resume redo the load.
+        raise LoadError(f"load: aiperf was killed at load.timeout_s={spec.timeout_s:g} after {r.records} records "
+                        f"(kept in {arm.profile_export} but not counted); timeout_s must cover aiperf's start-up "
+                        f"(~30 s on 2 cores) + the warm-up ({spec.warmup_requests} requests) + "
+                        f"{_window(spec)}; raise it and run with --resume; aiperf log {arm.aiperf_log}")
     if r.records < spec.min_records:
         raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
                         f"({r.errors} failed), below min_records={spec.min_records}; aiperf "
@@ -332,6 +342,6 @@ def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
         raise LoadError(f"load: {r.errors} of {r.errors + r.records} profiling records in {arm.profile_export} "
                         f"failed, more than succeeded, so the rest do not measure the arm; see the server's log "
                         f"{arm.server_log} and the {where}")
-    if not r.timed_out and r.returncode != 0:
+    if r.returncode != 0:
         raise LoadError(f"load: aiperf exited with code {r.returncode} after "
                         f"{r.duration_s:.0f}s ({r.records} records); {where}")
