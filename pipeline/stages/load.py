@@ -2,10 +2,10 @@
 
 The client always runs here, on the controller (the server may be remote): a subprocess in its
 own process group, logged to `arm.aiperf_log`, artifacts in `arm.aiperf_dir`, bounded by a hard
-timeout (aiperf 0.13 once hung after `--request-count` cut sessions mid-way; it ends normally
-with `--benchmark-duration`, so prefer a duration and always bound the run), then the server is
-checked to be still alive (a dead one leaves only failed records, which measure nothing) and the
-record count in profile_export.jsonl is checked.
+timeout (aiperf 0.13 never ends a `--request-count` run, which cuts sessions mid-way, so the recipe
+refuses load.request_count; it ends normally with `--benchmark-duration`; a run killed at the timeout
+fails), then the server is checked to be still alive (a dead one leaves only failed records, which
+measure nothing) and the record count in profile_export.jsonl is checked.
 
 Its own session outlives a hard kill of the pipeline and would go on sending to whatever listens on
 the arm's port, a resumed server included. Every process of one aiperf run carries its session id (the
@@ -78,12 +78,8 @@ def aiperf_command(spec: LoadSpec, *, url: str, model: str, tokenizer: str,
         cmd += ["--custom-dataset-type", TRACE_DATASET_TYPE, "--input-file", str(spec.trace)]
     else:
         cmd += ["--public-dataset", spec.scenario]
-    cmd += ["--concurrency", str(spec.concurrency)]
-    if spec.benchmark_duration_s is not None:
-        cmd += ["--benchmark-duration", f"{spec.benchmark_duration_s:g}",
-                "--benchmark-grace-period", f"{spec.grace_period_s:g}"]
-    else:
-        cmd += ["--request-count", str(spec.request_count)]
+    cmd += ["--concurrency", str(spec.concurrency), "--benchmark-duration", f"{spec.benchmark_duration_s:g}",
+            "--benchmark-grace-period", f"{spec.grace_period_s:g}"]
     if spec.warmup_requests:
         cmd += ["--warmup-request-count", str(spec.warmup_requests)]
     cmd += ["--random-seed", str(spec.seed), "--extra-inputs", "ignore_eos:true",
@@ -318,13 +314,6 @@ def _progress(spec: LoadSpec, arm: ArmPaths) -> str:
     return f"warm-up: {done}/{spec.warmup_requests} requests done; the measured window starts after it"
 
 
-def _window(spec: LoadSpec) -> str:
-    if spec.benchmark_duration_s is None:
-        return f"request_count={spec.request_count} requests"
-    return (f"benchmark_duration_s={spec.benchmark_duration_s:g} + "
-            f"grace_period_s={spec.grace_period_s:g}")
-
-
 def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
     where = f"aiperf log {arm.aiperf_log}, last lines:\n{log_tail(arm.aiperf_log)}"
     if r.timed_out:
@@ -333,7 +322,7 @@ def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
         raise LoadError(f"load: aiperf was killed at load.timeout_s={spec.timeout_s:g} after {r.records} records "
                         f"(kept in {arm.profile_export} but not counted); timeout_s must cover aiperf's start-up "
                         f"(~30 s on 2 cores) + the warm-up ({spec.warmup_requests} requests) + "
-                        f"{_window(spec)}; raise it and run with --resume; aiperf log {arm.aiperf_log}")
+                        f"benchmark_duration_s={spec.benchmark_duration_s:g} + grace_period_s={spec.grace_period_s:g}; raise it and run with --resume; aiperf log {arm.aiperf_log}")
     if r.records < spec.min_records:
         raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
                         f"({r.errors} failed), below min_records={spec.min_records}; aiperf "

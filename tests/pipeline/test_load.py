@@ -49,8 +49,9 @@ def test_spec_defaults_and_trace_dir():
      r"`python -m pipeline.tracegen traces --out DIR`"),
     ({}, r"set exactly one of trace \(a weka_trace directory\) or scenario"),
     ({"trace": str(QUICKSTART), "scenario": "sharegpt"}, r"set exactly one of trace"),
-    ({"scenario": "x", "request_count": 10}, r"set exactly one of benchmark_duration_s or "
-     r"request_count \(got 60.0, 10\)"),
+    ({"scenario": "x", "request_count": 10}, r"request_count\n.*aiperf 0.13 never ends a run bounded by a "
+     r"request count \(it waits until load.timeout_s kills it\); set load.benchmark_duration_s"),
+    ({"scenario": "x", "benchmark_duration_s": None}, r"benchmark_duration_s: required, the profiling window"),
     ({"scenario": "x", "timeout_s": 80}, r"timeout_s: 80.0 must exceed benchmark_duration_s \+ "
      r"grace_period_s = 90.0 and also cover aiperf's start-up \(~30 s on 2 cores\) and the warm-up "
      r"\(0 requests\); a run killed at timeout_s fails"),
@@ -61,8 +62,6 @@ def test_spec_defaults_and_trace_dir():
 ])
 def test_spec_rejects(kw, msg):
     data = {"benchmark_duration_s": 60} | kw
-    if "request_count" in kw:
-        data = kw | {"benchmark_duration_s": 60}
     with pytest.raises(ValidationError, match=msg):
         LoadSpec(**data)
 
@@ -104,20 +103,21 @@ def test_command_trace_duration():
     assert cmd[-1] == "--use-server-token-count" and "--request-count" not in cmd
 
 
-def test_command_scenario_request_count():
-    s = LoadSpec(scenario="semianalysis-cc-traces-weka", request_count=50, gpu_telemetry=True,
+def test_command_scenario():
+    s = LoadSpec(scenario="semianalysis-cc-traces-weka", benchmark_duration_s=50, gpu_telemetry=True,
                  timeout_s=100)
     cmd = aiperf_command(s, url="u", model="m", tokenizer="t", artifact_dir=Path("/a"))
     line = " ".join(cmd)
-    assert "--public-dataset semianalysis-cc-traces-weka" in line and "--request-count 50" in line
-    assert "--input-file" not in cmd and "--benchmark-duration" not in cmd
+    assert "--public-dataset semianalysis-cc-traces-weka" in line and "--benchmark-duration 50" in line
+    assert "--input-file" not in cmd and "--request-count" not in cmd
     assert "--no-gpu-telemetry" not in cmd and "--warmup-request-count" not in cmd
 
 
 @pytest.mark.parametrize("args, match", [
     (["--concurrency", "3"], r"extra_args\n.*--concurrency: set by the pipeline \(from load.concurrency\); remove it"),
     (["--use-server-token-count", "--artifact-dir=/x"], r"--artifact-dir: set by the pipeline \(from the run dir\)"),
-    (["--num-requests", "9"], r"--num-requests: set by the pipeline \(from load.request_count\)"),  # an alias
+    (["--num-requests", "9"], r"--num-requests: aiperf 0.13 never ends a run bounded by a request count"),  # alias
+    (["--request-count=9"], r"--request-count: aiperf 0.13 never ends .*; set load.benchmark_duration_s"),
 ])
 def test_extra_args_may_not_set_the_pipelines_own_flags(args, match):
     """Else aiperf runs with a value that the manifest and report do not show (the last --concurrency wins)."""
@@ -129,7 +129,7 @@ def test_extra_args_may_not_set_the_pipelines_own_flags(args, match):
 
 def test_the_refused_flags_cover_every_flag_the_command_sets():
     s = LoadSpec(trace=QUICKSTART, benchmark_duration_s=60, warmup_requests=1)
-    s2 = LoadSpec(scenario="sharegpt", request_count=5, timeout_s=60)
+    s2 = LoadSpec(scenario="sharegpt", benchmark_duration_s=5, timeout_s=60, gpu_telemetry=True)
     used = set(_flags(aiperf_command(s, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
     used |= set(_flags(aiperf_command(s2, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
     assert used - set(APPENDABLE_FLAGS) <= PIPELINE_FLAGS.keys(), used - set(APPENDABLE_FLAGS) - PIPELINE_FLAGS.keys()
@@ -137,7 +137,7 @@ def test_the_refused_flags_cover_every_flag_the_command_sets():
 
 def test_every_flag_exists_in_the_installed_aiperf():
     s = LoadSpec(trace=QUICKSTART, benchmark_duration_s=60, warmup_requests=1)
-    s2 = LoadSpec(scenario="sharegpt", request_count=5, timeout_s=60)
+    s2 = LoadSpec(scenario="sharegpt", benchmark_duration_s=5, timeout_s=60, gpu_telemetry=True)
     used = set(_flags(aiperf_command(s, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
     used |= set(_flags(aiperf_command(s2, url="u", model="m", tokenizer="t", artifact_dir=Path("a"))))
     out = subprocess.run([sys.executable, "-m", "aiperf", "profile", "--help"], capture_output=True,
