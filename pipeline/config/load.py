@@ -5,10 +5,11 @@ for the quickstart live there.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipeline.config.base import NoBoolNumbers
 
@@ -134,12 +135,39 @@ class LoadSpec(NoBoolNumbers):
 
 
 def check_trace_dir(path: Path, field: str = "load.trace: ") -> None:
-    """Raise ValueError (prefixed by `field`) unless `path` is a directory of *.json traces."""
+    """Raise ValueError (prefixed by `field`) unless `path` is a directory of *.json traces in aiperf's format."""
     hint = "generate one with `python -m pipeline.tracegen traces --out DIR` or fix the path"
     if not path.exists():
         raise ValueError(f"{field}directory '{path}' does not exist; {hint}")
     if not path.is_dir():
         raise ValueError(f"{field}'{path}' is not a directory (a weka_trace directory holds "
                          f"one JSON file per session); {hint}")
-    if not any(path.glob("*.json")):
+    files = sorted(path.glob("*.json"))
+    if not files:
         raise ValueError(f"{field}directory '{path}' holds no *.json trace files; {hint}")
+    for f in files:
+        check_trace_file(f, field)
+
+
+def check_trace_file(path: Path, field: str = "load.trace: ") -> None:
+    """Raise ValueError unless `path` parses as aiperf's own weka_trace model, the one its loader applies: else
+    the error surfaces only after the server started, buried in aiperf's log, as a load with 0 records."""
+    try:
+        from aiperf.dataset.loader.weka_trace_models import WekaTrace  # ~1 s to import: only where it checks
+    except ImportError:
+        WekaTrace = None  # no aiperf here to check against; the load stage needs it and says so
+    hint = "fix the file or regenerate the traces with `python -m pipeline.tracegen traces --out DIR`"
+    try:
+        blob = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{field}'{path}': invalid JSON ({e}); {hint}") from None
+    if WekaTrace is None:
+        return
+    try:
+        WekaTrace.model_validate(blob)
+    except ValidationError as e:
+        err, more = e.errors()[0], e.error_count() - 1
+        loc = ".".join(str(x) for x in err["loc"]) or "(the whole file)"
+        found = "" if err["type"] == "missing" else f" (found {str(err.get('input'))[:80]})"
+        raise ValueError(f"{field}'{path}' does not match aiperf's weka_trace schema: {loc}: {err['msg']}{found}"
+                         + (f" (and {more} more errors)" if more else "") + f"; {hint}") from None

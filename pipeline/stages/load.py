@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -119,6 +120,22 @@ def log_tail(path: Path, lines: int = 40) -> str:
     if not path.is_file():
         return "(no log)"
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# aiperf's log lines: "19:05:38.564 ERROR    Dataset configuration failed: ValueError(...) (dataset_manager.py:193)"
+ERROR_LINE = re.compile(r"^\S+ ERROR\s+(.*?)(?: \([\w.]+\.py:\d+\))?$")
+
+
+def first_error(path: Path) -> str | None:
+    """The first ERROR line of aiperf's log, its source location dropped: with no record at all, the cause (a bad
+    trace, a refused connection) is there, above tracebacks and a boxed summary that a log tail may cut."""
+    if not path.is_file():
+        return None
+    with open(path, errors="replace") as f:
+        for line in f:
+            if m := ERROR_LINE.match(line.rstrip("\n")):
+                return m.group(1)[:500]
+    return None
 
 
 MMAP_BASE_ENV = "AIPERF_DATASET_MMAP_BASE_PATH"
@@ -324,9 +341,11 @@ def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
                         f"(~30 s on 2 cores) + the warm-up ({spec.warmup_requests} requests) + "
                         f"benchmark_duration_s={spec.benchmark_duration_s:g} + grace_period_s={spec.grace_period_s:g}; raise it and run with --resume; aiperf log {arm.aiperf_log}")
     if r.records < spec.min_records:
+        first = first_error(arm.aiperf_log) if r.records == 0 else None
         raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
                         f"({r.errors} failed), below min_records={spec.min_records}; aiperf "
-                        f"exit code {r.returncode}; {where}")
+                        f"exit code {r.returncode}" + (f"; aiperf's first error: {first}" if first else "")
+                        + f"; {where}")
     if r.errors > r.records:  # the requests that succeeded are a biased sample of the window, not its traffic
         raise LoadError(f"load: {r.errors} of {r.errors + r.records} profiling records in {arm.profile_export} "
                         f"failed, more than succeeded, so the rest do not measure the arm; see the server's log "

@@ -75,6 +75,31 @@ def test_trace_must_be_a_directory_of_json(tmp_path):
         LoadSpec(trace=tmp_path / "empty", benchmark_duration_s=10)
 
 
+def test_every_trace_file_must_match_aiperfs_trace_model(tmp_path):
+    """Checked against aiperf's own WekaTrace when validating, else the error surfaces only after the server
+    started, as a load with 0 records and the cause buried in aiperf's log."""
+    d = tmp_path / "t"
+    shutil.copytree(ROOT / "recipes" / "data" / "traces" / "short", d)
+    bad = sorted(d.glob("*.json"))[1]
+    trace = json.loads(bad.read_text())
+    del next(r for r in trace["requests"] if r["type"] == "s")["out"]
+    bad.write_text(json.dumps(trace))
+    fix = r"; fix the file or regenerate the traces with `python -m pipeline.tracegen traces --out DIR`"
+    with pytest.raises(ValidationError, match=rf"trace\n.*'{re.escape(str(bad))}' does not match aiperf's weka_trace "
+                       rf"schema: requests.0.s.out: Field required{fix}"):
+        LoadSpec(trace=d, benchmark_duration_s=10)
+    bad.write_text('{"id": ')
+    with pytest.raises(ValidationError, match=rf"'{re.escape(str(bad))}': invalid JSON \(Expecting value: line 1 "
+                       rf"column 8 \(char 7\)\){fix}"):
+        LoadSpec(trace=d, benchmark_duration_s=10)
+    # run_load checks again, with the field named: the files may change between validation and the run
+    spec = LoadSpec(trace=ROOT / "recipes" / "data" / "traces" / "short", benchmark_duration_s=10)
+    with pytest.raises(ValueError, match=r"^load.trace: '.*' does not match aiperf's weka_trace schema: requests"):
+        bad.write_text(json.dumps(trace))
+        run_load(spec.model_copy(update={"trace": d}), url="http://127.0.0.1:9", model=MODEL, tokenizer=TOKENIZER,
+                 arm=ArmPaths(tmp_path / "a"))
+
+
 def test_relative_trace_resolves_against_context_base_dir():
     s = LoadSpec.model_validate({"trace": "data/traces/quickstart", "benchmark_duration_s": 10},
                                 context={"base_dir": ROOT / "recipes"})
@@ -316,7 +341,8 @@ def test_run_load_with_no_successful_records_raises_with_log_tail(server, tmp_pa
     spec = LoadSpec(trace=QUICKSTART, concurrency=2, benchmark_duration_s=4, grace_period_s=2,
                     timeout_s=180)
     with pytest.raises(LoadError, match=r"(?s)load: 0 successful records in .*profile_export"
-                       r"\.jsonl \(\d+ failed\), below min_records=1; aiperf exit code 1; aiperf log "
+                       r"\.jsonl \(\d+ failed\), below min_records=1; aiperf exit code 1; aiperf's first "
+                       r"error: [^\n]+; aiperf log "
                        r".*aiperf\.log, "
                        r"last lines:\n.+"):
         run_load(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER, arm=arm)
