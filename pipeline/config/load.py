@@ -5,10 +5,11 @@ for the quickstart live there.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pipeline.config.base import NoBoolNumbers
 
@@ -28,13 +29,16 @@ PIPELINE_FLAGS = {
     "--concurrency": "from load.concurrency",
     "--benchmark-duration": "from load.benchmark_duration_s",
     "--benchmark-grace-period": "from load.grace_period_s",
-    **dict.fromkeys(("--request-count", "--num-requests"), "from load.request_count"),
     **dict.fromkeys(("--warmup-request-count", "--num-warmup-requests"), "from load.warmup_requests"),
     "--random-seed": "from load.seed",
     **dict.fromkeys(("--artifact-dir", "--output-artifact-dir"), "from the run dir"),
     **dict.fromkeys(("--ui", "--ui-type"), "always none: nobody watches aiperf's terminal"),
     "--no-gpu-telemetry": "from load.gpu_telemetry",
 }
+# aiperf 0.13 never ends a run bounded by a request count: it waits out load.timeout_s (the load stage's docstring)
+NEVER_ENDS = "aiperf 0.13 never ends a run bounded by a request count (it waits until load.timeout_s kills it)"
+REFUSED_FLAGS = dict.fromkeys(("--request-count", "--num-requests"),
+                              f"{NEVER_ENDS}; set load.benchmark_duration_s (a window in seconds) instead")
 # aiperf adds up repeated --extra-inputs, so one in extra_args adds to the pipeline's ignore_eos:true
 APPENDABLE_FLAGS = ("--extra-inputs",)
 
@@ -56,11 +60,10 @@ class LoadSpec(NoBoolNumbers):
     concurrency: int = Field(8, ge=1, le=4096, description="Concurrent requests aiperf keeps "
                              "in flight (agentic sessions overlap up to this).")
     benchmark_duration_s: float | None = Field(
-        None, gt=0, le=86_400, description="Profiling window in seconds (preferred over "
-        "request_count: aiperf ends cleanly). Exactly one of benchmark_duration_s / request_count.")
+        None, gt=0, le=86_400, description="Profiling window in seconds (aiperf --benchmark-duration). Required.")
     request_count: int | None = Field(
-        None, ge=1, le=10_000_000, description="Stop after this many requests instead of a "
-        "window. Exactly one of benchmark_duration_s / request_count.")
+        None, ge=1, le=10_000_000, description="Refused: aiperf 0.13 never ends a run bounded "
+        "by a request count. Kept so that old manifests (request_count: null) still load.")
     grace_period_s: float = Field(
         30.0, ge=0, le=3_600, description="After the window, how long in-flight responses may "
         "still finish and count (aiperf --benchmark-grace-period).")
@@ -70,7 +73,8 @@ class LoadSpec(NoBoolNumbers):
                       "synthesis and sampling; the same in both arms.")
     timeout_s: float = Field(
         900.0, gt=0, le=86_400, description="Hard bound on aiperf's wall time, start-up "
-        "included; on expiry its process group is killed. Must exceed the window + grace.")
+        "included; on expiry its process group is killed and the load fails. Must cover start-up + "
+        "warm-up + window + grace.")
     streaming: Literal[True] = Field(True, description="Always stream: TTFT and per-token "
                                      "latency (TPOT) need it.")
     ignore_eos: Literal[True] = Field(True, description="Always ignore EOS so every request "
@@ -93,12 +97,22 @@ class LoadSpec(NoBoolNumbers):
         check_trace_dir(v, field="")  # pydantic's error location already names load.trace
         return v
 
+    @field_validator("request_count")
+    @classmethod
+    def _never_ends(cls, v: int | None) -> int | None:
+        if v is not None:
+            raise ValueError(f"{NEVER_ENDS}; set load.benchmark_duration_s (a window in seconds) instead")
+        return v
+
     @field_validator("extra_args")
     @classmethod
     def _not_the_pipelines(cls, args: list[str]) -> list[str]:
         ours = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in PIPELINE_FLAGS]  # --flag and --flag=value
         if ours:
             raise ValueError("; ".join(f"{f}: set by the pipeline ({PIPELINE_FLAGS[f]}); remove it" for f in ours))
+        refused = [a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in REFUSED_FLAGS]
+        if refused:
+            raise ValueError("; ".join(f"{f}: {REFUSED_FLAGS[f]}" for f in refused))
         return args
 
     @model_validator(mode="after")
@@ -107,26 +121,53 @@ class LoadSpec(NoBoolNumbers):
             raise ValueError("set exactly one of trace (a weka_trace directory) or "
                              f"scenario (an aiperf public dataset); got trace={self.trace}, "
                              f"scenario={self.scenario!r}")
-        if (self.benchmark_duration_s is None) == (self.request_count is None):
-            raise ValueError("set exactly one of benchmark_duration_s or request_count "
-                             f"(got {self.benchmark_duration_s}, {self.request_count}); prefer "
-                             "benchmark_duration_s")
-        if self.benchmark_duration_s is not None:
-            need = self.benchmark_duration_s + self.grace_period_s
-            if self.timeout_s <= need:
-                raise ValueError(f"timeout_s: {self.timeout_s} must exceed "
-                                 f"benchmark_duration_s + grace_period_s = {need} (plus "
-                                 "aiperf's start-up, ~30 s on 2 cores)")
+        if self.benchmark_duration_s is None:
+            raise ValueError("benchmark_duration_s: required, the profiling window in seconds (aiperf "
+                             "--benchmark-duration)")
+        need = self.benchmark_duration_s + self.grace_period_s
+        if self.timeout_s <= need:
+            # only the window is known here; start-up and warm-up depend on the host and server
+            raise ValueError(f"timeout_s: {self.timeout_s} must exceed "
+                             f"benchmark_duration_s + grace_period_s = {need} and also cover "
+                             "aiperf's start-up (~30 s on 2 cores) and the warm-up "
+                             f"({self.warmup_requests} requests); a run killed at timeout_s fails")
         return self
 
 
 def check_trace_dir(path: Path, field: str = "load.trace: ") -> None:
-    """Raise ValueError (prefixed by `field`) unless `path` is a directory of *.json traces."""
+    """Raise ValueError (prefixed by `field`) unless `path` is a directory of *.json traces in aiperf's format."""
     hint = "generate one with `python -m pipeline.tracegen traces --out DIR` or fix the path"
     if not path.exists():
         raise ValueError(f"{field}directory '{path}' does not exist; {hint}")
     if not path.is_dir():
         raise ValueError(f"{field}'{path}' is not a directory (a weka_trace directory holds "
                          f"one JSON file per session); {hint}")
-    if not any(path.glob("*.json")):
+    files = sorted(path.glob("*.json"))
+    if not files:
         raise ValueError(f"{field}directory '{path}' holds no *.json trace files; {hint}")
+    for f in files:
+        check_trace_file(f, field)
+
+
+def check_trace_file(path: Path, field: str = "load.trace: ") -> None:
+    """Raise ValueError unless `path` parses as aiperf's own weka_trace model, the one its loader applies: else
+    the error surfaces only after the server started, buried in aiperf's log, as a load with 0 records."""
+    try:
+        from aiperf.dataset.loader.weka_trace_models import WekaTrace  # ~1 s to import: only where it checks
+    except ImportError:
+        WekaTrace = None  # no aiperf here to check against; the load stage needs it and says so
+    hint = "fix the file or regenerate the traces with `python -m pipeline.tracegen traces --out DIR`"
+    try:
+        blob = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{field}'{path}': invalid JSON ({e}); {hint}") from None
+    if WekaTrace is None:
+        return
+    try:
+        WekaTrace.model_validate(blob)
+    except ValidationError as e:
+        err, more = e.errors()[0], e.error_count() - 1
+        loc = ".".join(str(x) for x in err["loc"]) or "(the whole file)"
+        found = "" if err["type"] == "missing" else f" (found {str(err.get('input'))[:80]})"
+        raise ValueError(f"{field}'{path}' does not match aiperf's weka_trace schema: {loc}: {err['msg']}{found}"
+                         + (f" (and {more} more errors)" if more else "") + f"; {hint}") from None

@@ -2,10 +2,10 @@
 
 The client always runs here, on the controller (the server may be remote): a subprocess in its
 own process group, logged to `arm.aiperf_log`, artifacts in `arm.aiperf_dir`, bounded by a hard
-timeout (aiperf 0.13 once hung after `--request-count` cut sessions mid-way; it ends normally
-with `--benchmark-duration`, so prefer a duration and always bound the run), then the server is
-checked to be still alive (a dead one leaves only failed records, which measure nothing) and the
-record count in profile_export.jsonl is checked.
+timeout (aiperf 0.13 never ends a `--request-count` run, which cuts sessions mid-way, so the recipe
+refuses load.request_count; it ends normally with `--benchmark-duration`; a run killed at the timeout
+fails), then the server is checked to be still alive (a dead one leaves only failed records, which
+measure nothing) and the record count in profile_export.jsonl is checked.
 
 Its own session outlives a hard kill of the pipeline and would go on sending to whatever listens on
 the arm's port, a resumed server included. Every process of one aiperf run carries its session id (the
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -78,12 +79,8 @@ def aiperf_command(spec: LoadSpec, *, url: str, model: str, tokenizer: str,
         cmd += ["--custom-dataset-type", TRACE_DATASET_TYPE, "--input-file", str(spec.trace)]
     else:
         cmd += ["--public-dataset", spec.scenario]
-    cmd += ["--concurrency", str(spec.concurrency)]
-    if spec.benchmark_duration_s is not None:
-        cmd += ["--benchmark-duration", f"{spec.benchmark_duration_s:g}",
-                "--benchmark-grace-period", f"{spec.grace_period_s:g}"]
-    else:
-        cmd += ["--request-count", str(spec.request_count)]
+    cmd += ["--concurrency", str(spec.concurrency), "--benchmark-duration", f"{spec.benchmark_duration_s:g}",
+            "--benchmark-grace-period", f"{spec.grace_period_s:g}"]
     if spec.warmup_requests:
         cmd += ["--warmup-request-count", str(spec.warmup_requests)]
     cmd += ["--random-seed", str(spec.seed), "--extra-inputs", "ignore_eos:true",
@@ -123,6 +120,22 @@ def log_tail(path: Path, lines: int = 40) -> str:
     if not path.is_file():
         return "(no log)"
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# aiperf's log lines: "19:05:38.564 ERROR    Dataset configuration failed: ValueError(...) (dataset_manager.py:193)"
+ERROR_LINE = re.compile(r"^\S+ ERROR\s+(.*?)(?: \([\w.]+\.py:\d+\))?$")
+
+
+def first_error(path: Path) -> str | None:
+    """The first ERROR line of aiperf's log, its source location dropped: with no record at all, the cause (a bad
+    trace, a refused connection) is there, above tracebacks and a boxed summary that a log tail may cut."""
+    if not path.is_file():
+        return None
+    with open(path, errors="replace") as f:
+        for line in f:
+            if m := ERROR_LINE.match(line.rstrip("\n")):
+                return m.group(1)[:500]
+    return None
 
 
 MMAP_BASE_ENV = "AIPERF_DATASET_MMAP_BASE_PATH"
@@ -205,8 +218,7 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
                         duration_s=round(duration, 3), aiperf_dir=str(arm.aiperf_dir),
                         profile_export=str(arm.profile_export), log=str(arm.aiperf_log))
     _check(spec, result, arm)
-    say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors"
-        + (f" (killed at timeout_s={spec.timeout_s:g})" if timed_out else ""))
+    say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors")
     return result
 
 
@@ -321,17 +333,23 @@ def _progress(spec: LoadSpec, arm: ArmPaths) -> str:
 
 def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
     where = f"aiperf log {arm.aiperf_log}, last lines:\n{log_tail(arm.aiperf_log)}"
-    if r.timed_out and r.records < spec.min_records:
-        raise LoadError(f"load: aiperf did not finish within timeout_s={spec.timeout_s:g} and "
-                        f"left {r.records} records (min_records={spec.min_records}); {where}")
+    if r.timed_out:
+        # aiperf killed mid-window or mid-drain: the window is cut short by a different amount in each arm,
+        # so the records, however many, measure unequal windows; failing lets --resume redo the load.
+        raise LoadError(f"load: aiperf was killed at load.timeout_s={spec.timeout_s:g} after {r.records} records "
+                        f"(kept in {arm.profile_export} but not counted); timeout_s must cover aiperf's start-up "
+                        f"(~30 s on 2 cores) + the warm-up ({spec.warmup_requests} requests) + "
+                        f"benchmark_duration_s={spec.benchmark_duration_s:g} + grace_period_s={spec.grace_period_s:g}; raise it and run with --resume; aiperf log {arm.aiperf_log}")
     if r.records < spec.min_records:
+        first = first_error(arm.aiperf_log) if r.records == 0 else None
         raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
                         f"({r.errors} failed), below min_records={spec.min_records}; aiperf "
-                        f"exit code {r.returncode}; {where}")
+                        f"exit code {r.returncode}" + (f"; aiperf's first error: {first}" if first else "")
+                        + f"; {where}")
     if r.errors > r.records:  # the requests that succeeded are a biased sample of the window, not its traffic
         raise LoadError(f"load: {r.errors} of {r.errors + r.records} profiling records in {arm.profile_export} "
                         f"failed, more than succeeded, so the rest do not measure the arm; see the server's log "
                         f"{arm.server_log} and the {where}")
-    if not r.timed_out and r.returncode != 0:
+    if r.returncode != 0:
         raise LoadError(f"load: aiperf exited with code {r.returncode} after "
                         f"{r.duration_s:.0f}s ({r.records} records); {where}")

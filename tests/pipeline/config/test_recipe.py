@@ -87,6 +87,16 @@ def test_nan_and_inf_are_not_numbers_here(write_recipe):
         load_recipe(write_recipe(accuracy={"tasks": [{"name": "gsm8k", "temperature": float("nan")}]}))
 
 
+def test_request_count_is_refused_because_aiperf_never_ends_it(write_recipe):
+    """aiperf 0.13 waits out load.timeout_s on a --request-count run: validate says so, not the load after 900 s."""
+    with pytest.raises(RecipeError, match=r"\nload.request_count: aiperf 0.13 never ends a run bounded by a request "
+                       r"count \(it waits until load.timeout_s kills it\); set load.benchmark_duration_s \(a window "
+                       r"in seconds\) instead \(found 50\)$"):
+        load_recipe(write_recipe(load={"trace": TRACE, "request_count": 50, "timeout_s": 120}))
+    with pytest.raises(RecipeError, match=r"\nload: benchmark_duration_s: required, the profiling window in seconds"):
+        load_recipe(write_recipe(load={"trace": TRACE, "timeout_s": 120}))
+
+
 def test_missing_trace_dir(write_recipe):
     with pytest.raises(RecipeError, match=r"load.trace: directory '.*/no/such/traces' does not exist; generate one "
                                           r"with `python -m pipeline.tracegen traces"):
