@@ -20,9 +20,12 @@ Sizing (2-core box, emulator h200 / qwen3.5-397b-a17b-tp2, recipes/data/traces/q
 concurrency 8): each session's first call is a cold prefill of 17k-200k tokens, ~65 s of
 emulated prefill for the ten sessions. Without warmup a 60 s window holds ~11 records, all
 inside that cold phase (TPOT dominated by prefill chunks, equal in both arms). With
-warmup_requests = number of sessions (10) aiperf primes every session's first call, then the
-window starts over at session 0 on a warm prefix cache: 145-153 s per arm in all (start-up
-~15 s, warmup ~66 s, window 60 s + drain), 77-85 records per arm.
+warmup_requests = number of sessions (10) most first calls run in the warm-up: 145-153 s per arm in
+all (start-up ~15 s, warmup ~66 s, window 60 s + drain), 77-85 records per arm. Not every one: in
+concurrency mode aiperf sends a session's waiting next turn before a new session, so some warm-up
+requests are second turns (the quickstart's primes 8 of its 10 sessions), and the window carries on
+aiperf's session order rather than starting over; the sessions left cold start in the window with
+their cold prefill, the same in both arms. The stage says how many it primed (LoadResult.warmup_primed).
 """
 from __future__ import annotations
 
@@ -65,6 +68,8 @@ class LoadResult:
     aiperf_dir: str
     profile_export: str
     log: str
+    warmup_primed: int | None = None   # trace sessions whose first call ran in the warm-up
+    trace_sessions: int | None = None  # sessions in the trace (its session files)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -114,6 +119,24 @@ def count_records(profile_export: Path, phase: str = "profiling") -> tuple[int, 
             else:
                 ok += 1
     return ok, failed
+
+
+def primed_sessions(profile_export: Path) -> set[str]:
+    """The sessions whose first call (turn 0 of the main conversation, not a subagent's `<session>::sa:...`) ran
+    in the warm-up phase: their first calls' cold prefill is outside the window."""
+    primed: set[str] = set()
+    if not profile_export.is_file():
+        return primed
+    with open(profile_export) as f:
+        for line in f:
+            try:
+                meta = json.loads(line).get("metadata", {})
+            except json.JSONDecodeError:
+                continue
+            conv = str(meta.get("conversation_id", ""))
+            if meta.get("benchmark_phase") == "warmup" and meta.get("turn_index") == 0 and conv and "::" not in conv:
+                primed.add(conv)
+    return primed
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -213,12 +236,18 @@ def run_load(spec: LoadSpec, *, url: str, model: str, tokenizer: str, arm: ArmPa
         raise LoadError(f"load: arm {arm.root.name}: its server exited while aiperf ran ({ok} records, "
                         f"{failed} errors after {duration:.0f}s); the load is not kept and --resume redoes it; "
                         f"why the server died: {arm.server_log}")
+    sessions = len(list(Path(spec.trace).glob("*.json"))) if spec.trace is not None else None
+    primed = len(primed_sessions(arm.profile_export)) if spec.warmup_requests else None
     result = LoadResult(command=cmd, returncode=None if timed_out else proc.returncode,
                         timed_out=timed_out, records=ok, errors=failed,
                         duration_s=round(duration, 3), aiperf_dir=str(arm.aiperf_dir),
-                        profile_export=str(arm.profile_export), log=str(arm.aiperf_log))
+                        profile_export=str(arm.profile_export), log=str(arm.aiperf_log),
+                        warmup_primed=primed, trace_sessions=sessions)
     _check(spec, result, arm)
     say(f"aiperf done in {duration:.0f}s, {ok} records, {failed} errors")
+    if primed is not None and sessions and primed < sessions:
+        say(f"the warm-up primed the first call of {primed} of the trace's {sessions} sessions; the other "
+            f"{sessions - primed} start in the window with a cold prefill (in both arms alike)")
     return result
 
 

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from pipeline.config.load import APPENDABLE_FLAGS, PIPELINE_FLAGS, LoadSpec
 from pipeline.paths import ArmPaths
-from pipeline.stages.load import LoadError, aiperf_command, count_records, log_tail, run_load
+from pipeline.stages.load import LoadError, aiperf_command, count_records, log_tail, primed_sessions, run_load
 from pipeline.tracegen import PRESETS, read_traces, write_traces
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,6 +181,21 @@ def test_count_records(tmp_path):
     f.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"metadata": {"bench')
     assert count_records(f) == (2, 1) and count_records(f, "warmup") == (1, 0)
     assert count_records(tmp_path / "missing.jsonl") == (0, 0)
+
+
+def test_primed_sessions_are_those_whose_first_call_ran_in_the_warm_up(tmp_path):
+    f = tmp_path / "p.jsonl"
+
+    def rec(conv: str, turn: int, phase: str) -> dict:
+        return {"metadata": {"conversation_id": conv, "turn_index": turn, "benchmark_phase": phase}, "metrics": {}}
+
+    lines = [rec("session_000", 0, "warmup"), rec("session_001", 0, "warmup"),
+             rec("session_001", 1, "warmup"),        # a waiting second turn, sent before a new session's first
+             rec("session_002::sa:1", 0, "warmup"),  # a subagent's first call is not its session's
+             rec("session_003", 0, "profiling")]     # left cold: its first call is in the window
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert primed_sessions(f) == {"session_000", "session_001"}
+    assert primed_sessions(tmp_path / "missing.jsonl") == set()
 
 
 # ---------------------------------------------------------------- a real streaming server
@@ -570,10 +585,12 @@ def test_run_load_against_the_emulator(tmp_path):
     try:
         _wait_http(f"http://127.0.0.1:{port}/health", emu, tmp_path / "emulator.log")
         spec = LoadSpec(trace=traces, concurrency=4, benchmark_duration_s=15, grace_period_s=15,
-                        timeout_s=240, min_records=2)
+                        timeout_s=240, min_records=2, warmup_requests=4)
         res = run_load(spec, url=f"http://127.0.0.1:{port}", model=MODEL, tokenizer=TOKENIZER,
                        arm=ArmPaths(tmp_path / "on"))
         assert res.returncode == 0 and res.records >= 2 and res.errors == 0
+        # four sessions, four slots: the warm-up's four requests are the four first calls
+        assert (res.warmup_primed, res.trace_sessions) == (4, 4)
     finally:
         emu.terminate()
         emu.wait(15)
