@@ -155,6 +155,20 @@ def read_phase_window(path: Path) -> tuple[int, int] | None:
     return None
 
 
+def logged_cancellations(aiperf_log: Path) -> int | None:
+    """Requests aiperf cancelled at the profiling window's end, from its log's phase summary
+    (`Phase profiling (profiling) complete | completed=39, cancelled=2, ...`); None without that line. aiperf 0.13
+    writes no export record for a cancelled request, so the log is the only place that counts them."""
+    import re
+
+    try:
+        text = aiperf_log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"Phase profiling \(profiling\) complete \|[^|\n]*\bcancelled=(\d+)", text)
+    return int(found[-1]) if found else None
+
+
 def server_metrics_frame(doc: dict[str, Any]) -> "pd.DataFrame":
     """aiperf's server_metrics_export.json -> one row per metric: name, kind, value.
 

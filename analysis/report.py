@@ -112,7 +112,8 @@ def arm_table_md(c: Comparison) -> list[str]:
 def matched_md(c: Comparison) -> list[str]:
     k = c.match_counts
     lines = [f"Matched on (conversation_id, turn_index, k-th occurrence): {k['matched']} pairs completed by both; "
-             f"dispatched in one arm only: {k['only_a']} ({c.a_label}) / {k['only_b']} ({c.b_label}); "
+             f"dispatched in one arm only (or cancelled at the window's end in the other, which aiperf exports "
+             f"no record of): {k['only_a']} ({c.a_label}) / {k['only_b']} ({c.b_label}); "
              f"not completed with a decode time (an error, a cancellation at the window's end, or no TPOT) in "
              f"{c.a_label} only {k['failed_a']}, in {c.b_label} only {k['failed_b']}, in both {k['failed_both']}.", ""]
     if c.matched.empty:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.load import (AnalysisError, add_match_key, outcome_counts, profiling_only, read_jsonl,
-                           read_phase_window, records_frame, server_metrics_frame, window_seconds)
+from analysis.load import (AnalysisError, add_match_key, logged_cancellations, outcome_counts, profiling_only,
+                           read_jsonl, read_phase_window, records_frame, server_metrics_frame, window_seconds)
 from pipeline import dirlock
 from pipeline.paths import ArmPaths, RunPaths, SweepPaths
 
@@ -137,6 +137,10 @@ def load_arm_run(paths: ArmPaths, name: str, arm: str, order: int) -> ArmRun:
         raise AnalysisError(f"{export}: 0 profiling records ({len(raw)} warmup/other); the load stage "
                             "measured nothing - check aiperf.log and the benchmark duration")
     counts = outcome_counts(prof)
+    logged = logged_cancellations(paths.aiperf_log)
+    if logged and not counts["cancelled"]:  # an aiperf that exports no record of them: its log counts them
+        counts["cancelled"] = logged
+        counts["total"] += logged
     if counts["completed"] == 0:
         raise AnalysisError(f"{export}: 0 completed profiling requests ({counts['failed']} failed, "
                             f"{counts['cancelled']} cancelled); check the server log")

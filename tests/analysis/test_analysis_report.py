@@ -79,6 +79,21 @@ def test_report_on_real_fixture(run):
         assert_image(run / "plots" / name)
 
 
+def test_requests_aiperf_cancelled_without_a_record_are_counted_from_its_log(run):
+    # aiperf 0.13 exports no record of a request it cancelled at the window's end; its log's phase summary
+    # (this line's form, from a real run) is the only count, and the Load table must not say 0.
+    before = section(write_report(run, n_boot=N_BOOT).read_text(), "Load")
+    row = next(line for line in before.splitlines() if line.startswith("| on |"))
+    cells = row.split(" | ")
+    (run / "arms/on/aiperf.log").write_text(
+        "17:48:24.974 NOTICE   Phase profiling (profiling) complete | completed=100, cancelled=2, errors=0 | "
+        "sessions: completed=16, cancelled=2 | elapsed=80.00s | grace_period_timeout=True (runner.py:1226)\n")
+    after = section(write_report(run, n_boot=N_BOOT).read_text(), "Load")
+    row2 = next(line for line in after.splitlines() if line.startswith("| on |")).split(" | ")
+    assert cells[4] == "0" and row2[4] == "2"                 # cancelled
+    assert int(row2[1]) == int(cells[1]) + 2 and row2[2] == cells[2]  # profiling requests include them
+
+
 def test_report_out_file_keeps_its_plots_beside_it(run, tmp_path):
     run.chmod(0o555)  # a run dir one may read but not write
     try:
