@@ -222,8 +222,9 @@ TABLE_NOTE = ("{a} and {b}: accuracy over the answers both arms gave (the paired
               "95% CI by Tango's score interval for paired proportions where a question has one answer, else by a "
               "bootstrap over questions, each with its repeats (accuracy is then the mean over questions of each "
               "one's mean over its repeats); \"no question differs\": the bound on the share of questions that "
-              "differ that 0 of n allows (Wilson's score limit), where a bootstrap would say [0, 0]. All records: every record of each arm, a failed one counted wrong "
-              "(as the accuracy stage's summary counts it); n and failed count those records.")
+              "differ that 0 of n allows (Wilson's score limit), where a bootstrap would say [0, 0]. All records: "
+              "every record of each arm, a failed one counted wrong (as the accuracy stage's summary counts it); n "
+              "and failed count those records.")
 
 
 def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: str | None,

@@ -121,9 +121,10 @@ def sensitivity_md(c: "Comparison", target_pct: float | None) -> list[str]:
     if e is None or not np.isfinite(e.se_log):
         return ["Too few sessions for a bootstrap: no detectable-effect figure."]
     mde = e.mde_pct()
+    k = e.k if np.isfinite(e.k) else est.small_sample_factor(e.sessions)
     lines = [f"Smallest detectable effect: {mde:.1f}% (a true change this large would give a 95% CI that "
-             f"excludes 0 in 80% of runs like this one: ({e.k if np.isfinite(e.k) else est.small_sample_factor(e.sessions):.2f} + 0.84) x the "
-             f"bootstrap standard error, {e.se_log * 100:.2f}% in log units, over {e.n} matched requests in a {c.window_s:.0f} s window)."]
+             f"excludes 0 in 80% of runs like this one: ({k:.2f} + 0.84) x the bootstrap standard error, "
+             f"{e.se_log * 100:.2f}% in log units, over {e.n} matched requests in a {c.window_s:.0f} s window)."]
     targets = [t for t in (target_pct, 5.0, 2.0) if t]
     for t in dict.fromkeys(targets):
         need = est.window_for_effect(c.window_s, e, t)

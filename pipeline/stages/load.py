@@ -368,7 +368,8 @@ def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:
         raise LoadError(f"load: aiperf was killed at load.timeout_s={spec.timeout_s:g} after {r.records} records "
                         f"(kept in {arm.profile_export} but not counted); timeout_s must cover aiperf's start-up "
                         f"(~30 s on 2 cores) + the warm-up ({spec.warmup_requests} requests) + "
-                        f"benchmark_duration_s={spec.benchmark_duration_s:g} + grace_period_s={spec.grace_period_s:g}; raise it and run with --resume; aiperf log {arm.aiperf_log}")
+                        f"benchmark_duration_s={spec.benchmark_duration_s:g} + grace_period_s="
+                        f"{spec.grace_period_s:g}; raise it and run with --resume; aiperf log {arm.aiperf_log}")
     if r.records < spec.min_records:
         first = first_error(arm.aiperf_log) if r.records == 0 else None
         raise LoadError(f"load: {r.records} successful records in {arm.profile_export} "
