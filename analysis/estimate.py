@@ -207,7 +207,7 @@ def launch_variance(v, sess, launch, w, var_boot: float, stat: stats.Stat):
     L - 1) measures Var(d + e) / L with L - 1 df. So: V = max(0, var_boot - v_e) [G - 1 df] + max(s^2 / L,
     v_e) [L - 1 df]. Flooring the launch term at v_e, its known noise part, keeps two launches that agree
     by chance from reading as no drift: without it, two launches under 1% drift alarmed 9% of the time at
-    a nominal 5% (BENCHMARKS.md, "Verdict calibration"; tests/analysis/test_estimate.py)."""
+    a nominal 5% (simulated; tests/analysis/test_estimate.py checks the floored rule's coverage)."""
     ids = sorted(set(map(str, launch)))
     lab = launch.astype(str)
     g, n_l = len(set(map(str, sess))), len(ids)
