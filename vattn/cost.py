@@ -29,7 +29,7 @@ from pathlib import Path
 from vattn import switch
 from vattn.hopper import backend as hopper_backend
 from vattn.hopper.backend import covers_shape, group_split, kv_heads_per_cta, piece_overhead_tiles
-from vattn.planner import KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, held, plan_splits
+from vattn.planner import BALANCED, KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, held, kv_tiles, packs_tails, plan_splits
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
 PHASES = ("verify", "decode", "any")  # decode: every live sequence has q_len 1; any: one fit for both
@@ -294,6 +294,7 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
     if page_size not in v.page_efficiency:
         raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
     splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=slots, mode=planner, overhead=overhead)
+    tails = packs_tails(planner, kv_tiles(seq_lens, q_lens), hkv, slots, overhead)
     wave = _wave_bytes_per_us(v, path, rows, kv_dtype, page_size)  # bytes/us with every slot busy
     token_bytes = cta_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
     latency = v.piece_latency_us * wave / slots  # a prologue costs its slot's fair share of time
@@ -309,11 +310,11 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
         if pieces > 1:
             reduce_bytes += hkv * (pieces * part_bytes + out_bytes)
             runs.append((True, (seg_tokens * token_bytes + extra, pieces - 1)))
-        # the plan's work_order (vattn.planner): balanced launches split sequences' pieces first,
-        # balanced_tails every piece over half the cap
-        first = pieces > 1 if planner == "balanced" else held(-(-last_tokens // KV_TILE), seg)
+        # the plan's work_order (vattn.planner): balanced launches split sequences' pieces first, a plan with
+        # its tails packed every piece over half the cap
+        first = held(-(-last_tokens // KV_TILE), seg) if tails else pieces > 1
         runs.append((first, (last_tokens * token_bytes + extra, 1)))
-    if planner in ("balanced", "balanced_tails"):
+    if planner in BALANCED:
         runs.sort(key=lambda r: not r[0])
     runs = [r for _, r in runs]
     sms = prof.sms if v.slot_sharing == "sm" else None

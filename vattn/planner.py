@@ -12,7 +12,8 @@ A plan is a fixed-size work list, W = max_work_items(B, Hkv, SLOTS):
     work_order[W]        launch order: program w of the main grid runs item work_order[w]; -1 past
                          num_items. fixed, length_aware: w itself. balanced: the pieces of split
                          sequences (k >= 2) first, then the single pieces, each group in row order.
-                         balanced_tails: the held pieces (over half the cap) first, then the packed ones
+                         balanced_tails: the held pieces (over half the cap) first, then the packed ones;
+                         balanced_auto: as the rule it took (balanced's or balanced_tails')
 
 Every planner first reduces a sequence to (pieces k, segment tiles s): piece p covers KV positions
 p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE) (whole segments, the last one short). A sequence with L = 0 or
@@ -42,6 +43,13 @@ over half the cap first. On an H200 (benchmarks/NOTES.md P114) its layers ran 0.
 on every batch whose plan it changes, on both kernels, but 16x119k ran 0.7% slower under sustained load
 (more programs, each with its fixed cost, where energy sets the time): opt-in, not the default.
 
+balanced_auto makes both plans and keeps balanced_tails' where what it gains beats what it costs by
+TAILS_MIN_GAIN_PCT: it gains the cap's drop (c - c') / c, the slowest slot's time, and costs its extra pieces'
+fixed costs against the batch's work, (n' - n) * o / sum(tiles), which under the board's power cap is time too.
+On an H200 under sustained load (benchmarks/NOTES.md P117; o = 8) the packed tails ran 0.9% slower on 16x35k
+(gain 1.4%, cost 1.5%) and 0.6-2.9% faster on 16x70k, 16x119k and both agentic batches (gain less cost 1.5-4.5%);
+the margin sits between them.
+
 Why not stream-K chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
 pieces has a smaller largest piece than the one-wave cap. (A Hopper build whose CTAs ran runs of stream-K
@@ -50,7 +58,7 @@ dropped: the cost model (processor sharing) ran it ~1% slower on the agentic bat
 pieces of unequal size across sequences leave a tail of few programs.
 
 Bounds (they define W = max(B, SLOTS/Hkv) + B): fixed gives <= B * nseg <= max(B, SLOTS/Hkv) pieces;
-length_aware <= max(n_nonempty, SLOTS/Hkv); balanced and balanced_tails <= max(n_nonempty, SLOTS/Hkv) +
+length_aware <= max(n_nonempty, SLOTS/Hkv); the balanced planners <= max(n_nonempty, SLOTS/Hkv) +
 n_packed (a slot holds one held piece or several packed ones; a sequence has at most one packed piece).
 balanced has no per-sequence cap: one long sequence may get up to SLOTS/Hkv pieces, so the reduce must
 loop over a sequence's rows (not assume <= 64).
@@ -61,8 +69,12 @@ import functools
 from dataclasses import dataclass
 
 # The planner names, everywhere (API, cost model, switch, bench). Their order is the plan kernel's MODE id.
-PLANNERS = ("fixed", "length_aware", "balanced", "balanced_tails")
+PLANNERS = ("fixed", "length_aware", "balanced", "balanced_tails", "balanced_auto")
 DEFAULT_PLANNER = "balanced"
+BALANCED = ("balanced", "balanced_tails", "balanced_auto")  # the planners that pack (`overhead` weighs in)
+# what balanced_auto's packed tails must gain beyond their cost, in percent of the balanced plan's time (module
+# docstring)
+TAILS_MIN_GAIN_PCT = 1
 KV_TILE = 64  # tokens per KV tile: every piece starts on a tile boundary
 SEG_MAX = 64  # most pieces per sequence for fixed and length_aware (the MI355X reference's cap)
 # A piece's fixed cost in KV-tile equivalents on the Triton kernel: loading Q and writing the fp32 partial
@@ -220,9 +232,40 @@ def _split_balanced_tails(tiles: list[int], num_kv_heads: int, slots: int, overh
     return _split_balanced(tiles, num_kv_heads, slots, overhead, need=_slot_need_tails)
 
 
+def tails_pay(total: int, cap: int, pieces: int, tails_cap: int, tails_pieces: int, overhead: int) -> bool:
+    """balanced_auto's rule: the packed tails' plan (tails_cap, tails_pieces) against balanced's (cap, pieces)
+    on `total` tiles, in integers as the plan kernel has it: 100 (c - c') / c >= 100 (n' - n) o / total + margin."""
+    return 100 * (cap - tails_cap) * total >= cap * (100 * (tails_pieces - pieces) * overhead
+                                                      + TAILS_MIN_GAIN_PCT * total)
+
+
+def _balanced_plans(tiles: list[int], num_kv_heads: int, slots: int, overhead: int):
+    """balanced's splits, balanced_tails', and whether balanced_auto takes the latter."""
+    plain = _split_balanced(tiles, num_kv_heads, slots, overhead)
+    packed = _split_balanced_tails(tiles, num_kv_heads, slots, overhead)
+    cap, tails_cap = (max(seg for _, seg in splits) for splits in (plain, packed))
+    pay = tails_pay(sum(tiles), cap, sum(k for k, _ in plain), tails_cap, sum(k for k, _ in packed), overhead)
+    return plain, packed, pay
+
+
+def packs_tails(mode: str, tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> bool:
+    """Whether the plan of `tiles` (per sequence, 0 = absent) packs the split sequences' short last pieces:
+    always for balanced_tails, for balanced_auto where tails_pay."""
+    if mode != "balanced_auto" or not any(tiles):
+        return mode == "balanced_tails"
+    return _balanced_plans(tiles, num_kv_heads, slots, overhead)[2]
+
+
+def _split_balanced_auto(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> list[tuple[int, int]]:
+    if not any(tiles):
+        return [(0, 0)] * len(tiles)
+    plain, packed, pay = _balanced_plans(tiles, num_kv_heads, slots, overhead)
+    return packed if pay else plain
+
+
 # (tiles, num_kv_heads, slots, overhead) -> per sequence (pieces, segment tiles); only the balanced ones weigh overhead
 _SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced,
-              "balanced_tails": _split_balanced_tails}
+              "balanced_tails": _split_balanced_tails, "balanced_auto": _split_balanced_auto}
 
 
 def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
@@ -244,8 +287,13 @@ def plan_splits(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
         raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
     _check_positive(num_kv_heads=num_kv_heads, slots=slots, overhead=overhead)
     _check_lens(seq_lens, q_lens)
-    tiles = [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
+    tiles = kv_tiles(seq_lens, q_lens)
     return _SPLITTERS[mode](tiles, num_kv_heads, slots, overhead) if tiles else []
+
+
+def kv_tiles(seq_lens: list[int], q_lens: list[int]) -> list[int]:
+    """KV tiles per sequence as the planners see them: 0 for a sequence without query tokens."""
+    return [_cdiv(int(L), KV_TILE) if q else 0 for L, q in zip(seq_lens, q_lens)]
 
 
 def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str,
@@ -267,9 +315,10 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
     n = len(seq)
     assert n <= width, f"planner {mode} made {n} pieces > W={width}"  # the bounds in the module docstring
     order = list(range(n))
-    if mode == "balanced":  # split sequences' pieces first; the packed single pieces run behind them
+    tails = packs_tails(mode, kv_tiles(seq_lens, q_lens), num_kv_heads, slots, overhead)
+    if mode in BALANCED and not tails:  # split sequences' pieces first; the packed single pieces run behind them
         order = [w for w in order if splits[seq[w]][0] > 1] + [w for w in order if splits[seq[w]][0] == 1]
-    elif mode == "balanced_tails":  # the held pieces first; the packed ones run behind them
+    elif tails:  # the held pieces first; the packed ones run behind them
         first = [held(_cdiv(end[w] - start[w], KV_TILE), splits[seq[w]][1]) for w in order]
         order = [w for w in order if first[w]] + [w for w in order if not first[w]]
     pad = width - n
@@ -297,7 +346,7 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
                       num_items, work_order, batch, width, budget, nseg,
                       MODE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, NCAND: tl.constexpr,
                       TILE: tl.constexpr, SEG_CAP: tl.constexpr, MIN_CAP: tl.constexpr, OVERHEAD: tl.constexpr,
-                      LET_NEXT_LAUNCH: tl.constexpr = False):
+                      MIN_GAIN_PCT: tl.constexpr, LET_NEXT_LAUNCH: tl.constexpr = False):
     # seq_lens: [B] int32; cu_seqlens_q: [B+1] int32; work_*: [W] int32; seq_part_start: [B+1]; num_items: [1]
     if LET_NEXT_LAUNCH:  # a main kernel launched as its programmatic dependent (vattn's Hopper kernel) starts its
         # prologue now and waits for this kernel's end before it reads the plan (a no-op for any other next kernel)
@@ -313,6 +362,7 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     # -- segment length (tiles) of every sequence --
     if MODE == 0:  # fixed: nseg segments per sequence (nseg depends on the shape only, computed on the host)
         seg = (tiles + nseg - 1) // nseg
+        tails = False
     else:  # length_aware / balanced: the smallest cap that fits the budget (_smallest_cap's bracket)
         # (balanced: _split_balanced's, whose lower end is OVERHEAD below)
         live = tl.sum((tiles > 0).to(tl.int32), 0)
@@ -332,31 +382,47 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         # tile) and keeps the gap between the last infeasible and the first feasible one, so the span
         # shrinks from s to <= ceil(s / NCAND) - 1 per round: few serial rounds (usually 1, since the
         # bracket is tight), each a division per tile element. hi counts as feasible (as bisection never
-        # tests it), which makes the answer the bisection's one exactly.
+        # tests it), which makes the answer the bisection's one exactly. balanced_auto searches twice from the
+        # same bracket: balanced's cap, then balanced_tails'.
         cand = tl.arange(0, NCAND)
         t2 = tiles[:, None].to(tl.uint32)
-        while lo < hi:
-            step = (hi - lo + NCAND - 1) // NCAND
-            caps = tl.minimum(lo + cand * step, hi)  # [NCAND], non-decreasing
-            c2 = caps[None, :].to(tl.uint32)
-            held = ((t2 + c2 - 1) // c2).to(tl.int32)  # [BLOCK_B, NCAND] pieces per cap (unsigned: cheaper)
-            if MODE == 2:  # _slot_need: sequences of <= cap/2 tiles packed, tiles + OVERHEAD each
-                small = (2 * t2 <= c2) & (t2 > 0)
-                packed = tl.sum(tl.where(small, tiles[:, None] + OVERHEAD, 0), 0)
-                need = tl.sum(tl.where(small, 0, held), 0) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
-            elif MODE == 3:  # _slot_need_tails: every last piece of <= cap/2 tiles packed
-                last = tiles[:, None] - (held - 1) * caps[None, :]  # int32: an empty sequence's is cap (not small)
-                small = (2 * last <= caps[None, :]) & (tiles[:, None] > 0)
-                packed = tl.sum(tl.where(small, last + OVERHEAD, 0), 0)
-                need = tl.sum(held - small.to(tl.int32), 0) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
-            else:
-                need = tl.sum(held, 0)
-            fits = (need <= cap_budget) | (caps >= hi)  # monotone in the cap: a prefix fails, the rest fits
-            new_lo = tl.max(tl.where(fits, lo - 1, caps), 0) + 1
-            hi = tl.min(tl.where(fits, caps, hi), 0)
-            lo = new_lo
-        if MODE >= 2:
-            hi = tl.maximum(hi, MIN_CAP)
+        bracket_lo, bracket_hi = lo, hi
+        for search in tl.static_range(2 if MODE == 4 else 1):
+            lo, hi = bracket_lo, bracket_hi
+            while lo < hi:
+                step = (hi - lo + NCAND - 1) // NCAND
+                caps = tl.minimum(lo + cand * step, hi)  # [NCAND], non-decreasing
+                c2 = caps[None, :].to(tl.uint32)
+                held = ((t2 + c2 - 1) // c2).to(tl.int32)  # [BLOCK_B, NCAND] pieces per cap (unsigned: cheaper)
+                if MODE < 2:
+                    need = tl.sum(held, 0)
+                elif MODE == 3 or search == 1:  # _slot_need_tails: every last piece of <= cap/2 tiles packed
+                    last = tiles[:, None] - (held - 1) * caps[None, :]  # int32: an empty sequence's is cap (not small)
+                    small = (2 * last <= caps[None, :]) & (tiles[:, None] > 0)
+                    packed = tl.sum(tl.where(small, last + OVERHEAD, 0), 0)
+                    need = tl.sum(held - small.to(tl.int32), 0) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
+                else:  # _slot_need: sequences of <= cap/2 tiles packed, tiles + OVERHEAD each
+                    small = (2 * t2 <= c2) & (t2 > 0)
+                    packed = tl.sum(tl.where(small, tiles[:, None] + OVERHEAD, 0), 0)
+                    need = tl.sum(tl.where(small, 0, held), 0) + (packed + caps + OVERHEAD - 1) // (caps + OVERHEAD)
+                fits = (need <= cap_budget) | (caps >= hi)  # monotone in the cap: a prefix fails, the rest fits
+                new_lo = tl.max(tl.where(fits, lo - 1, caps), 0) + 1
+                hi = tl.min(tl.where(fits, caps, hi), 0)
+                lo = new_lo
+            if MODE >= 2:
+                hi = tl.maximum(hi, MIN_CAP)
+            if MODE == 4 and search == 0:
+                plain_cap = hi
+        if MODE == 4:  # tails_pay, in int64 (100 x cap x total passes 2^31)
+            plain_pieces = tl.sum(tl.where(tiles > 0, (tiles + plain_cap - 1) // plain_cap, 0), 0)
+            tails_pieces = tl.sum(tl.where(tiles > 0, (tiles + hi - 1) // hi, 0), 0)
+            gain = 100 * (plain_cap - hi).to(tl.int64) * total
+            cost = plain_cap.to(tl.int64) * (100 * (tails_pieces - plain_pieces) * OVERHEAD
+                                             + MIN_GAIN_PCT * total.to(tl.int64))
+            tails = gain >= cost  # a runtime branch from here on
+            hi = tl.where(tails, hi, plain_cap)
+        else:
+            tails = MODE == 3
         seg = tl.zeros_like(tiles) + hi
     seg = tl.maximum(seg, 1)  # sequences without tiles get no pieces; keep the division defined
     pieces = tl.where(tiles > 0, (tiles + seg - 1) // seg, 0)
@@ -373,10 +439,10 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
     # built from the scan's output alone, so the tile takes one converted vector and the per-sequence
     # arithmetic above is not recomputed in the tile's layout. The item's length is gathered from memory.
     # balanced's launch order places a split sequence's item among the split items by their running count
-    # in row order, a single one among the rest after the n_first split ones; balanced_tails's the same
-    # with the held items (over half the cap) first. Blocks past n_items only pad. --
+    # in row order, a single one among the rest after the n_first split ones; a plan with the tails packed the
+    # same with the held items (over half the cap) first. Blocks past n_items only pad. --
     key = ((ends << 16) | (offs + 1))[:, None]  # padded b: ends == n_items > w
-    if MODE == 3:
+    if tails:
         small_last = ((2 * (tiles - (pieces - 1) * seg) <= seg) & (tiles > 0)).to(tl.int32)
         n_first = tl.sum(pieces - small_last, 0)
     else:
@@ -401,10 +467,10 @@ def _plan_kernel_body(seq_lens, cu_seqlens_q, work_seq, work_start, work_end, wo
         tl.store(work_end + w, tl.where(real, end, 0), mask=m)
         tl.store(work_part + w, tl.where(real, w, -1), mask=m)
         if MODE >= 2:  # a permutation of 0..n_items-1 (scattered), then -1 past it
-            if MODE == 2:  # more than one piece: tiles > hi
-                first_group = (real & (length > seg_tokens)).to(tl.int32)
-            else:  # held: more than half the cap
+            if tails:  # held: more than half the cap
                 first_group = (real & (2 * ((end - start + TILE - 1) // TILE) > hi)).to(tl.int32)
+            else:  # more than one piece: tiles > hi
+                first_group = (real & (length > seg_tokens)).to(tl.int32)
             before = first_seen + tl.cumsum(first_group, 0) - first_group
             first_seen += tl.sum(first_group, 0)
             slot = tl.where(first_group > 0, before, n_first + w - before)
@@ -529,4 +595,4 @@ def _launch_params(batch: int, num_kv_heads: int, slots: int, mode: str, overhea
     scalars = (batch, width, slot_budget(num_kv_heads, slots), nseg)
     return scalars, dict(
         MODE=_MODE_IDS[mode], BLOCK_B=block_b, BLOCK_W=block_w, NCAND=ncand, TILE=KV_TILE, SEG_CAP=SEG_MAX,
-        MIN_CAP=overhead, OVERHEAD=overhead, num_warps=num_warps)
+        MIN_CAP=overhead, OVERHEAD=overhead, MIN_GAIN_PCT=TAILS_MIN_GAIN_PCT, num_warps=num_warps)

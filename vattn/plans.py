@@ -5,7 +5,7 @@ reused by every layer. On CUDA one launch of the plan kernel, graph-safe; on a C
 from __future__ import annotations
 
 from vattn import checks
-from vattn.planner import DEFAULT_PLANNER, FIELDS, KV_TILE, PLANNERS, max_work_items, plan_python
+from vattn.planner import BALANCED, DEFAULT_PLANNER, FIELDS, KV_TILE, PLANNERS, max_work_items, plan_python
 from vattn.workspace import Plan, Workspace
 
 SIGNATURES_KEPT = 64  # checked call signatures kept per workspace / plan; past it the cache restarts
@@ -86,10 +86,10 @@ def plan(seq_lens, cu_seqlens_q, *, num_kv_heads: int, page_size: int, mode: str
 
 
 def _single_pieces(ws: Workspace, mode: str, max_seq_len: int | None) -> bool:
-    """Whether a plan of lengths <= max_seq_len has one piece a sequence: balanced and balanced_tails never cut a
+    """Whether a plan of lengths <= max_seq_len has one piece a sequence: the balanced planners never cut a
     sequence of up to their piece overhead in tiles (the cap is at least that; planner._split_balanced, plan_gpu's
     MIN_CAP)."""
-    return (max_seq_len is not None and mode in ("balanced", "balanced_tails")
+    return (max_seq_len is not None and mode in BALANCED
             and max_seq_len <= ws.piece_overhead * KV_TILE)
 
 

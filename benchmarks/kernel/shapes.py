@@ -162,6 +162,16 @@ def host_shapes() -> list[Shape]:
             uniform(1, 128, name="host-1x128"), uniform(64, 24, name="host-64x24")]
 
 
+def tails_rule_shapes() -> list[Shape]:
+    """Batches the balanced_auto rule was not fitted to (vattn/planner.py: fitted to P117's 16x35k, 16x70k, 16x119k
+    and the two agentic rows), on either side of it at the H200's 132 SMs: `tail_plans` on them says whether its
+    choice of plan was the faster one. Its gain less cost: 8x35k 1.4%, 16x40k 1.3%, 16x55k 1.9% and the agentic
+    ones 3-7% (packed); 16x45k 0.0%, 16x52k 1.0% (just under the margin), 32x25k -1.0% (balanced)."""
+    return [uniform(8, 35_000), uniform(16, 40_000), uniform(16, 45_000), uniform(16, 52_000), uniform(16, 55_000),
+            uniform(32, 25_000), agentic(16, 700_000, "0.7M"), agentic(20, 900_000, "0.9M"),
+            agentic(32, 1_000_000, "1.0M")]
+
+
 def uniform_grid() -> list[Shape]:
     return [uniform(b, n) for b in (1, 4, 16, 64) for n in (1_000, 8_000, 32_000, 128_000, 256_000)]
 
@@ -176,7 +186,7 @@ def tiny_shapes() -> list[Shape]:
 
 
 SHAPE_SETS = {"main": main_shapes, "variants": variant_shapes, "grid": uniform_grid, "skew": long_among_short_shapes,
-              "host": host_shapes, "paired": paired_head_shapes}
+              "host": host_shapes, "paired": paired_head_shapes, "tails-rule": tails_rule_shapes}
 
 # KERNEL.md's FlashInfer 0.7.2 numbers (us) on the same H200 and shapes: fp8 prefill for q_len 4,
 # decode with tensor cores for q_len 1; and its fastest configuration in time (bf16 cache) where known.

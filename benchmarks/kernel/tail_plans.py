@@ -7,7 +7,8 @@ as the short sequences are (vattn/planner.py), so a smaller cap fits: 16x35k 8 p
 each, the 16 tails on the 4 spare SMs behind the full pieces. This times the layer (main + reduce on a plan made
 before, as an engine runs each layer) on both plans as the plan kernel writes them, round by round in turns (the
 order reversed every other round, as the long rows drift by 10% under the power cap), and checks both against the
-fp32 reference."""
+fp32 reference. balanced_auto takes one of the two plans a batch (vattn/planner.py's tails_pay): `--shapes tails-rule`
+holds batches its rule was not fitted to, on which these rounds say whether it took the faster."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ import random
 import pytest
 
 from vattn.planner import (
-    KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, max_work_items, plan_python, plan_splits,
-    slot_budget,
+    BALANCED, KV_TILE, MIN_PIECE_TILES, PIECE_OVERHEAD_TILES, PLANNERS, SEG_MAX, kv_tiles, max_work_items,
+    plan_python, plan_splits, slot_budget,
 )
 from vattn.planner import _smallest_cap  # the one-wave cap, which balanced's is held against
 
@@ -299,6 +299,43 @@ def test_balanced_tails_packs_equal_sequences_last_pieces_behind_the_full_ones()
     assert base.num_items[0] == 128 and max(tiles_of(s, e) for _, s, e in base.pieces()) == 69
 
 
+@pytest.mark.parametrize("o", [PIECE_OVERHEAD_TILES, 8])
+def test_balanced_auto_takes_the_packed_tails_where_their_gain_beats_their_cost(o):
+    from vattn.planner import TAILS_MIN_GAIN_PCT
+
+    rng = random.Random(o)
+    took = {"balanced": 0, "balanced_tails": 0}
+    for _ in range(80):
+        hkv, slots = rng.choice([1, 2, 8]), rng.choice([132, 264])
+        if rng.random() < 0.5:  # equal sequences, whose tails are near break-even (16x35k's)
+            batch = rng.randint(1, 40)
+            lens = [rng.randint(1_000, 150_000)] * batch
+        else:
+            batch = rng.randint(1, 2 * slot_budget(hkv, slots))
+            lens = [rng.choice([rng.randint(1, 300_000), rng.randint(1, 3_000)]) for _ in range(batch)]
+        qs = [0 if rng.random() < 0.1 else 4 for _ in range(batch)]
+        kw = dict(num_kv_heads=hkv, slots=slots, overhead=o)
+        plain, packed = (plan_splits(lens, qs, mode=m, **kw) for m in ("balanced", "balanced_tails"))
+        if not any(k for k, _ in plain):
+            continue
+        (cap, n), (tails_cap, tails_n) = ((max(s for _, s in p), sum(k for k, _ in p)) for p in (plain, packed))
+        gain_pct, cost_pct = 100 * (cap - tails_cap) / cap, 100 * (tails_n - n) * o / sum(kv_tiles(lens, qs))
+        want = "balanced_tails" if gain_pct >= cost_pct + TAILS_MIN_GAIN_PCT - 1e-9 else "balanced"
+        took[want] += 1
+        assert plan_python(lens, qs, mode="balanced_auto", **kw) == plan_python(lens, qs, mode=want, **kw), (
+            lens, qs, hkv, slots)
+    assert min(took.values()) >= 10, took  # the cases reach both sides of the rule
+
+
+def test_balanced_auto_keeps_16x35k_balanced_and_packs_16x70k_tails_on_the_hopper_kernel():
+    kw = dict(num_kv_heads=1, slots=132, overhead=8)  # an H200's SMs, the Hopper kernel's piece overhead
+    for kv_len, want in ((35_000, "balanced"), (70_000, "balanced_tails")):
+        lens = [kv_len] * 16
+        got = plan_python(lens, [4] * 16, mode="balanced_auto", **kw)
+        assert got == plan_python(lens, [4] * 16, mode=want, **kw)
+        assert got != plan_python(lens, [4] * 16, mode={"balanced": "balanced_tails"}.get(want, "balanced"), **kw)
+
+
 def test_balanced_tails_need_is_non_increasing_in_the_cap():
     # the GPU's k-ary search relies on it
     from vattn.planner import _slot_need_tails
@@ -381,6 +418,9 @@ GPU_SEARCH_CASES = [
     ([_rng.choice([0, _rng.randint(1, 300_000), _rng.randint(1, 300)]) for _ in range(300)],
      [_rng.randint(0, 4) for _ in range(300)], 8, 528),  # B = 300, Hkv 8 (B > SLOTS / Hkv)
     ([_rng.randint(1, 500_000) for _ in range(37)], [1] * 37, 2, 1056),  # B not a power of two
+    # balanced_auto on either side of its rule at the Hopper overhead (8): 16x52k's tails gain 1.96% for a cost
+    # of 0.96%, just under the margin; 16x55k's gain 2.8% for 0.9%
+    ([52_000] * 16, [4] * 16, 1, 132), ([55_000] * 16, [4] * 16, 1, 132),
 ]
 
 
@@ -388,10 +428,10 @@ INTERPRETER_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_planner import CASES, GPU_EDGE_CASES, GPU_SEARCH_CASES, run_gpu
-from vattn.planner import PLANNERS
+from vattn.planner import BALANCED, PLANNERS
 cases = GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6]
 out = {m: [run_gpu(*case, m) for case in cases] for m in PLANNERS}
-for m in ("balanced", "balanced_tails"):
+for m in BALANCED:
     out[f"{m}-o8"] = [run_gpu(*case, m, overhead=8) for case in cases]
 print(json.dumps(out))
 """
@@ -412,7 +452,7 @@ def test_plan_gpu_equals_python_under_interpreter():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
-    for mode, overhead in [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [("balanced", 8), ("balanced_tails", 8)]:
+    for mode, overhead in [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [(m, 8) for m in BALANCED]:
         key = mode if overhead == PIECE_OVERHEAD_TILES else f"{mode}-o{overhead}"
         for case, plan in zip(GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES[:6], got[key]):
             lens, qs, hkv, slots = case
@@ -451,8 +491,7 @@ def cuda_available():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode, overhead", [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS]
-                         + [("balanced", 8), ("balanced_tails", 8)])
+@pytest.mark.parametrize("mode, overhead", [(m, PIECE_OVERHEAD_TILES) for m in PLANNERS] + [(m, 8) for m in BALANCED])
 def test_plan_gpu_equals_python_on_cuda(mode, overhead):
     rng = random.Random(7)
     cases = GPU_EDGE_CASES + GPU_SEARCH_CASES + CASES

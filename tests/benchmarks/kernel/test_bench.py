@@ -19,7 +19,7 @@ def test_sglang_triton_is_the_baseline_when_sglang_imports(monkeypatch):
 
 
 def test_bench_cli_rejects_an_unknown_planner():
-    with pytest.raises(SystemExit, match=r"--planners: got 'lean'; allowed: balanced, balanced_tails, length_aware, fixed"):
+    with pytest.raises(SystemExit, match=r"--planners: got 'lean'; allowed: balanced, balanced_auto, balanced_tails, length_aware, fixed"):
         bench.main(["--planners", "lean", "--shapes", "16x35k"])
 
 
