@@ -27,7 +27,7 @@ class HubSource:
 
 def sibling(where: str, field: str) -> str:
     """How the user names another field of the same task, given how they named its data file: a recipe
-    path (accuracy.tasks[0].data -> accuracy.tasks[0].num_shots) or a `pipeline eval` flag (--data ->
+    path (accuracy.tasks.0.data -> accuracy.tasks.0.num_shots) or a `pipeline eval` flag (--data ->
     --num-shots). Errors name what the user can actually set."""
     if where.startswith("--"):
         return "--" + field.replace("_", "-")

@@ -92,7 +92,7 @@ def run_accuracy(spec: AccuracySpec, *, url: str, model: str, out_dir: Path,
     results = []
     for i, task in enumerate(spec.tasks):
         # Errors name the data field as the user wrote it: the recipe path, or the CLI's flag (data_name).
-        where = data_name or f"accuracy.tasks[{i}].data"
+        where = data_name or f"accuracy.tasks.{i}.data"  # as the recipe check names it
         jobs, n_questions = _plan(task, where)
         results.append(_run_task(task, jobs, n_questions, url=url, model=model, out_dir=Path(out_dir),
                                  progress=progress or (lambda _: None), where=where, api_key=api_key,

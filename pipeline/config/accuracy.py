@@ -130,7 +130,7 @@ class AccuracySpec(BaseModel):
         seen: set[str] = set()
         for i, task in enumerate(self.tasks):
             if task.name in seen:
-                raise ValueError(f"tasks[{i}].name: '{task.name}' appears twice; each task "
+                raise ValueError(f"tasks.{i}.name: '{task.name}' appears twice; each task "
                                  "writes accuracy/<name>.jsonl, so list it once")
             seen.add(task.name)
         return self

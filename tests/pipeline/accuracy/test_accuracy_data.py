@@ -36,7 +36,7 @@ def test_spec_defaults_per_task():
 def test_spec_errors_name_the_field():
     with pytest.raises(ValidationError, match="num_shots: 3 for gpqa_diamond; it is zero-shot"):
         TaskSpec(name="gpqa_diamond", num_shots=3)
-    with pytest.raises(ValidationError, match=r"tasks\[1\].name: 'gsm8k' appears twice"):
+    with pytest.raises(ValidationError, match=r"tasks.1.name: 'gsm8k' appears twice"):
         AccuracySpec(tasks=[{"name": "gsm8k"}, {"name": "gsm8k"}])
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
         AccuracySpec(tasks=[{"name": "gsm8k", "shots": 5}])
@@ -48,10 +48,10 @@ def test_offline_without_file_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    with pytest.raises(DataError, match=r"^accuracy.tasks\[0\].data: no local data file and the HF "
+    with pytest.raises(DataError, match=r"^accuracy.tasks.0.data: no local data file and the HF "
                                         r"hub is unreachable \(dataset Idavidrein/gpqa/gpqa_diamond\)"
-                                        r"; set accuracy.tasks\[0\].data to a local file with fields"):
-        gpqa.load(TaskSpec(name="gpqa_diamond"), "accuracy.tasks[0].data")
+                                        r"; set accuracy.tasks.0.data to a local file with fields"):
+        gpqa.load(TaskSpec(name="gpqa_diamond"), "accuracy.tasks.0.data")
 
 
 def test_offline_cli_prints_one_line_and_fails(tmp_path):
@@ -223,6 +223,6 @@ def test_duplicate_ids_refused(tmp_path):
     f = tmp_path / "dup.jsonl"
     f.write_text((json.dumps(row) + "\n") * 2)
     spec = AccuracySpec(tasks=[{"name": "gpqa_diamond", "data": f}])
-    with pytest.raises(DataError, match=r"accuracy.tasks\[0\].data: question id 'r1' appears more "
+    with pytest.raises(DataError, match=r"accuracy.tasks.0.data: question id 'r1' appears more "
                                         "than once; ids must be unique"):
         run_accuracy(spec, url="http://127.0.0.1:1", model="m", out_dir=tmp_path)

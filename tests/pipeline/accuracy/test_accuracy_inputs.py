@@ -63,7 +63,7 @@ def test_num_shots_flag_reaches_the_prompt():
 
 def test_sibling_names_follow_the_users_spelling():
     assert sibling("--data", "num_shots") == "--num-shots"
-    assert sibling("accuracy.tasks[1].data", "num_shots") == "accuracy.tasks[1].num_shots"
+    assert sibling("accuracy.tasks.1.data", "num_shots") == "accuracy.tasks.1.num_shots"
 
 
 def _eval(tmp_path, *argv: str) -> subprocess.CompletedProcess:

@@ -163,7 +163,7 @@ def test_resume_of_a_recorded_recipe_reuses_answers_and_names_recipe_fields(tmp_
     with gsm_server() as srv:
         again = run_accuracy(recorded, url=srv.url, model="m", out_dir=tmp_path).tasks[0]
         assert len(srv.bodies) == 2
-        with pytest.raises(ResumeError, match=r"answered with accuracy\.tasks\[0\]\.temperature 0\.6, "
+        with pytest.raises(ResumeError, match=r"answered with accuracy\.tasks\.0\.temperature 0\.6, "
                                               r"this run asks 0\.0; .*use a new output folder"):
             run_accuracy(spec(**{**task, "temperature": 0.0}), url=srv.url, model="m", out_dir=tmp_path)
     assert (again.n_reused, again.n_records, again.accuracy) == (4, 6, 1.0)
