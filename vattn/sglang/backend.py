@@ -126,7 +126,12 @@ class VattnAttnBackend(AttentionBackend):
                     if self.vattn_reason is None else f"off ({self.vattn_reason})", base_name)
 
     def _vattn_model_reason(self, facts) -> Optional[str]:
-        if getattr(self.vattn_pool, "use_hnd", False):  # vattn reads NHD pages [P, Hkv, D]
+        # vattn reads NHD pages [slots / P, P, Hkv, D]; sglang 0.5.23 labels the pool's physical
+        # layout ("hnd", ROCm's "vectorized_5d", "page_major_layer_major"), 0.5.17 has use_hnd only
+        layout = getattr(self.vattn_pool, "kv_cache_layout", "nhd")
+        if layout != "nhd":
+            return f"KV cache layout {layout!r} (served: 'nhd')"
+        if getattr(self.vattn_pool, "use_hnd", False):
             return "HND KV pool layout"
         return gate.model_reason(facts)
 

@@ -1,0 +1,50 @@
+"""The wrapper's construction-time decisions (vattn/sglang/backend.py) against the installed sglang
+(0.5.17 or 0.5.23), in-process on a CPU: the model-level refusal, how loudly it is logged, and the
+flags it reports in place of the base's. Forward routing runs in drive_cpu.py (test_contract.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import sglang_env as E  # noqa: E402
+
+E.require_sglang()
+
+
+@pytest.fixture
+def runner(monkeypatch):
+    """A stand-in ModelRunner over sglang's real pools, with VATTN=1 (a test may override it)."""
+    E.publish()
+    monkeypatch.setenv("VATTN", "1")
+    return E.build_env(device="cpu").runner
+
+
+def _wrap(runner):
+    from vattn.sglang import backend
+
+    return backend.VattnAttnBackend(object(), runner, "triton")
+
+
+def test_a_plain_nhd_pool_is_served(runner):
+    assert _wrap(runner).vattn_reason is None
+
+
+@pytest.mark.parametrize("layout", ["vectorized_5d", "page_major_layer_major"])
+def test_a_non_nhd_kv_layout_is_refused_by_name(runner, layout):
+    """sglang 0.5.23 labels its pool's physical layout; on ROCm with SGLANG_AITER_KV_CACHE_LAYOUT=
+    vectorized_5d, use_hnd stays False while the buffers are 5D, which vattn would misread as NHD pages."""
+    runner.token_to_kv_pool.use_hnd = False
+    runner.token_to_kv_pool.kv_cache_layout = layout
+    assert _wrap(runner).vattn_reason == f"KV cache layout {layout!r} (served: 'nhd')"
+
+
+def test_an_hnd_pool_is_refused(runner):
+    runner.token_to_kv_pool.use_hnd = True
+    if hasattr(runner.token_to_kv_pool, "kv_cache_layout"):  # 0.5.23 labels it too
+        runner.token_to_kv_pool.kv_cache_layout = "hnd"
+    assert "HND" in _wrap(runner).vattn_reason.upper()
