@@ -122,8 +122,10 @@ class VattnAttnBackend(AttentionBackend):
         publisher = compat.parallel()["attn_tp_rank"] == 0  # TP ranks see the same batches: count once
         self.vattn_counters = counters.process_counters(base_name, publisher=publisher)
         qk = "" if self.vattn_qk == "split" else f", Q.K^T {self.vattn_qk}: lossy"
-        logger.info("vattn backend: %s, base %s", f"on (plan {self.vattn_plan_mode}{qk})"
-                    if self.vattn_reason is None else f"off ({self.vattn_reason})", base_name)
+        # VATTN on but the model refused: the on arm serves every call with the base, so say it loudly
+        level = logging.WARNING if switch.enabled() and self.vattn_reason is not None else logging.INFO
+        logger.log(level, "vattn backend: %s, base %s", f"on (plan {self.vattn_plan_mode}{qk})"
+                   if self.vattn_reason is None else f"off ({self.vattn_reason})", base_name)
 
     def _vattn_model_reason(self, facts) -> Optional[str]:
         # vattn reads NHD pages [slots / P, P, Hkv, D]; sglang 0.5.23 labels the pool's physical

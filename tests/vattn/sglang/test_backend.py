@@ -3,6 +3,7 @@
 flags it reports in place of the base's. Forward routing runs in drive_cpu.py (test_contract.py)."""
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -48,3 +49,26 @@ def test_an_hnd_pool_is_refused(runner):
     if hasattr(runner.token_to_kv_pool, "kv_cache_layout"):  # 0.5.23 labels it too
         runner.token_to_kv_pool.kv_cache_layout = "hnd"
     assert "HND" in _wrap(runner).vattn_reason.upper()
+
+
+def _backend_records(caplog, runner):
+    with caplog.at_level(logging.INFO, logger="vattn.sglang.backend"):
+        _wrap(runner)
+    return [r for r in caplog.records if r.getMessage().startswith("vattn backend:")]
+
+
+def test_a_refused_model_with_vattn_on_warns(runner, caplog):
+    """The on arm silently serving everything with the base would make an A/B an A/A."""
+    runner.sliding_window_size = 4096
+    (record,) = _backend_records(caplog, runner)
+    assert record.levelno == logging.WARNING, record.levelname
+    assert "off (sliding-window" in record.getMessage()
+
+
+def test_an_accepted_model_and_vattn_off_log_at_info(runner, caplog, monkeypatch):
+    (record,) = _backend_records(caplog, runner)
+    assert record.levelno == logging.INFO and "on (plan" in record.getMessage()
+    caplog.clear()
+    monkeypatch.setenv("VATTN", "0")
+    (record,) = _backend_records(caplog, runner)
+    assert record.levelno == logging.INFO and "off (VATTN=0)" in record.getMessage()
