@@ -198,7 +198,7 @@ def test_gate_accepts_supported_models(changes):
     ({"page_size": 32}, r"page_size 32"),
     ({"kv_dtype": "float8_e5m2"}, r"KV dtype float8_e5m2"),
     ({"kv_dtype": "float16"}, r"KV dtype float16"),
-    ({"sliding_window": True}, r"sliding-window"),
+    ({"sliding_window": True}, r"^sliding-window or chunked attention$"),
     ({"use_mla": True}, r"MLA"),
     ({"speculative_topk": 4}, r"speculative topk 4"),
     ({"num_q_heads": 64}, r"GQA group 64"),
