@@ -12,6 +12,7 @@ Importing this package imports nothing heavy; `register()` imports sglang.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 NAME = "vattn"
@@ -89,15 +90,25 @@ def _with_vattn(draft_model_runner, backend_map: dict, multistep: bool) -> dict:
     to the base: its steps read a per-step chain) or the base's draft-extend backend, wrapped."""
     from vattn.sglang import base as base_choice
 
-    name, _ = base_choice.resolve(draft_model_runner)
-    if name not in backend_map:
-        return backend_map  # sglang's own error names the backend it could not find
+    name, source = base_choice.resolve(draft_model_runner)
     backend_map = dict(backend_map)
+    if name not in backend_map:
+        # an entry that raises only if sglang picks `vattn` (a draft on another backend still builds);
+        # sglang's own error would name `vattn`, not the base it lacks
+        which = "multi-step draft decode" if multistep else "draft-extend"
+        message = (f"vattn base {name!r} ({source}) has no entry in sglang's {which} backend map; "
+                   f"allowed: {', '.join(sorted(k for k in backend_map if k != NAME))} (pass --vattn-base)")
+        backend_map[NAME] = functools.partial(_refuse, message)
+        return backend_map
     if multistep:
         backend_map[NAME] = backend_map[name]
     else:
         backend_map[NAME] = lambda: _wrapped_draft_extend(draft_model_runner, backend_map[name], name)
     return backend_map
+
+
+def _refuse(message: str):
+    raise ValueError(message)
 
 
 def _wrapped_draft_extend(draft_model_runner, make_base, name: str):

@@ -167,6 +167,30 @@ def test_draft_factory_wraps_the_bases_draft_extend_and_keeps_its_multistep_deco
     assert wrapped == [("made by _create_fa3_prefill_backend", runner, "fa3")]
 
 
+@pytest.mark.parametrize("multistep, which", [(True, "multi-step draft decode"), (False, "draft-extend")])
+def test_draft_factory_names_the_base_missing_from_its_map(registered, monkeypatch, multistep, which):
+    """Asking for vattn when the base has no entry in sglang's map names the base, not 'vattn';
+    a server whose draft does not ask for vattn still builds (the entry raises only when called)."""
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    monkeypatch.setenv("VATTN_BASE", "fa3")
+    seen = {}
+
+    def sglangs_method(self, backend_name, backend_map, error_template, *args, **kwargs):
+        seen["map"] = backend_map
+
+    monkeypatch.setattr(DraftBackendFactory._create_backend, "__wrapped__", sglangs_method)
+    factory = DraftBackendFactory.__new__(DraftBackendFactory)
+    factory.draft_model_runner = object()
+    suffix = "_decode_backend" if multistep else "_prefill_backend"
+    backend_map = {n: _creator(f"_create_{n}{suffix}") for n in ("triton", "flashinfer")}
+    factory._create_backend("decode_attention_backend", backend_map, "x {backend_type}",
+                            stamps_children=multistep)
+    with pytest.raises(ValueError, match=rf"vattn base 'fa3' \(VATTN_BASE\) has no entry in sglang's {which} "
+                                         r"backend map; allowed: flashinfer, triton"):
+        seen["map"]["vattn"]()
+
+
 def test_draft_factory_hook_takes_sglangs_arguments(registered):
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
