@@ -185,6 +185,14 @@ class VattnAttnBackend(AttentionBackend):
         if self.vattn_workspace is None:  # a graph batch may exceed the request pool; size for both
             self.vattn_max_batch = max(self.vattn_max_batch, int(max_bs))
 
+    @property
+    def supports_ragged_verify_graph(self) -> bool:
+        """sglang replays a token-bucket verify graph for a ragged batch only when this is True.
+        vattn's tables and plan are recorded at capture for uniform rows and never rebuilt per
+        replay, so while vattn may serve this model the answer is no (also after a fallback: the
+        graphs captured before it still hold vattn's launches); otherwise the base's answer."""
+        return False if self.vattn_reason is None else self.vattn_base.supports_ragged_verify_graph
+
     def _vattn_active(self) -> bool:
         return self.vattn_reason is None and _ProcessState.disabled is None
 

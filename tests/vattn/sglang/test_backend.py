@@ -72,3 +72,21 @@ def test_an_accepted_model_and_vattn_off_log_at_info(runner, caplog, monkeypatch
     monkeypatch.setenv("VATTN", "0")
     (record,) = _backend_records(caplog, runner)
     assert record.levelno == logging.INFO and "off (VATTN=0)" in record.getMessage()
+
+
+class _RaggedBase:
+    supports_ragged_verify_graph = True  # as sglang's FA3 backend says
+
+
+@pytest.mark.parametrize("switch, refused, reported", [("1", False, False), ("0", False, True), ("1", True, True)])
+def test_ragged_verify_graphs_are_refused_while_vattn_serves(runner, monkeypatch, switch, refused, reported):
+    """sglang (SGLANG_RAGGED_VERIFY_MODE=compact) replays token-bucket verify graphs only if the
+    backend says so; vattn records its plan at capture for uniform rows and does not rebuild it per
+    replay, so while vattn may serve the model the wrapper says no. Otherwise the base's flag holds."""
+    from vattn.sglang import backend
+
+    monkeypatch.setenv("VATTN", switch)
+    if refused:
+        runner.sliding_window_size = 4096
+    wrapper = backend.VattnAttnBackend(_RaggedBase(), runner, "fa3")
+    assert wrapper.supports_ragged_verify_graph is reported
