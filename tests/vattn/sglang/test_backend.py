@@ -20,8 +20,13 @@ E.require_sglang()
 @pytest.fixture
 def runner(monkeypatch):
     """A stand-in ModelRunner over sglang's real pools, with VATTN=1 (a test may override it)."""
+    from vattn.sglang import counters
+
     E.publish()
     monkeypatch.setenv("VATTN", "1")
+    # private counters: the process's own would start a reporter that logs at exit, after pytest
+    # has closed its streams
+    monkeypatch.setattr(counters, "process_counters", lambda base=None, publisher=True: counters.PathCounters(base))
     return E.build_env(device="cpu").runner
 
 
