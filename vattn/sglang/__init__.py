@@ -12,6 +12,7 @@ Importing this package imports nothing heavy; `register()` imports sglang.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 NAME = "vattn"
@@ -85,19 +86,26 @@ def _multistep(backend_map: dict, args, kwargs) -> bool:
 
 
 def _with_vattn(draft_model_runner, backend_map: dict, multistep: bool) -> dict:
-    """A copy of the factory's map with `vattn` -> the base's entry (multi-step draft decode, left
-    to the base: its steps read a per-step chain) or the base's draft-extend backend, wrapped."""
+    """A copy of the factory's map with a `vattn` entry, resolved only if sglang picks it (every sglang
+    process registers vattn through the plugin entry point, drafts on other backends included): the
+    base's own entry (multi-step draft decode, left to the base: its steps read a per-step chain)
+    or the base's draft-extend backend, wrapped."""
+    backend_map = dict(backend_map)
+    backend_map[NAME] = functools.partial(_draft_entry, draft_model_runner, dict(backend_map), multistep)
+    return backend_map
+
+
+def _draft_entry(draft_model_runner, backend_map: dict, multistep: bool):
     from vattn.sglang import base as base_choice
 
-    name, _ = base_choice.resolve(draft_model_runner)
-    if name not in backend_map:
-        return backend_map  # sglang's own error names the backend it could not find
-    backend_map = dict(backend_map)
+    name, source = base_choice.resolve(draft_model_runner)
+    if name not in backend_map:  # sglang's own error would name `vattn`, not the base it lacks
+        which = "multi-step draft decode" if multistep else "draft-extend"
+        raise ValueError(f"vattn base {name!r} ({source}) has no entry in sglang's {which} backend map; "
+                         f"allowed: {', '.join(sorted(backend_map))} (pass --vattn-base)")
     if multistep:
-        backend_map[NAME] = backend_map[name]
-    else:
-        backend_map[NAME] = lambda: _wrapped_draft_extend(draft_model_runner, backend_map[name], name)
-    return backend_map
+        return backend_map[name]()
+    return _wrapped_draft_extend(draft_model_runner, backend_map[name], name)
 
 
 def _wrapped_draft_extend(draft_model_runner, make_base, name: str):

@@ -122,11 +122,18 @@ class VattnAttnBackend(AttentionBackend):
         publisher = compat.parallel()["attn_tp_rank"] == 0  # TP ranks see the same batches: count once
         self.vattn_counters = counters.process_counters(base_name, publisher=publisher)
         qk = "" if self.vattn_qk == "split" else f", Q.K^T {self.vattn_qk}: lossy"
-        logger.info("vattn backend: %s, base %s", f"on (plan {self.vattn_plan_mode}{qk})"
-                    if self.vattn_reason is None else f"off ({self.vattn_reason})", base_name)
+        # VATTN on but the model refused: the on arm serves every call with the base, so say it loudly
+        level = logging.WARNING if switch.enabled() and self.vattn_reason is not None else logging.INFO
+        logger.log(level, "vattn backend: %s, base %s", f"on (plan {self.vattn_plan_mode}{qk})"
+                   if self.vattn_reason is None else f"off ({self.vattn_reason})", base_name)
 
     def _vattn_model_reason(self, facts) -> Optional[str]:
-        if getattr(self.vattn_pool, "use_hnd", False):  # vattn reads NHD pages [P, Hkv, D]
+        # vattn reads NHD pages [slots / P, P, Hkv, D]; sglang 0.5.23 labels the pool's physical
+        # layout ("hnd", ROCm's "vectorized_5d", "page_major_layer_major"), 0.5.17 has use_hnd only
+        layout = getattr(self.vattn_pool, "kv_cache_layout", "nhd")
+        if layout != "nhd":
+            return f"KV cache layout {layout!r} (served: 'nhd')"
+        if getattr(self.vattn_pool, "use_hnd", False):
             return "HND KV pool layout"
         return gate.model_reason(facts)
 
@@ -177,6 +184,14 @@ class VattnAttnBackend(AttentionBackend):
         self.vattn_base.init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
         if self.vattn_workspace is None:  # a graph batch may exceed the request pool; size for both
             self.vattn_max_batch = max(self.vattn_max_batch, int(max_bs))
+
+    @property
+    def supports_ragged_verify_graph(self) -> bool:
+        """sglang replays a token-bucket verify graph for a ragged batch only when this is True.
+        vattn's tables and plan are recorded at capture for uniform rows and never rebuilt per
+        replay, so while vattn may serve this model the answer is no (also after a fallback: the
+        graphs captured before it still hold vattn's launches); otherwise the base's answer."""
+        return False if self.vattn_reason is None else self.vattn_base.supports_ragged_verify_graph
 
     def _vattn_active(self) -> bool:
         return self.vattn_reason is None and _ProcessState.disabled is None

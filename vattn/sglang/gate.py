@@ -29,7 +29,8 @@ class ModelFacts:
     page_size: int
     kv_dtype: str             # torch dtype name, e.g. "float8_e4m3fn"
     q_dtype: str
-    sliding_window: bool      # any sliding-window layer in the model
+    sliding_window: bool      # sliding-window or chunked attention anywhere (sglang sets the runner's
+                              # sliding_window_size from attention_chunk_size too)
     use_mla: bool
     dcp_size: int             # decode context parallel: KV sharded across ranks
     translated_kv_ids: bool   # unified memory pool: req_to_token holds virtual ids
@@ -50,7 +51,7 @@ def model_reason(m: ModelFacts) -> str | None:
          f"{m.num_q_heads} q heads over {m.num_kv_heads} KV heads"),
         (m.num_kv_heads >= 1 and not 1 <= m.num_q_heads // m.num_kv_heads <= MAX_GQA,
          f"GQA group {m.num_q_heads // max(m.num_kv_heads, 1)} (supported: 1..{MAX_GQA})"),
-        (m.sliding_window, "sliding-window attention"),
+        (m.sliding_window, "sliding-window or chunked attention"),
         (m.dcp_size > 1, f"decode context parallel size {m.dcp_size}"),
         (m.translated_kv_ids, "translated KV ids (unified memory pool)"),
         (m.speculative_topk > 1, f"speculative topk {m.speculative_topk} (tree verify; supported: 1)"),

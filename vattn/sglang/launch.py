@@ -11,8 +11,13 @@ Why registration happens at import: sglang starts its scheduler processes with t
 method, and a spawned child re-imports the parent's __main__ module (this one, as __mp_main__)
 without running its main block. Registering at import puts `vattn` into the child's backend
 registry before the child builds its attention backends, and the dummy-weight patch into its model
-loader. (Installing vattn with the
-`sglang.srt.plugins` entry point does the same for any sglang entry; see vattn.sglang.)
+loader.
+
+Without the launcher: installing this package declares an `sglang.srt.plugins` entry point
+(`vattn.sglang:register`), which sglang's load_plugins() runs in `python -m sglang.launch_server`
+and in each scheduler process, so `--attention-backend vattn` works there too (unless
+`SGLANG_PLUGINS` lists plugins and omits `vattn`). The launcher's own flags do not: set `VATTN_BASE`
+instead of `--vattn-base`; the dummy-weight patch is the launcher's only.
 """
 from __future__ import annotations
 

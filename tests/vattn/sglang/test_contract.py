@@ -75,6 +75,49 @@ def test_backend_is_in_sglangs_registry_and_cli(registered):
     assert ns.attention_backend == "vattn"
 
 
+def test_pyproject_declares_the_sglang_plugin_entry_point(registered):
+    """sglang's launch_server and its scheduler processes call load_plugins(), which runs every
+    `sglang.srt.plugins` entry point: this one makes `--attention-backend vattn` valid there."""
+    import importlib
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    target = project.get("entry-points", {}).get("sglang.srt.plugins", {}).get("vattn")
+    assert target == "vattn.sglang:register", target
+    module, func = target.split(":")
+    getattr(importlib.import_module(module), func)()  # idempotent after the fixture's register()
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP
+
+    assert GENERAL_PLUGINS_GROUP == "sglang.srt.plugins"
+
+
+def test_the_draft_hook_resolves_no_base_unless_sglang_picks_vattn(registered, monkeypatch):
+    """With the entry point, every sglang process registers vattn, so the draft hook must not
+    touch the base choice (which reads the runner) for a draft that does not use vattn."""
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    from vattn.sglang import base as base_choice
+
+    def boom(runner):
+        raise AssertionError("resolved")
+
+    monkeypatch.setattr(base_choice, "resolve", boom)
+    seen = {}
+
+    def sglangs_method(self, backend_name, backend_map, error_template, *args, **kwargs):
+        seen["map"] = backend_map
+        return backend_map["triton"]()
+
+    monkeypatch.setattr(DraftBackendFactory._create_backend, "__wrapped__", sglangs_method)
+    factory = DraftBackendFactory.__new__(DraftBackendFactory)
+    factory.draft_model_runner = object()
+    made = factory._create_backend("prefill_attention_backend",
+                                   {"triton": _creator("_create_triton_prefill_backend")}, "x {backend_type}")
+    assert made == ("stamp", "made by _create_triton_prefill_backend")
+    with pytest.raises(AssertionError, match="resolved"):
+        seen["map"]["vattn"]()
+
+
 def test_deterministic_mode_accepts_vattn_only_when_asked(registered, monkeypatch):
     import vattn.sglang
 
@@ -162,9 +205,34 @@ def test_draft_factory_wraps_the_bases_draft_extend_and_keeps_its_multistep_deco
     extra = ({"stamps_children": True}, {"stamps_children": False}) if style == "0.5.23" else ({}, {})
     factory._create_backend("decode_attention_backend", decode, "x {backend_type}", **extra[0])
     factory._create_backend("prefill_attention_backend", extend, "x {backend_type}", **extra[1])
-    assert seen["decode_attention_backend"]["vattn"] is decode["fa3"]  # the base's own multi-step container
+    # the base's own multi-step container
+    assert seen["decode_attention_backend"]["vattn"]() == ("stamp", "made by _create_fa3_decode_backend")
     assert seen["prefill_attention_backend"]["vattn"]() == ("stamp", "W")
     assert wrapped == [("made by _create_fa3_prefill_backend", runner, "fa3")]
+
+
+@pytest.mark.parametrize("multistep, which", [(True, "multi-step draft decode"), (False, "draft-extend")])
+def test_draft_factory_names_the_base_missing_from_its_map(registered, monkeypatch, multistep, which):
+    """Asking for vattn when the base has no entry in sglang's map names the base, not 'vattn';
+    a server whose draft does not ask for vattn still builds (the entry raises only when called)."""
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    monkeypatch.setenv("VATTN_BASE", "fa3")
+    seen = {}
+
+    def sglangs_method(self, backend_name, backend_map, error_template, *args, **kwargs):
+        seen["map"] = backend_map
+
+    monkeypatch.setattr(DraftBackendFactory._create_backend, "__wrapped__", sglangs_method)
+    factory = DraftBackendFactory.__new__(DraftBackendFactory)
+    factory.draft_model_runner = object()
+    suffix = "_decode_backend" if multistep else "_prefill_backend"
+    backend_map = {n: _creator(f"_create_{n}{suffix}") for n in ("triton", "flashinfer")}
+    factory._create_backend("decode_attention_backend", backend_map, "x {backend_type}",
+                            stamps_children=multistep)
+    with pytest.raises(ValueError, match=rf"vattn base 'fa3' \(VATTN_BASE\) has no entry in sglang's {which} "
+                                         r"backend map; allowed: flashinfer, triton"):
+        seen["map"]["vattn"]()
 
 
 def test_draft_factory_hook_takes_sglangs_arguments(registered):
@@ -198,7 +266,7 @@ def test_gate_accepts_supported_models(changes):
     ({"page_size": 32}, r"page_size 32"),
     ({"kv_dtype": "float8_e5m2"}, r"KV dtype float8_e5m2"),
     ({"kv_dtype": "float16"}, r"KV dtype float16"),
-    ({"sliding_window": True}, r"sliding-window"),
+    ({"sliding_window": True}, r"^sliding-window or chunked attention$"),
     ({"use_mla": True}, r"MLA"),
     ({"speculative_topk": 4}, r"speculative topk 4"),
     ({"num_q_heads": 64}, r"GQA group 64"),
@@ -313,7 +381,8 @@ def test_stand_in_production_base_serves_everything_with_vattn_off(routed):
 @pytest.mark.slow
 def test_base_flags_hooks_and_state_show_through_the_wrapper(routed):
     assert routed["delegation"] == {
-        "is_attention_backend": True, "ragged_verify": True, "needs_cpu_seq_lens": False, "fill": 1,
+        # ragged verify graphs: the base says yes, the wrapper no while vattn serves (test_backend.py)
+        "is_attention_backend": True, "ragged_verify": False, "needs_cpu_seq_lens": False, "fill": 1,
         "graph_state": [8, 32], "metadata_read": "base-metadata", "metadata_written": None,
         "stamp": "fa3",  # sglang's "vattn" stamp reaches the base as the base's own name
         "helper": "from the base", "workspace_batch": 8}

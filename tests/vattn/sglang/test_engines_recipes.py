@@ -28,7 +28,7 @@ REAL_SERVER_RECIPES = [ROOT / "recipes" / n for n in ("h200-sglang-qwen3-hd256.y
 POINTS = {"mi355x": {(2, 32), (4, 16), (2, 8), (4, 4)}, "h200": {(8, 32), (4, 16), (8, 8), (4, 4)}}
 
 # The MI355X reference's TP2 c32 server, flag for flag (DESIGN.md; configs/servers presets).
-TP2_C32_ARGS = ["--tp-size", "2", "--attention-backend", "vattn", "--page-size", "16", "--kv-cache-dtype", "fp8_e4m3",
+TP2_C32_ARGS = ["--tp-size", "2", "--attention-backend", "vattn", "--vattn-base", "triton", "--page-size", "16", "--kv-cache-dtype", "fp8_e4m3",
                 "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
                 "--speculative-num-draft-tokens", "4", "--enable-metrics", "--stream-interval", "1",
                 "--trust-remote-code", "--enable-hierarchical-cache", "--hicache-ratio", "2.0",
@@ -67,6 +67,18 @@ def test_recipe_plans_one_sglang_command_for_both_arms_but_for_vattn(path, tmp_p
     assert plan.env_diff == {"VATTN": ("0", "1")}
     conc = int(re.search(r"-c(\d+)$", path.stem).group(1))
     assert recipe.load.concurrency == conc and recipe.load.scenario
+
+
+@pytest.mark.parametrize("path", RECIPES + REAL_SERVER_RECIPES, ids=lambda p: p.stem)
+def test_recipe_names_the_base_it_wraps(path):
+    """Without --vattn-base the base is sglang's default, which on ROCm (aiter) and Blackwell
+    (trtllm_mha) is no base vattn wraps, and on an H200 at page 16 is flashinfer, not what the
+    recipes' comments say; each recipe names its base."""
+    from vattn.sglang import base as base_choice
+
+    args = load_recipe(path).server.args
+    assert args.get("attention_backend") == "vattn"
+    assert args.get("vattn_base") in base_choice.BASES, args.get("vattn_base")
 
 
 def test_pipeline_plan_prints_the_exact_sglang_command_for_both_arms():
