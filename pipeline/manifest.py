@@ -18,7 +18,8 @@ from pipeline.hosts import Host, HostError
 from pipeline.io import read_json, write_json_atomic, write_json_exclusive
 from pipeline.paths import REPO_ROOT
 
-PACKAGES = ("vattn-pipeline", "aiperf", "torch", "triton", "sglang", "vllm", "pydantic", "pandas")
+PACKAGES = ("vattn-pipeline", "aiperf", "torch", "triton", "sglang", "vllm", "pydantic", "pandas", "numpy",
+            "matplotlib")
 
 
 def now() -> str:

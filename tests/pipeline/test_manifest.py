@@ -49,3 +49,11 @@ def test_a_manifest_from_before_invocations_keeps_created_to_finished(tmp_path):
     m.close_invocation(m.open_invocation())  # a resume of such a run records no span: it would miss the first run's
     assert "invocations" not in json.loads(path.read_text())
     assert wall_time(json.loads(path.read_text())) == "191.0 s"
+
+
+def test_versions_name_the_analysis_libraries_the_report_is_computed_with():
+    from pipeline.manifest import package_versions
+
+    versions = package_versions()
+    for name in ("numpy", "matplotlib", "pandas", "pydantic"):
+        assert name in versions, name
