@@ -23,7 +23,8 @@ PACKAGES = ("vattn-pipeline", "aiperf", "torch", "triton", "sglang", "vllm", "py
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    """UTC, to the millisecond: stage durations are differences of these, and a server starts in under a second."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 def new_run_id(run_dir: Path, created: str) -> str:

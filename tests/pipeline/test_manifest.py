@@ -57,3 +57,17 @@ def test_versions_name_the_analysis_libraries_the_report_is_computed_with():
     versions = package_versions()
     for name in ("numpy", "matplotlib", "pandas", "pydantic"):
         assert name in versions, name
+
+
+def test_a_sub_second_stage_keeps_its_duration(tmp_path):
+    """Whole-second stamps showed a 0.5 s server start as 0.0 s or 1.0 s."""
+    import time
+
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"stages": {}}))
+    m = Manifest.load(path)
+    m.mark("off", "server", "running")
+    time.sleep(0.3)
+    m.mark("off", "server", "done")
+    shown = float(stage_rows(json.loads(path.read_text()))[0][3].removesuffix(" s"))
+    assert 0.25 <= shown < 0.9
