@@ -143,7 +143,7 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
     plan = _get(manifest, "plan", default={})
     started = _get(manifest, "started", default=_get(manifest, "created"))
     lines = [
-        f"- git sha: `{_get(manifest, 'git_sha')}`",
+        f"- git sha: `{_get(manifest, 'git_sha')}` " + _dirty_note(manifest),
         f"- engine: {_get(recipe, 'engine', default=_get(manifest, 'engine'))}",
         f"- started: {started}; finished: {_get(manifest, 'finished')}; "
         f"wall time: {wall_time(manifest)}",
@@ -151,6 +151,7 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
         f"order: {_get(plan, 'order', default=_get(recipe, 'placement', 'order'))}; "
         f"repeats: {_get(recipe, 'placement', 'repeats')}",
     ]
+    lines += input_lines(manifest)
     lines += gpu_lines(manifest)
     traces = find_keys(recipe, ("trace", "dataset", "input_file"))
     seeds = find_keys(manifest, ("seed",))
@@ -170,6 +171,35 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
     else:
         lines += ["", "Stage durations: unknown"]
     return lines + superseded_lines(manifest)
+
+
+def _dirty_note(manifest: dict) -> str:
+    if isinstance(manifest.get("inputs"), list):
+        return ("(a -dirty suffix: changed tracked files; whether the commit holds the files this run read is each "
+                "input's git state below)")
+    return "(a -dirty suffix: changed tracked files only; this manifest predates the check of the run's inputs)"
+
+
+def input_lines(manifest: dict) -> list[str]:
+    """The files the run read (pipeline/inputs.py), each with its short sha256, path and git state, then those the
+    commit does not hold. A manifest from before inputs were recorded gives its recipe path alone."""
+    inputs = manifest.get("inputs")
+    if not isinstance(inputs, list):
+        return [f"- recipe: {_get(manifest, 'recipe_path')} (input hashes not recorded: a run from before they were)"]
+    lines = ["- inputs, hashed at the run's start (sha256, first 12 hex digits; git state):"]
+    loose = []
+    for e in (e for e in inputs if isinstance(e, dict)):
+        digest = f"`{e['sha256'][:12]}`" if e.get("sha256") else f"no hash ({e.get('note', UNKNOWN)})"
+        where = f" = {e['file']}" if e.get("file") else ""
+        count = f"{e['files']} files; " if e.get("files") is not None else ""
+        lines.append(f"  - {e.get('role', UNKNOWN)}: {digest} {e.get('path', UNKNOWN)}{where} "
+                     f"({count}{e.get('git', UNKNOWN)})")
+        if e.get("git") in ("untracked", "ignored", "modified"):
+            loose.append(f"{e.get('role')} ({e.get('git')})")
+    lines.append("- inputs the commit does not hold: " + (
+        "; ".join(loose) + " -- the git sha alone does not reproduce this run; their hashes above pin them"
+        if loose else "none (of the files this run read; files outside the checkout are pinned by hash only)"))
+    return lines
 
 
 def superseded_lines(manifest: dict) -> list[str]:

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.hosts import Host, HostError
+from pipeline.inputs import run_inputs
 from pipeline.io import read_json, write_json_atomic, write_json_exclusive
 from pipeline.paths import REPO_ROOT
 
@@ -45,7 +46,8 @@ def package_versions() -> dict[str, str]:
 
 
 def git_sha() -> str:
-    """The checkout's commit (with -dirty for uncommitted changes to tracked files). PIPELINE_GIT_SHA, where set,
+    """The checkout's commit (with -dirty for uncommitted changes to tracked files; whether the files the run read
+    are committed is each input's own "git" state, pipeline/inputs.py). PIPELINE_GIT_SHA, where set,
     wins: a tree copied to a GPU host may carry no git metadata, or a stale copy of it."""
     if os.environ.get("PIPELINE_GIT_SHA"):
         return os.environ["PIPELINE_GIT_SHA"]
@@ -91,6 +93,7 @@ class Manifest:
         data = {"recipe_path": recipe_path, "recipe": recipe, "plan": plan, "env_diff": plan["env_diff"],
                 "arm_runs": [{k: a[k] for k in ("name", "arm", "round", "group", "host", "gpus", "port")}
                              for a in plan["arm_runs"]],
+                "inputs": run_inputs(recipe_path, recipe),
                 "versions": package_versions(), "git_sha": git_sha(), "hosts": hosts, "run_id": run_id,
                 "created": created, "finished": None, "stages": {}, "invocations": []}
         write_json_exclusive(path, data)

@@ -23,3 +23,31 @@ def test_a_slurm_arm_run_names_its_job_node_and_devices():
     assert lines[0] == "- host `cluster` (slurm) GPUs: none reported (no nvidia-smi)"
     # the on arm run's job never started: the plan's (empty) GPU list is all there is
     assert lines[1] == "- arm runs: off on cluster Slurm job 5 on gpu-12 GPUs 2,3 port 30500; on on cluster GPUs none port 30500"
+
+
+def test_inputs_show_short_hash_path_and_what_the_commit_lacks():
+    from analysis.provenance import provenance_md
+
+    manifest = {"git_sha": "abc", "inputs": [
+        {"role": "recipe", "path": "recipes/new.yaml", "sha256": "0123456789abcdef" * 4, "git": "untracked"},
+        {"role": "trace", "path": "/data/t", "sha256": "f" * 64, "files": 3, "git": "outside the checkout"}]}
+    text = "\n".join(provenance_md(manifest))
+    assert "  - recipe: `0123456789ab` recipes/new.yaml (untracked)" in text
+    assert "  - trace: `ffffffffffff` /data/t (3 files; outside the checkout)" in text
+    assert "inputs the commit does not hold: recipe (untracked) -- the git sha alone does not reproduce" in text
+
+
+def test_a_manifest_from_before_the_new_fields_still_renders():
+    """No inputs, machine facts, sub-second stamps or load averages: each is absent, not an error."""
+    from analysis.provenance import provenance_md
+
+    old = {"recipe_path": "recipes/quickstart.yaml", "git_sha": "abc", "recipe": {"engine": "emulator"},
+           "hosts": {"local": {"kind": "local", "gpus": []}},
+           "arm_runs": [{"name": "off", "host": "local", "gpus": [], "port": 30000}],
+           "created": "2026-12-07T21:01:25+00:00", "finished": "2026-12-07T21:06:38+00:00",
+           "stages": {"off": {"server": {"status": "done", "started": "2026-12-07T21:01:26+00:00",
+                                         "finished": "2026-12-07T21:01:26+00:00"}}}}
+    text = "\n".join(provenance_md(old))
+    assert "- recipe: recipes/quickstart.yaml (input hashes not recorded" in text
+    assert "predates the check of the run's inputs" in text
+    assert "| off | server | done | 0.0 s |" in text
