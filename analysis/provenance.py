@@ -226,14 +226,35 @@ def gpu_lines(manifest: dict) -> list[str]:
                          f"mem clock {g.get('clocks.mem')}, {g.get('memory.total')}, uuid {g.get('uuid')})"
                          for g in gpus) or "none reported (no nvidia-smi)"
         lines.append(f"- host `{name}` ({_where(facts, _get(manifest, 'recipe', 'hosts', name, default={}))}) "
-                     f"GPUs: {desc}")
+                     f"GPUs: {desc}" + _machine((facts or {}).get("machine"), "; machine: "))
+    controller = manifest.get("controller")
+    if isinstance(controller, dict) and controller and not any(
+            (f or {}).get("machine", {}).get("hostname") == controller.get("hostname") for f in hosts.values()):
+        lines.append("- controller (runs aiperf)" + _machine(controller, ": "))
     stages = manifest.get("stages") or {}
     pairing = [f"{a.get('name')} on {a.get('host')} " + _arm_gpus(a, _get(stages, a.get("name"), "server", "slurm_job",
                                                                           default=None))
-               + f" port {a.get('port')}" for a in manifest.get("arm_runs") or []]
+               + f" port {a.get('port')}" + _load_at_start(_get(stages, a.get("name"), "server", default={}))
+               for a in manifest.get("arm_runs") or []]
     if pairing:
         lines.append("- arm runs: " + "; ".join(pairing))
     return lines or [f"- GPUs: {UNKNOWN}"]
+
+
+def _machine(m: Any, lead: str) -> str:
+    """`lead` + hostname, CPU model and count; "" for a manifest from before machines were recorded."""
+    if not isinstance(m, dict) or not m:
+        return ""
+    return f"{lead}{m.get('hostname') or UNKNOWN}, CPU {m.get('cpu_model') or UNKNOWN} x {m.get('cpus') or UNKNOWN}"
+
+
+def _load_at_start(server: Any) -> str:
+    """The 1-minute load average(s) the runner recorded as the arm run started; "" where none was."""
+    if not isinstance(server, dict):
+        return ""
+    parts = [f"{what} {server[k]}" for k, what in (("load_1m", "host"), ("controller_load_1m", "controller"))
+             if isinstance(server.get(k), (int, float))]
+    return f" (1-min load at start: {', '.join(parts)})" if parts else ""
 
 
 

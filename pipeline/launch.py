@@ -97,7 +97,8 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
     """Run `recipe_path` into `out` (default: a new timestamped dir), or finish the run in `resume`;
     write its report. Returns the exit code. The run dir is locked (pipeline.dirlock) throughout."""
     from pipeline.config.recipe import recipe_to_dict
-    from pipeline.manifest import Manifest, new_run_id, now
+    from pipeline.hosts import LocalHost
+    from pipeline.manifest import Manifest, machine_facts, new_run_id, now
     from pipeline.paths import RunPaths
     from pipeline.plan import build_plan
     from pipeline.runner import check_matched_gpus, execute, host_facts, make_hosts
@@ -132,7 +133,8 @@ def run_recipe(recipe_path: str | None, *, out: str | None = None, resume: str |
             try:
                 manifest = Manifest.create(RunPaths(run_dir).manifest, recipe=recipe_to_dict(recipe),
                                            recipe_path=str(recipe_path), plan=plan.to_dict(), hosts=facts,
-                                           run_id=run_id, created=created)
+                                           run_id=run_id, created=created,
+                                           controller=machine_facts(LocalHost()))  # where aiperf runs
             except FileExistsError:  # another run claimed the dir after the first check
                 raise _run_dir_taken(run_dir, "was claimed by another `pipeline run` started at the same "
                                      "time") from None

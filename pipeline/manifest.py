@@ -80,6 +80,38 @@ def gpu_facts(host: Host) -> list[dict]:
     return [dict(zip(keys, (v.strip() for v in line.split(",")))) for line in r.stdout.strip().splitlines()]
 
 
+# hostname, online CPUs, CPU model (x86 and most Arm kernels name it "model name"), in one round trip
+_MACHINE_SH = "hostname; getconf _NPROCESSORS_ONLN; grep -m1 -i '^model name' /proc/cpuinfo | cut -d: -f2-"
+
+
+def machine_facts(host: Host) -> dict:
+    """{hostname, cpus, cpu_model} of the machine a host runs commands on ({} where it cannot tell): the emulator's
+    timings are sleeps computed on that CPU, and aiperf's on the controller's."""
+    try:
+        r = host.run(["sh", "-c", _MACHINE_SH], timeout=20)
+    except HostError:
+        raise
+    except Exception:  # no sh, a hung command
+        return {}
+    if r.returncode != 0:
+        return {}
+    lines = [line.strip() for line in r.stdout.splitlines()] + ["", "", ""]
+    return {"hostname": lines[0] or None, "cpus": int(lines[1]) if lines[1].isdigit() else None,
+            "cpu_model": lines[2] or None}
+
+
+def load_average(host: Host) -> float | None:
+    """The host's 1-minute load average now, None where it cannot tell (a machine busy with something else
+    slows the emulator's steps and aiperf alike)."""
+    try:
+        if host.kind == "local":
+            return round(os.getloadavg()[0], 2)
+        r = host.run(["cat", "/proc/loadavg"], timeout=20)
+        return round(float(r.stdout.split()[0]), 2) if r.returncode == 0 else None
+    except Exception:  # informational: an unreachable host fails the stage that needs it, not this
+        return None
+
+
 class Manifest:
     def __init__(self, path: Path, data: dict):
         self.path, self.data = Path(path), data
@@ -87,14 +119,15 @@ class Manifest:
 
     @classmethod
     def create(cls, path: Path, *, recipe: dict, recipe_path: str, plan: dict, hosts: dict, run_id: str,
-               created: str) -> "Manifest":
+               created: str, controller: dict | None = None) -> "Manifest":
         """Write a new run's manifest; FileExistsError if the run dir already has one. This write claims
         the run dir: of two runs started at once on one path, only the first to link its manifest goes on."""
         data = {"recipe_path": recipe_path, "recipe": recipe, "plan": plan, "env_diff": plan["env_diff"],
                 "arm_runs": [{k: a[k] for k in ("name", "arm", "round", "group", "host", "gpus", "port")}
                              for a in plan["arm_runs"]],
                 "inputs": run_inputs(recipe_path, recipe),
-                "versions": package_versions(), "git_sha": git_sha(), "hosts": hosts, "run_id": run_id,
+                "versions": package_versions(), "git_sha": git_sha(), "hosts": hosts, "controller": controller or {},
+                "run_id": run_id,
                 "created": created, "finished": None, "stages": {}, "invocations": []}
         write_json_exclusive(path, data)
         return cls(path, data)

@@ -17,7 +17,7 @@ from pipeline.config.recipe import Recipe
 from pipeline.engines import get_engine
 from pipeline.hosts import Host, HostError, LocalHost, SshHost
 from pipeline.io import write_json_atomic
-from pipeline.manifest import Manifest, gpu_facts, now
+from pipeline.manifest import Manifest, gpu_facts, load_average, machine_facts, now
 from pipeline.paths import ArmPaths, RunPaths, remote_superseded_dir
 from pipeline.plan import ArmRun, RunPlan, gpus_text
 from pipeline.stages.server import save_result, served_paths, start_server
@@ -53,6 +53,9 @@ def host_facts(recipe: Recipe, hosts: dict[str, Host]) -> dict:
     facts = {name: {"kind": recipe.hosts[name].kind,
                     "gpus": [] if recipe.hosts[name].kind == "slurm" else gpu_facts(hosts[name])}
              for name in used}
+    for name in used:  # a slurm host's node, too, is known per job only
+        if recipe.hosts[name].kind != "slurm":
+            facts[name]["machine"] = machine_facts(hosts[name])
     return facts
 
 
@@ -198,7 +201,7 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
         if left:
             say("server")(f"cancelled job {left}, left running by an earlier attempt")
     say("server")(f"starting on {a.host} gpus={gpus_text(recipe, a)} port={a.port}")
-    manifest.mark(a.name, "server", "running")
+    manifest.mark(a.name, "server", "running", **_loads(host))
     proc, current, launched = None, "server", []
 
     def started(p):
@@ -239,6 +242,15 @@ def run_arm(recipe: Recipe, plan: RunPlan, manifest: Manifest, host: Host, a: Ar
             proc.stop()
             say("server")("stopped")
         _collect_server_artifacts(recipe, manifest, host, a, arm, launched=bool(launched), say=say("server"))
+
+
+def _loads(host: Host) -> dict:
+    """1-minute load averages at an arm run's start: its server's machine (not a Slurm job's: unknown until it
+    starts) and, where that is another machine, the controller's, which runs aiperf."""
+    out = {} if host.kind == "slurm" else {"load_1m": load_average(host)}
+    if host.kind != "local":
+        out["controller_load_1m"] = load_average(LocalHost())
+    return out
 
 
 def _run_client_stage(stage: str, recipe: Recipe, a: ArmRun, arm: ArmPaths, url: str, proc, progress):

@@ -51,3 +51,15 @@ def test_a_manifest_from_before_the_new_fields_still_renders():
     assert "- recipe: recipes/quickstart.yaml (input hashes not recorded" in text
     assert "predates the check of the run's inputs" in text
     assert "| off | server | done | 0.0 s |" in text
+
+
+def test_the_machine_and_each_arm_runs_starting_load_are_shown():
+    manifest = {"hosts": {"local": {"kind": "local", "gpus": [],
+                                    "machine": {"hostname": "box", "cpus": 2, "cpu_model": "Xeon X"}}},
+                "controller": {"hostname": "box", "cpus": 2, "cpu_model": "Xeon X"},
+                "arm_runs": [{"name": "off", "host": "local", "gpus": [], "port": 30500}],
+                "stages": {"off": {"server": {"load_1m": 1.25}}}}
+    lines = gpu_lines(manifest)
+    assert lines[0] == "- host `local` (local) GPUs: none reported (no nvidia-smi); machine: box, CPU Xeon X x 2"
+    # the controller is the local host: not said twice
+    assert lines[1] == "- arm runs: off on local GPUs none port 30500 (1-min load at start: host 1.25)"

@@ -71,3 +71,12 @@ def test_a_sub_second_stage_keeps_its_duration(tmp_path):
     m.mark("off", "server", "done")
     shown = float(stage_rows(json.loads(path.read_text()))[0][3].removesuffix(" s"))
     assert 0.25 <= shown < 0.9
+
+
+def test_machine_facts_and_load_average_of_this_machine():
+    from pipeline.hosts import LocalHost
+    from pipeline.manifest import load_average, machine_facts
+
+    facts = machine_facts(LocalHost())
+    assert facts["hostname"] and facts["cpus"] >= 1
+    assert isinstance(load_average(LocalHost()), float)
