@@ -350,14 +350,45 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
     return fields[0], int(fields[3]), int(fields[19])
 
 
-def _progress(spec: LoadSpec, arm: ArmPaths) -> str:
-    """Records so far; before the first measured one, the warm-up's count: a long first prefill there would
-    otherwise look like a stuck run."""
+def _progress(spec: LoadSpec, arm: ArmPaths, now: float | None = None) -> str:
+    """Where aiperf is, in one line: the warm-up's count and what it waits for, then the measured window's
+    elapsed/total seconds (its start: the earliest request of a measured record), then the grace period's drain.
+    Without it, a long first prefill in the warm-up looks like a stuck run, and the window like an open-ended one."""
     ok, failed = count_records(arm.profile_export)
-    if ok + failed or not spec.warmup_requests:
-        return f"{ok} records so far"
+    window = f"{spec.benchmark_duration_s:g} s"
+    start = window_start(arm.profile_export)
+    if start is not None:
+        elapsed = (time.time() if now is None else now) - start
+        if elapsed <= spec.benchmark_duration_s:
+            return f"measured window {elapsed:.0f}/{window}, {ok} records so far"
+        return (f"measured window over ({window}), {ok} records; waiting up to {spec.grace_period_s:g} s "
+                f"for the requests still in flight")
+    if ok + failed:
+        return f"{ok} records so far in the {window} window"
+    if not spec.warmup_requests:
+        return f"waiting for aiperf's start-up and the first measured record ({window} window)"
     done = sum(count_records(arm.profile_export, "warmup"))
-    return f"warm-up: {done}/{spec.warmup_requests} requests done; the measured window starts after it"
+    if done < spec.warmup_requests:
+        return (f"warm-up: {done}/{spec.warmup_requests} unmeasured requests done (sessions' first calls: cold "
+                f"prefills that may take a minute); the {window} measured window starts after them")
+    return f"warm-up done ({done} requests); the {window} measured window runs, its first record pending"
+
+
+def window_start(profile_export: Path) -> float | None:
+    """Unix time of the earliest request start among the measured (profiling) records so far, None before one."""
+    if not profile_export.is_file():
+        return None
+    first = None
+    with open(profile_export) as f:
+        for line in f:
+            try:
+                meta = json.loads(line).get("metadata", {})
+            except json.JSONDecodeError:
+                continue  # a line aiperf is still writing
+            ns = meta.get("request_start_ns")
+            if meta.get("benchmark_phase", "profiling") == "profiling" and isinstance(ns, (int, float)):
+                first = ns if first is None else min(first, ns)
+    return None if first is None else first / 1e9
 
 
 def _check(spec: LoadSpec, r: LoadResult, arm: ArmPaths) -> None:

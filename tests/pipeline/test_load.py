@@ -293,18 +293,27 @@ def _proc_groups() -> dict[int, tuple[int, str]]:
 
 
 
-def test_progress_counts_the_warm_up_until_the_first_measured_record(tmp_path):
+def test_progress_says_what_the_warm_up_waits_for_then_the_windows_elapsed_seconds(tmp_path):
     from pipeline.stages.load import _progress
 
     arm = ArmPaths(tmp_path / "arms" / "off")
     arm.profile_export.parent.mkdir(parents=True)
-    spec = LoadSpec(trace=QUICKSTART, warmup_requests=8, benchmark_duration_s=10)
+    spec = LoadSpec(trace=QUICKSTART, warmup_requests=8, benchmark_duration_s=60, grace_period_s=20)
     warm = {"metadata": {"benchmark_phase": "warmup"}, "metrics": {}}
     arm.profile_export.write_text(json.dumps(warm) + "\n" + json.dumps(warm) + "\n")
-    assert _progress(spec, arm) == "warm-up: 2/8 requests done; the measured window starts after it"
+    assert _progress(spec, arm) == ("warm-up: 2/8 unmeasured requests done (sessions' first calls: cold prefills "
+                                    "that may take a minute); the 60 s measured window starts after them")
+    arm.profile_export.write_text((json.dumps(warm) + "\n") * 8)
+    assert _progress(spec, arm) == "warm-up done (8 requests); the 60 s measured window runs, its first record pending"
+    t0 = 1_800_000_000.0
     with open(arm.profile_export, "a") as f:
-        f.write(json.dumps({"metadata": {"benchmark_phase": "profiling"}, "metrics": {}}) + "\n")
-    assert _progress(spec, arm) == "1 records so far"
+        for start in (t0 + 5, t0):
+            meta = {"benchmark_phase": "profiling", "request_start_ns": int(start * 1e9)}
+            f.write(json.dumps({"metadata": meta, "metrics": {}}) + "\n")
+    assert _progress(spec, arm, now=t0 + 23.2) == "measured window 23/60 s, 2 records so far"
+    assert _progress(spec, arm, now=t0 + 65) == ("measured window over (60 s), 2 records; waiting up to 20 s for the "
+                                                 "requests still in flight")
+
 
 @pytest.mark.slow
 def test_run_load_replays_the_trace_faithfully(server, tmp_path):
@@ -327,7 +336,8 @@ def test_run_load_replays_the_trace_faithfully(server, tmp_path):
     assert res.command == aiperf_command(spec, url=server.url, model=MODEL, tokenizer=TOKENIZER,
                                          artifact_dir=arm.aiperf_dir)
     assert arm.aiperf_log.read_text().startswith("$ " + " ".join(res.command))
-    assert any(re.fullmatch(r"aiperf running \d+s, \d+ records so far", x) for x in lines), lines
+    assert any(re.fullmatch(r"aiperf running \d+s, measured window \d+/10 s, \d+ records so far", x)
+               for x in lines), lines
     assert re.fullmatch(rf"aiperf done in \d+s, {res.records} records, 0 errors", lines[-1])
     assert all(b["stream"] is True and b["ignore_eos"] is True and b["model"] == MODEL
                for b in server.bodies)
