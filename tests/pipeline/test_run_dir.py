@@ -273,5 +273,7 @@ def test_a_new_run_on_an_unreachable_ssh_host_leaves_no_run_dir_and_the_fixed_re
     p = run()  # fixed: it gets as far as the server, which `echo` ends at once
     assert p.returncode == 1 and "server exited with code 0 before becoming healthy" in p.stderr, p.stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["hosts"] == {"box": {"kind": "ssh", "gpus": []}}
+    box_facts = manifest["hosts"]["box"]
+    assert {k: box_facts[k] for k in ("kind", "gpus")} == {"kind": "ssh", "gpus": []}
+    assert box_facts["machine"]["cpus"] >= 1 and box_facts["machine"]["hostname"]  # read over SSH
     assert manifest["stages"]["off"]["server"]["status"] == "failed"
