@@ -31,7 +31,9 @@ def figures(monkeypatch) -> dict[str, dict[str, tuple[str, str]]]:
                    if getattr(b, "patches", None)}
         series |= {h.get_label(): (to_hex(h.get_color()), h.get_linestyle())
                    for h in (ax.get_legend().legend_handles if ax.get_legend() else ()) if hasattr(h, "get_color")}
-        seen[Path(path).name] = {k.split(" (n=")[0].split(": rolling median")[0]: v for k, v in series.items() if not k.startswith("_")}
+        # "off (n=99)" in the CDF, "off: rolling median, 9 requests" over time: the arm's name
+        seen[Path(path).name] = {k.split(" (n=")[0].split(": rolling median")[0]: v for k, v in series.items()
+                                 if not k.startswith("_")}
         return save(fig, path)
     monkeypatch.setattr(plots, "_save", capture)
     return seen
