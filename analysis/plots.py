@@ -127,7 +127,8 @@ def delta_histogram(deltas: np.ndarray, path: Path, label: str,
     ticks = [t for t in DELTA_TICKS_PCT if left <= np.log1p(t / 100) <= right]
     ax.set_xticks([np.log1p(t / 100) for t in ticks], [f"{t:+d}%" if t else "0" for t in ticks])
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left")  # the fast tail is sparse; the body sits near 0
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.4)  # headroom: the legend must not hide the bars near 0
+        ax.legend(loc="upper left")
     return _save(fig, path)
 
 
