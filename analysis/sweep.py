@@ -132,15 +132,23 @@ def pareto_lines(df: "pd.DataFrame", axes: list[str] = (),
 
 
 def pareto_plot(df: "pd.DataFrame", path: Path, axes: list[str] = (), along: str | None = None) -> Path:
-    """Interactivity (at TPOT p50, solid, filled markers; p90, dashed, hollow) against output throughput per GPU,
-    one line per arm (colour) and values of the matrix's other axes (marker), each point with 95% CI bars on
-    both axes and labelled with its `along` value (its point name without a matrix)."""
+    """Left: interactivity (at TPOT p50, solid, filled markers; p90, dashed, hollow) against output throughput per
+    GPU, one line per arm (colour) and values of the matrix's other axes (marker), each point with 95% CI bars on
+    both axes and labelled with its `along` value (its point name without a matrix). Right: the paired on-vs-off
+    deltas per point (the verdict's matched TPOT delta and the equal-window throughput delta) with their CIs: each
+    arm's own CI spans the sessions' spread, which a paired comparison removes, so the left panel alone makes
+    arms that differ reliably look alike."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    from analysis.plots import _figure, _save, arm_style
+    from analysis.plots import _save, arm_style
 
-    fig, ax = _figure("Sweep: interactivity vs output throughput per GPU", "output throughput per GPU (tok/s)",
-                      "interactivity (tok/s/user)")
+    fig, (ax, dax) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100, gridspec_kw={"width_ratios": [3, 2]})
+    ax.set(title="Each arm: interactivity vs output throughput per GPU", xlabel="output throughput per GPU (tok/s)",
+           ylabel="interactivity (tok/s/user)")
     lines = pareto_lines(df, axes, along)
     series = list(dict.fromkeys(s for _, s, _ in lines))
     markers = "os^Dv<>PX*"
@@ -152,19 +160,50 @@ def pareto_plot(df: "pd.DataFrame", path: Path, axes: list[str] = (), along: str
         for key, style, face in (("inter_p50", "-", color), ("inter_p90", "--", "none")):
             y = a[key].to_numpy(float)
             ax.errorbar(x, y, xerr=xerr, yerr=_err(y, a[f"{key}_lo"], a[f"{key}_hi"]), ls=style, marker=marker,
-                        mfc=face, capsize=3, color=color)
-        for _, r in a.iterrows():  # off's labels above its markers, on's below: the arms' points sit close
-            ax.annotate(str(r[along]) if along else r["point"], (r["tput_per_gpu"], r["inter_p50"]),
-                        textcoords="offset points", xytext=(4, 4 if arm == "off" else -10), fontsize=7,
-                        color=color)
+                        mfc=face, capsize=3, color=color, alpha=0.85)
+            for _, r in a.iterrows():  # off's labels up-left of its markers, on's down-right: the arms sit close
+                ax.annotate(_point_label(r, along), (r["tput_per_gpu"], r[key]), textcoords="offset points",
+                            xytext=(-8, 8) if arm == "off" else (8, -12), ha="right" if arm == "off" else "left",
+                            fontsize=8, color=color, bbox=LABEL_BOX)
     handles = [Line2D([], [], color=arm_style(i)["color"], label=arm) for i, arm in enumerate(("off", "on"))]
     handles += [Line2D([], [], color="gray", ls="-", marker="o", label="at TPOT p50"),
                 Line2D([], [], color="gray", ls="--", marker="o", mfc="none", label="at TPOT p90")]
     if len(series) > 1:
         handles += [Line2D([], [], color="gray", ls="none", marker=markers[i % len(markers)], label=s)
                     for i, s in enumerate(series)]
-    ax.legend(handles=handles, fontsize=7)
+    ax.legend(handles=handles, fontsize=9)
+    _paired_panel(dax, df, along)
+    for a_ in (ax, dax):
+        a_.grid(alpha=0.3)
     return _save(fig, path)
+
+
+LABEL_BOX = {"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8}  # legible over CI bars
+# The paired panel's series: (CSV column, legend label, colour, marker), colours neither arm's.
+PAIRED = (("d_matched_tpot", "matched TPOT, the verdict (< 0 better)", "#444444", "o"),
+          ("d_throughput_equal_window", "throughput, equal window (> 0 better)", "#55a868", "s"))
+
+
+def _point_label(r, along: str | None) -> str:
+    return str(r[along]) if along and along in r else str(r["point"])
+
+
+def _paired_panel(ax, df: "pd.DataFrame", along: str | None) -> None:
+    """On-vs-off delta % per point in sweep order, 95% CI bars (session bootstrap, paired where matched)."""
+    on = df[df["arm"] == "on"].drop_duplicates("point")
+    x = np.arange(len(on), dtype=float)
+    for i, (key, label, color, marker) in enumerate(PAIRED):
+        if key not in on:
+            continue
+        y = on[key].to_numpy(float)
+        ax.errorbar(x + (i - 0.5) * 0.15, y, yerr=_err(y, on[f"{key}_lo"], on[f"{key}_hi"]), ls="none",
+                    marker=marker, capsize=4, color=color, label=label)
+    ax.axhline(0, color="black", lw=1)
+    ax.set_xticks(x, [_point_label(r, along) for _, r in on.iterrows()])
+    ax.set_xlim(-0.6, len(on) - 0.4)
+    ax.set(title="Paired: on vs off per point (95% CI)", xlabel=along or "point",
+           ylabel="delta = (on - off) / off (%)")
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)  # below: CIs reach any height
 
 
 def _err(center: np.ndarray, lo, hi) -> np.ndarray:
@@ -193,9 +232,10 @@ def _matched(on, key: str) -> str:
 def four_point_md(df: "pd.DataFrame") -> list[str]:
     """The MI355X reference's table shape: one row per point, off / on and the delta with its CI. Latency columns
     count matched requests, as report.md's per-arm table does; throughput each arm's own, over the equal window."""
-    lines = ["| point | matched TPOT delta (the verdict) | TPOT p50 ms off / on, matched (delta) "
-             "| interactivity p50 off / on, matched (delta) | interactivity p90 off / on, matched (delta) "
-             "| tok/s/GPU off / on, all requests (delta) |",
+    lines = ["| point | matched TPOT delta, the verdict (< 0 better) | TPOT p50 (ms) off / on, matched (delta) "
+             "| interactivity p50 (tok/s/user) off / on, matched (delta) "
+             "| interactivity p90 (tok/s/user) off / on, matched (delta) "
+             "| output tok/s/GPU off / on, all requests (delta) |",
              "|---|---|---|---|---|---|"]
     for point, g in df.groupby("point", sort=False):
         off, on = g[g["arm"] == "off"].iloc[0], g[g["arm"] == "on"].iloc[0]
@@ -205,19 +245,65 @@ def four_point_md(df: "pd.DataFrame") -> list[str]:
     return lines
 
 
+# deltas_md's column headers: the quantity with its unit, and which sign of its delta is better.
+DELTA_HEADERS = {
+    "tpot_p50": ("TPOT p50 (ms)", "< 0"), "tpot_p90": ("TPOT p90 (ms)", "< 0"),
+    "inter_p50": ("interactivity p50 (tok/s/user)", "> 0"), "inter_p90": ("interactivity p90 (tok/s/user)", "> 0"),
+    "ttft_p50": ("TTFT p50 (ms)", "< 0"), "throughput_equal_window": ("output throughput, equal window (tok/s)", "> 0")}
+DELTA_NOTE = ("Delta = (on - off) / off, in %, with its 95% CI in brackets. Better is negative for times (TPOT, "
+              "TTFT) and positive for rates (interactivity, throughput); a CI that spans 0 shows no difference "
+              "this sweep could resolve.")
+
+
 def deltas_md(df: "pd.DataFrame") -> list[str]:
-    cols = [k + MATCHED_SUFFIX for k in DELTA_KEYS if k != "throughput_equal_window"] + ["throughput_equal_window"]
-    lines = ["| point | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    keys = [k for k in DELTA_KEYS if k != "throughput_equal_window"] + ["throughput_equal_window"]
+    cols = [k + MATCHED_SUFFIX if k != "throughput_equal_window" else k for k in keys]
+    heads = [f"{DELTA_HEADERS[k][0]}, {'matched' if c.endswith(MATCHED_SUFFIX) else 'all requests'}; "
+             f"{DELTA_HEADERS[k][1]} better" for k, c in zip(keys, cols)]
+    lines = ["| point | " + " | ".join(heads) + " |", "|---" * (len(cols) + 1) + "|"]
     for point, g in df.groupby("point", sort=False):
         on = g[g["arm"] == "on"].iloc[0]
         lines.append(f"| {point} | " + " | ".join(_delta(on, k) for k in cols) + " |")
     return lines
 
 
+def provenance_md(run_dirs: dict[str, Path]) -> list[str]:
+    """What every point ran and under which load, from the points' manifests: one line per item where all points
+    agree, `point: value` pairs where they differ. [] where no point has a manifest."""
+    from analysis.rundir import read_manifest
+
+    items: dict[str, dict[str, str]] = {}
+    for point, d in run_dirs.items():
+        try:
+            m = read_manifest(Path(d))
+        except (AnalysisError, OSError, ValueError):
+            continue
+        r = m.get("recipe") if isinstance(m.get("recipe"), dict) else {}
+        load, place = r.get("load") or {}, r.get("placement") or {}
+        env = ", ".join(f"{k} {a if a is not None else 'unset'} -> {b if b is not None else 'unset'}"
+                        for k, (a, b) in (m.get("env_diff") or {}).items())
+        for item, value in (
+                ("commit", (m.get("git_sha") or "not recorded")[:12]),
+                ("engine / model", f"{r.get('engine')} / {r.get('model')}"),
+                ("trace", f"`{load.get('trace')}`"),
+                ("concurrency", load.get("concurrency")),
+                ("window", f"{load.get('benchmark_duration_s')} s measured after {load.get('warmup_requests')} "
+                           f"warm-up requests, {load.get('grace_period_s')} s grace"),
+                ("arm order", f"{place.get('mode')}, {place.get('order')}"),
+                ("off -> on", env or "not recorded")):
+            items.setdefault(item, {})[point] = str(value)
+    lines = []
+    for item, by_point in items.items():
+        values = set(by_point.values())
+        text = values.pop() if len(values) == 1 else "; ".join(f"{p}: {v}" for p, v in by_point.items())
+        lines.append(f"- {item}: {text}")
+    return lines
+
+
 # Under the tables: what their columns and the CSV's count (the CSV's latency columns were renamed when they
 # moved to matched requests; this says so where a reader of the sweep looks).
 COLUMNS_NOTE = (
-    "Latency columns (TPOT, interactivity, TTFT; `*_matched` in the tables and in sweep_summary.csv's "
+    "Latency columns (TPOT, interactivity, TTFT; `matched` in the tables, `*_matched` in sweep_summary.csv's "
     "`off_*` / `on_*` / `d_*` columns) count matched requests, the same request completed in both arms, paired by "
     "request and resampled by session, as each run's report.md per-arm table: the faster arm also sends requests "
     "the other never reached (late turns, often prefix-cache hits), which would move its own percentiles. "
@@ -257,13 +343,20 @@ def sweep_report_md(name: str, df: "pd.DataFrame", status: dict[str, str], repor
                 if any(st.startswith("analysis failed") for st in status.values())
                 else "No point has finished yet: nothing to compare.")
         return "\n".join(parts + ["", none]) + "\n"
-    parts += ["", "## Four-point table (the MI355X reference's shape)", "", *four_point_md(df), "",
+    n = df["point"].nunique()
+    prov = provenance_md({p: d for p, d in run_dirs.items() if p in set(df["point"])})
+    if prov:
+        parts += ["", "## What ran (from each point's manifest.json)", "", *prov]
+    parts += ["", f"## Per-point table: {n} point{'s' * (n != 1)} (the layout of the MI355X reference's four-point "
+              "table)", "", DELTA_NOTE, "", *four_point_md(df), "",
               "## Deltas on vs off per point (95% CI, session bootstrap; as in each run's report.md)", "",
               *deltas_md(df), "", COLUMNS_NOTE, ""]
     if png is not None:
         parts += ["## Interactivity vs output throughput per GPU", "",
                   f"![pareto]({os.path.relpath(png, report_dir)})", "",
-                  "Each marker is one point and arm; bars are 95% CIs from resampling whole sessions. "
+                  "Left: each marker is one point and arm; bars are 95% CIs from resampling whole sessions, "
+                  "each arm on its own: they include the spread between sessions, which the paired deltas (right, "
+                  "and the tables) cancel, so overlapping bars on the left do not mean the arms are alike. "
                   "Interactivity = 1000 / TPOT[ms] at the TPOT p50 (solid) and p90 (dashed) of the arm's own "
                   "completed requests. Throughput per "
                   "GPU = output tokens emitted in the point's equal window (the recipe's duration from the "

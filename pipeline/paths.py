@@ -258,9 +258,9 @@ class SweepPaths:
           sweep.json              the sweep spec, its points and each point's run dir and status
           runs/<point>/           an ordinary run dir (manifest.json, arms/, report.md)
           superseded/<point>.<n>  a point's unfinished run set aside when an edited sweep file re-planned it
-          sweep_report.md         per-point deltas with CIs, the four-point table, the plot
+          sweep_report.md         what ran, per-point deltas with CIs, the plot
           sweep_summary.csv       one row per point and arm
-          plots/pareto.png        interactivity against output throughput per GPU, off and on
+          plots/pareto.png        interactivity against output throughput per GPU, off and on; paired deltas
     """
 
     root: Path

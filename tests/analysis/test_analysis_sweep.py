@@ -1,6 +1,7 @@
 """analysis/sweep.py: per-arm CIs checked by hand, and the sweep summary built from a recorded run dir."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from analysis.compare import compare
 from analysis.formatting import fmt, fmt_delta
 from analysis.load import read_jsonl
 from analysis.rundir import load_run
-from analysis.sweep import arm_ci, four_point_md, pareto_plot, summary_frame, sweep_report_md
+from analysis.sweep import arm_ci, four_point_md, pareto_plot, provenance_md, summary_frame, sweep_report_md
 from analysis_records import write_jsonl
 
 RUN = Path(__file__).parent / "data" / "quickstart_run"
@@ -82,7 +83,8 @@ def test_latency_columns_say_they_count_matched_requests(tmp_path):
         assert [on[f"off_{key}_all"], on[f"on_{key}_all"]] == pytest.approx(t.loc[key, ["a_all", "b_all"]].tolist())
     assert on["d_throughput_equal_window"] == pytest.approx(t.loc["throughput_equal_window", "delta_pct"])
     md = sweep_report_md("s", df, {"c8": "done"}, tmp_path, None)
-    assert "| ttft_p50_matched |" in md and "`off_<key>_all` / `on_<key>_all` give each arm's value" in md
+    assert "| TTFT p50 (ms), matched; < 0 better |" in md
+    assert "`off_<key>_all` / `on_<key>_all` give each arm's value" in md
     assert f"| c8 | {fmt_delta(on['d_matched_tpot'], on['d_matched_tpot_lo'], on['d_matched_tpot_hi'])} | " \
            f"{fmt(t.loc['tpot_p50', 'a'])} / {fmt(t.loc['tpot_p50', 'b'])} (" in md
 
@@ -103,3 +105,48 @@ def test_a_run_that_cannot_be_analysed_is_left_out_with_its_reason(tmp_path):
     assert list(df["point"]) == ["c8", "c8"] and list(df["run_dir"]) == ["runs/c8", "runs/c8"]
     assert list(failed) == ["c16"]
     assert failed["c16"].startswith("runs/c16/arms/on/aiperf/profile_export.jsonl: 0 profiling records"), failed
+
+
+def test_the_sweep_report_defines_its_delta_and_titles_the_table_by_its_point_count(tmp_path):
+    """Delta = (on - off) / off and which sign is better are stated; headers are readable with units; the table
+    in the reference's layout is titled by the points it has; the provenance block comes from the manifest."""
+    df, _ = summary_frame([{"point": "c8", "run_dir": str(RUN), "gpus": 2}])
+    md = sweep_report_md("s", df, {"c8": "done"}, tmp_path, None, run_dirs={"c8": RUN})
+    assert "Delta = (on - off) / off" in md and "negative for times (TPOT, TTFT) and positive for rates" in md
+    assert "## Per-point table: 1 point (the layout of the MI355X reference's four-point table)" in md
+    assert "Four-point table" not in md and "| tpot_p50_matched |" not in md
+    assert "| output throughput, equal window (tok/s), all requests; > 0 better |" in md
+    manifest = load_run(RUN).manifest
+    load = manifest["recipe"]["load"]
+    assert f"- commit: {manifest['git_sha'][:12]}" in md and f"- trace: `{load['trace']}`" in md
+    assert f"- window: {load['benchmark_duration_s']} s measured" in md
+
+
+def test_provenance_lists_per_point_values_where_points_differ(tmp_path):
+    for point, conc in (("c4", 4), ("c8", 8)):
+        shutil.copytree(RUN, tmp_path / point)
+        m = json.loads((tmp_path / point / "manifest.json").read_text())
+        m["recipe"]["load"]["concurrency"] = conc
+        (tmp_path / point / "manifest.json").write_text(json.dumps(m))
+    lines = provenance_md({"c4": tmp_path / "c4", "c8": tmp_path / "c8"})
+    assert "- concurrency: c4: 4; c8: 8" in lines and sum(line.startswith("- commit: ") for line in lines) == 1
+
+
+def test_the_pareto_plot_has_a_panel_of_the_paired_deltas_with_cis(tmp_path, monkeypatch):
+    from analysis import plots
+
+    figs, save = {}, plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault("f", fig) and save(fig, path))
+    df, _ = summary_frame([{"point": "c8", "run_dir": str(RUN), "gpus": 2}])
+    pareto_plot(df, tmp_path / "pareto.png")
+    left, right = figs["f"].axes
+    assert right.get_ylabel() == "delta = (on - off) / off (%)"
+    on = df[df["arm"] == "on"].iloc[0]
+    bars = {c.get_label(): c for c in right.containers}
+    tpot = bars["matched TPOT, the verdict (< 0 better)"]
+    assert tpot.lines[0].get_ydata()[0] == pytest.approx(on["d_matched_tpot"])
+    (segs,) = tpot.lines[2]  # the CI bar spans the verdict's CI
+    assert sorted(segs.get_segments()[0][:, 1]) == pytest.approx([on["d_matched_tpot_lo"], on["d_matched_tpot_hi"]])
+    # every point labelled at p50 and p90, in legible text
+    assert [t.get_text() for t in left.texts] == ["c8"] * 4 and min(t.get_fontsize() for t in left.texts) >= 8
+    assert min(t.get_fontsize() for t in left.get_legend().get_texts()) >= 9

@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.colors import to_hex, to_rgb
 
@@ -30,7 +31,9 @@ def figures(monkeypatch) -> dict[str, dict[str, tuple[str, str]]]:
                    if getattr(b, "patches", None)}
         series |= {h.get_label(): (to_hex(h.get_color()), h.get_linestyle())
                    for h in (ax.get_legend().legend_handles if ax.get_legend() else ()) if hasattr(h, "get_color")}
-        seen[Path(path).name] = {k.split(" (n=")[0]: v for k, v in series.items() if not k.startswith("_")}
+        # "off (n=99)" in the CDF, "off: rolling median, 9 requests" over time: the arm's name
+        seen[Path(path).name] = {k.split(" (n=")[0].split(": rolling median")[0]: v for k, v in series.items()
+                                 if not k.startswith("_")}
         return save(fig, path)
     monkeypatch.setattr(plots, "_save", capture)
     return seen
@@ -78,3 +81,66 @@ def test_the_sweep_pareto_plot_gives_off_and_on_the_report_colours(tmp_path, fig
     pareto_plot(df, tmp_path / "plots" / "pareto.png")
     for arm in ("off", "on"):
         assert figures["pareto.png"][arm][0] == figures["tpot_cdf.png"][arm][0] == figures["step_time.png"][arm][0]
+
+
+@pytest.fixture
+def saved(monkeypatch) -> dict:
+    """{file name: the matplotlib Figure} of every figure saved while the fixture is in use."""
+    figs, save = {}, plots._save
+
+    def capture(fig, path):
+        figs[Path(path).name] = fig
+        return save(fig, path)
+    monkeypatch.setattr(plots, "_save", capture)
+    return figs
+
+
+def test_the_delta_histogram_uses_a_log_ratio_axis_and_marks_the_verdict_and_its_ci(tmp_path, saved):
+    """+100% and -50% (both a factor of two) sit equally far from 0; the verdict's centre and CI are drawn; the
+    bars are in neither arm's colour; the label defines the delta and its sign."""
+    d = np.array([-50.0, -10, -5, 0, 5, 100])
+    plots.delta_histogram(d, tmp_path / "d.png", "on vs off", verdict=(-4.0, -8.0, 1.0), verdict_name="trimmed mean")
+    ax = saved["d.png"].axes[0]
+    ticks = {t.get_text(): t.get_position()[0] for t in ax.get_xticklabels()}
+    assert ticks["+100%"] == pytest.approx(-ticks["-50%"]) == pytest.approx(np.log(2))
+    assert "(on - off) / off" in ax.get_xlabel() and "< 0: on faster" in ax.get_xlabel()
+    labels = ax.get_legend_handles_labels()[1]
+    assert "trimmed mean -4.0% [-8.0, +1.0]" in labels and "95% CI" in labels
+    verdict = next(line for line in ax.get_lines() if line.get_label().startswith("trimmed mean"))
+    assert verdict.get_xdata()[0] == pytest.approx(np.log(0.96))
+    assert {to_hex(p.get_facecolor()) for b in ax.containers for p in b.patches} == {plots.NEUTRAL}
+
+
+def test_the_delta_histogram_without_a_verdict_still_marks_zero_and_the_median(tmp_path, saved):
+    plots.delta_histogram(np.array([-20.0, 0, 10]), tmp_path / "d.png", "on vs off")
+    assert saved["d.png"].axes[0].get_legend_handles_labels()[1] == ["median +0.0%"]
+
+
+def test_the_tpot_cdf_has_a_log_x_and_says_it_counts_each_arms_own_requests(tmp_path, saved):
+    styles = plots.comparison_styles((("off", ()), ("on", ())))
+    plots.tpot_cdf({"off": np.array([3.0, 4, 37]), "on": np.array([2.9, 3.5, 28])}, tmp_path / "c.png", styles)
+    ax = saved["c.png"].axes[0]
+    assert ax.get_xscale() == "log" and "own requests (not matched)" in ax.get_title()
+
+
+def test_tpot_over_time_names_its_rolling_median_breaks_it_over_gaps_and_has_a_log_y(tmp_path, saved):
+    import pandas as pd
+
+    # 20 requests 0.2 s apart, a 30 s gap, 20 more
+    start = np.r_[np.arange(20) * 0.2, 34 + np.arange(20) * 0.2] * 1e9
+    f = pd.DataFrame({"start_ns": start, "tpot_ms": np.r_[np.full(20, 4.0), np.full(20, 6.0)]})
+    plots.tpot_over_time({"off": f}, tmp_path / "t.png", plots.comparison_styles((("off", ()),)))
+    ax = saved["t.png"].axes[0]
+    line = next(line for line in ax.get_lines() if line.get_label().startswith("off"))
+    assert line.get_label() == "off: rolling median, 4 requests" and ax.get_yscale() == "log"
+    y = np.asarray(line.get_ydata(), float)
+    assert np.isnan(y[20]) and set(y[:20]) == {4.0} and set(y[21:-1]) == {6.0}  # no step drawn across the gap
+
+
+def test_step_time_is_in_ms_on_log_axes_with_both_arms_in_the_legend(tmp_path, saved):
+    steps = {"off": np.r_[np.full(500, 10_000.0), np.full(5, 500_000.0)], "on": np.full(500, 9_000.0)}
+    plots.step_time_distribution(steps, tmp_path / "s.png", "us", plots.comparison_styles((("off", ()), ("on", ()))))
+    ax = saved["s.png"].axes[0]
+    assert ax.get_xscale() == ax.get_yscale() == "log" and "ms" in ax.get_xlabel()
+    assert ax.get_xlim()[0] < 9 and ax.get_xlim()[1] > 500  # microseconds shown as milliseconds
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["off (n=505)", "on (n=500)"]

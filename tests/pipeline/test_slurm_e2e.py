@@ -154,7 +154,7 @@ def test_slurm_sweep_2x2_interrupted_then_resumed(slurm_cluster, tmp_path, wait_
     csv = (out / "sweep_summary.csv").read_text().splitlines()
     assert len(csv) == 1 + 8 and csv[0].startswith("point,")
     report = (out / "sweep_report.md").read_text()
-    assert "Four-point table" in report and report.count("| done |") == 4
+    assert "Per-point table" in report and report.count("| done |") == 4
     assert (out / "plots/pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -228,7 +228,7 @@ def test_a_finished_point_that_cannot_be_analysed_leaves_the_others_reported(tmp
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     why = "run dir runs/c1: arm 'on' has no aiperf export at arms/on/aiperf/profile_export.jsonl"
     assert f"c1: analysis failed, left out of the summary and plot: {why}, though its load stage" in p.stdout
-    status_table, tables = (root / "sweep_report.md").read_text().split("## Four-point table")
+    status_table, tables = (root / "sweep_report.md").read_text().split("## Per-point table")
     c1, c2 = [r for r in status_table.splitlines() if r.startswith("| c")]
     assert c1.startswith(f"| c1 | analysis failed: {why}") and c1.count("|") == 5, c1
     assert c2.startswith("| c2 | done |") and "| c2 | " in tables and "| c1 | " not in tables
@@ -290,7 +290,7 @@ def test_an_interrupted_sweep_reports_what_finished_and_names_the_sweep_resume(t
     assert proc.returncode == 128 + sig, out[-2000:] + err[-2000:]  # 130 for SIGINT, 143 for SIGTERM
     assert f"finished points are kept: pipeline sweep --resume {root}" in err and "pipeline run --resume" not in err
     report = (root / "sweep_report.md").read_text()
-    assert "| c1 | done |" in report and "| c2 | unfinished |" in report and "Four-point table" in report
+    assert "| c1 | done |" in report and "| c2 | unfinished |" in report and "Per-point table" in report
     assert json.loads((root / "sweep.json").read_text())["points"]["c2"]["status"] == "interrupted"
 
 
