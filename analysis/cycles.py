@@ -1,4 +1,5 @@
-"""Optional "kernel in the loop" section from the emulator's cycle log (one line per cycle).
+"""Optional section from the emulator's cycle log (one line per cycle): "Kernel in the loop" where the real
+kernel ran on the batches, else "Emulator cycle log" (every time in it the cost model's).
 
 Each server lifetime writes its own log (emulator_cycles/lifetime-<n>.jsonl); analysis/rundir.py picks
 the one whose lifetime ran the load stage, so a resumed arm's figures come from one server.
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from analysis.compare import Comparison
+
+KERNEL_TITLE = "Kernel in the loop"      # the real kernel ran on the batches (measured_attention_us)
+MODEL_TITLE = "Emulator cycle log"       # no kernel ran: every time is the cost model's
 
 
 def cycles_frame(lines: list[dict]) -> "pd.DataFrame":
@@ -56,7 +60,7 @@ def cycle_summary(df: "pd.DataFrame") -> dict[str, float]:
 
 
 def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> list[str]:
-    """Markdown for the section (empty list when no arm has a cycle log); writes its plots."""
+    """Markdown for the section, its heading first (empty list when no arm has a cycle log); writes its plots."""
     frames, notes = {}, []
     for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)):
         p = runs[0].cycle_log
@@ -68,7 +72,8 @@ def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> l
                 frames[label] = df
     if not frames:
         return []
-    lines = ["From the emulator's per-cycle log (first run of each arm; of a resumed arm run, the server "
+    measured = any("measured_attention_us" in df for df in frames.values())
+    lines = [f"## {KERNEL_TITLE if measured else MODEL_TITLE}", "", "From the emulator's per-cycle log (first run of each arm; of a resumed arm run, the server "
              "lifetime that ran the load). Attention share = attention time / step time, summed over cycles.",
              *([""] + [f"Cycle log: {n}." for n in notes] if notes else []), "",
              "| arm | cycles | step mean (us) | step p50 (us) | step p90 (us) | decode-only step p50 (us) "

@@ -202,6 +202,18 @@ def lossy_arm_notes(recipe: dict) -> list[str]:
     return notes
 
 
+def timing_source(run: Run, other: Run | None, cycle_lines: Sequence[str]) -> list[str]:
+    """One line under the verdict where an emulator made the timings: its numbers are modelled, not measured."""
+    if "emulator" not in {(recipe_of(r).get("engine") or r.manifest.get("engine")) for r in (run, other) if r}:
+        return []
+    if cycle_lines[:1] == [f"## {cycles.KERNEL_TITLE}"]:  # the real kernel ran on the batches: attention measured
+        return ["Timings are the emulator's: attention measured by running the kernel on a GPU, the rest of each "
+                "step from its cost model; not an end-to-end hardware measurement."]
+    hw = ((recipe_of(run).get("server") or {}).get("args") or {}).get("hardware")
+    profile = f" (hardware profile `{hw}`, fitted to kernel runs on that GPU)" if hw else ""
+    return [f"Timings are the emulator's: its cost model{profile}, not a hardware measurement."]
+
+
 def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dict[str, Path],
             cycle_lines: list[str], out_dir: Path, placement_lines: Sequence[str] = ()) -> str:
     engine = (run.manifest.get("recipe") or {}).get("engine") or run.manifest.get("engine")
@@ -212,7 +224,7 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     if differ:  # a change of load or engine moves every figure: it is not the kernel's effect
         notes.append(f"the two runs differ in more than the compared arms ({c.a_label} / {c.b_label}): "
                      + "; ".join(differ))
-    parts = [f"# {title}", "", verdict(c), ""]
+    parts = [f"# {title}", "", verdict(c), *timing_source(run, other, cycle_lines), ""]
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
     parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", definitions(c), "",
@@ -225,8 +237,8 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     parts += acceptance.section_md(c, engine)  # runs whose engine logs acceptance per request
     parts += ["## Server-side metrics", "", *server_md(c), "", "## Plots", ""]
     parts += [f"![{name}]({_rel(p, out_dir)})" for name, p in figures.items()] + [""]
-    if cycle_lines:
-        parts += ["## Kernel in the loop", "", *cycle_lines, ""]
+    if cycle_lines:  # its own heading: what ran says what the section is
+        parts += [*cycle_lines, ""]
     repeats = [(runs[0].paths, runs[1].paths, runs[0].name, runs[1].name)
                for runs in (c.a_runs, c.b_runs) if len(runs) >= 2]
     parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine, repeats,
