@@ -440,7 +440,8 @@ def test_verdict_within_aa_noise_floor(tmp_path):
     # = 0.72% in log units around -3.0%, and excludes 0 ...
     assert "decode time per token, 20% trimmed mean per-request change -3.0% [-3.7, -2.3] (n=8 matched" in line
     # ... but two runs of the same config differ by far more than that.
-    assert ": faster, but within the A/A noise floor; CI half-width 0.7 pts is narrower than the A/A floor (±" in line
+    assert ": faster, but within the A/A noise floor; CI half-width ±0.7% is narrower than the A/A floor ±" in line
+    assert "launch drift, not request noise, limits what this run can claim" in line
 
 
 def test_verdict_primary_is_robust_to_an_outlier_that_hides_the_mean(tmp_path):

@@ -90,3 +90,12 @@ def test_load_section_counts_primed_and_cold_sessions(qs):
     load = section(qs[1], "Load")
     assert ("Warm-up primed the first call of 8 of the trace's 10 sessions (off), 8 of 10 (on); the other 2 start "
             "cold in the window") in load
+
+
+def test_floor_clause_says_both_widths_in_one_unit_and_what_they_mean():
+    from analysis.estimate import Estimate
+    from analysis.verdict import _floor_clause
+
+    e = Estimate("trimmed_mean", -9.2, -11.1, -7.1, 0.01, 200, 10, 2)
+    assert _floor_clause(e, 0.8) == ("CI half-width ±2.0% is wider than the A/A floor ±0.8%: this run's request "
+                                     "noise, more than launch drift, sets it")
