@@ -14,8 +14,13 @@ from pipeline.paths import ArmPaths
 
 MAX_DISCORDANT = 20
 MAX_DIVERGED = 10
+# The emulator's words are a function of the prompt alone (pipeline/emulator/tokens.py OutputWords); only its
+# perturbation hook flips them, never the kernel switch (VATTN_QK=e4m3 included): identity proves no numerics.
+PERTURB_ENV = "EMULATOR_PERTURB_NUMERICS"   # pipeline/emulator/arm.py
+BY_CONSTRUCTION = (f"identical by construction unless numerics are perturbed ({PERTURB_ENV}): it tests the "
+                   "plumbing, not the kernel")
 EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt alone, so accuracy is not "
-                 "meaningful; identical outputs in both arms show an exact kernel")
+                 f"meaningful; outputs are {BY_CONSTRUCTION} (a lossy VATTN_QK=e4m3 arm would read identical too)")
 DUMMY_WEIGHTS_NOTE = ("dummy weights (server.args.load_format: dummy): the model was never trained, so accuracy is "
                       "not meaningful; identical outputs in both arms, beside the A/A baseline, say that no greedy "
                       "output changed, a weak test of a kernel's numerics on such a model, and none at all where "
@@ -120,7 +125,7 @@ def paired_comparison(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: s
 
 
 def identity_lines(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str,
-                   note: str = "") -> list[str]:
+                   note: str = "", emulator: bool = False) -> list[str]:
     """Outputs compared answer by answer (analysis.outputs): how many are identical, where the others first
     differ, in words (tokens, for the emulator), and, where both arms kept logprobs, how far the chosen
     tokens' logprobs moved over the tokens the answers share."""
@@ -141,7 +146,7 @@ def identity_lines(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str,
             f"({s['fraction_identical'] * 100:.0f}%)")
     drift = drift_lines(task, logprob_drift(ra, rb), a_label, b_label, note)
     if s["identical"] == s["n"]:
-        return [head + ".", *drift]
+        return [head + (f": {BY_CONSTRUCTION}." if emulator else "."), *drift]
     lines = [head + f"; the others first differ at word {s['min_first_diff']:.0f} (earliest), "
              f"{s['median_first_diff']:.0f} (median):"]
     diverged = pairs[~pairs["identical"]].sort_values("first_diff")
@@ -261,7 +266,7 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         pairs = [(a, b, a_label, b_label, "")] + [(*r, ", A/A baseline") for r in repeats]
         for x, y, x_label, y_label, note in pairs:
             if records.rows(x) is not None and records.rows(y) is not None:
-                identity += ["", *identity_lines(records, x, y, x_label, y_label, note)]
+                identity += ["", *identity_lines(records, x, y, x_label, y_label, note, engine == "emulator")]
         identity += ignored_prompt_lines(records, {label: arm for x, y, x_label, y_label, _ in pairs
                                              for label, arm in ((x_label, x), (y_label, y))})
     return lines + ["", TABLE_NOTE.format(a=a_label, b=b_label)] + identity + discordant

@@ -99,3 +99,10 @@ def test_floor_clause_says_both_widths_in_one_unit_and_what_they_mean():
     e = Estimate("trimmed_mean", -9.2, -11.1, -7.1, 0.01, 200, 10, 2)
     assert _floor_clause(e, 0.8) == ("CI half-width ±2.0% is wider than the A/A floor ±0.8%: this run's request "
                                      "noise, more than launch drift, sets it")
+
+
+def test_the_perturbation_hook_named_is_the_emulators():
+    from analysis.accuracy import PERTURB_ENV
+    from pipeline.emulator.arm import PERTURB_ENV as emulators
+
+    assert PERTURB_ENV == emulators
