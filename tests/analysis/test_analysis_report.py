@@ -151,7 +151,7 @@ def test_accuracy_table_and_emulator_label(run):
     acc = section(md, "Accuracy")
     assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
     assert "| gsm8k | 75.0% (strict 75.0%) | 50.0% (strict 50.0%) | -25.0 [-69.9, +36.2] | 4 / 4 | 0 / 0 | " \
-           "75.0% (strict 75.0%) / 50.0% (strict 50.0%) | McNemar exact p=1 " \
+           "-; - | 75.0% (strict 75.0%) / 50.0% (strict 50.0%) | McNemar exact p=1 " \
            "(off-only 1, on-only 0, n=4); strict p=1; outputs differ 1/4 |" in acc
     assert "Discordant questions, gsm8k (off -> on):\n- q1 (repeat 0): right -> wrong" in acc
     # Output x1 became x0: one answer of four differs, at its first (and only) word.
@@ -160,7 +160,7 @@ def test_accuracy_table_and_emulator_label(run):
     # --arms on off: the discordance is named by the arm it favours, whichever side it is on
     swapped = section(write_report(run, run / "swapped.md", arms=("on", "off"), n_boot=N_BOOT).read_text(), "Accuracy")
     assert "| gsm8k | 50.0% (strict 50.0%) | 75.0% (strict 75.0%) | +25.0 [-36.2, +69.9] | 4 / 4 | 0 / 0 | " \
-           "50.0% (strict 50.0%) / 75.0% (strict 75.0%) | McNemar exact p=1 " \
+           "-; - | 50.0% (strict 50.0%) / 75.0% (strict 75.0%) | McNemar exact p=1 " \
            "(on-only 0, off-only 1, n=4)" in swapped
     # a torn line or a missing record file leaves the table, with the arm's summary, and names the file
     records = run / "arms" / "on" / "accuracy" / "gsm8k.jsonl"
@@ -169,11 +169,11 @@ def test_accuracy_table_and_emulator_label(run):
     records.write_text(records.read_text()[:-40])
     torn = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
     # ... and no paired headline or delta: a summary pairs no question
-    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
+    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | -; - | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
             f"{records}:4: not valid JSON") in torn
     records.unlink()
     gone = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
-    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
+    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | -; - | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
             f"{records} missing |") in gone
 
 
