@@ -81,12 +81,16 @@ def load_md(c: Comparison) -> list[str]:
     return lines
 
 
-def arm_table_md(c: Comparison) -> list[str]:
+def arm_table_md(c: Comparison, grace: str = "") -> list[str]:
+    """The per-arm table and its notes; `grace`: the load's duration + grace period in words, where known."""
     done_a = sum(r.counts["completed"] for r in c.a_runs)
     done_b = sum(r.counts["completed"] for r in c.b_runs)
     lines = [f"| metric | requests | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor | "
              f"all requests: {c.a_label} / {c.b_label} |", "|---|---|---|---|---|---|---|"]
-    for r in c.arm_table.itertuples():
+    # The equal-window throughput is the headline rate; the own-window row, which no CI can bound, closes the table.
+    last = {"throughput_equal_window": 1, "completed": 2, "throughput": 3}   # rates after the latencies, in this order
+    rows = sorted(c.arm_table.itertuples(), key=lambda r: last.get(r.key, 0))
+    for r in rows:
         counted = f"{int(r.n)} matched" if r.basis == "matched" else f"all ({done_a} / {done_b})"
         lines.append(f"| {r.metric} | {counted} | {fmt(r.a)} | {fmt(r.b)} | "
                      f"{fmt_delta(r.delta_pct, r.lo, r.hi, r.why)} | {fmt_floor(r.floor, c.aa_source is not None)} "
@@ -102,6 +106,12 @@ def arm_table_md(c: Comparison) -> list[str]:
                      f"{c.a_label} only (the faster arm reaches further into each session before the window ends), "
                      "so there its latency values compare different requests." if k["only_a"] or k["only_b"] else
                      "; here both arms dispatched the same requests.")]
+    lines += ["", "A percentile row's CI can include 0 where the verdict's excludes it: the verdict is the trimmed mean of "
+                  "per-request log-ratios over matched requests, which pairs each request with itself; a percentile "
+                  "of each arm moves with whichever requests sit at it."]
+    if grace:
+        lines += ["", f"aiperf's own summary divides by the window plus its grace period ({grace}), the same for both "
+                      "arms: its throughput delta is the ratio of output tokens, whatever time each arm took."]
     if c.aa_source:
         lines += ["", f"A/A noise floor from: {c.aa_source}. Each row's floor counts the requests its row counts "
                       "(matched between the two runs, or all). Repeats of an arm are pooled in this table; matched "
@@ -128,6 +138,24 @@ def matched_md(c: Comparison) -> list[str]:
     return lines
 
 
+# What each engine metric counts (sglang's names; the emulator exports the same): a gauge is averaged over the
+# scrapes, a counter given as its rate per second.
+SERVER_UNITS = {
+    "sglang:cache_hit_rate": "fraction of prompt tokens served from the prefix cache",
+    "sglang:cached_tokens": "prompt tokens served from the prefix cache, per s",
+    "sglang:gen_throughput": "tok/s over the engine's last ~5 s, averaged over scrapes",
+    "sglang:generation_tokens": "output tokens per s",
+    "sglang:prompt_tokens": "prompt tokens per s",
+    "sglang:num_cycles": "scheduler steps per s",
+    "sglang:num_requests": "requests received per s",
+    "sglang:num_finished_requests": "requests finished per s",
+    "sglang:num_queue_reqs": "requests waiting",
+    "sglang:num_running_reqs": "requests running",
+    "sglang:num_used_tokens": "KV-cache tokens in use",
+    "sglang:spec_accept_length": "tokens accepted per speculative step (last ~5 s)",
+}
+
+
 def server_md(c: Comparison) -> list[str]:
     """Server-side figures from aiperf's server-metrics export (first run of each side), when present."""
     sa = next((r.server for r in c.a_runs if r.server is not None and not r.server.empty), None)
@@ -139,13 +167,15 @@ def server_md(c: Comparison) -> list[str]:
     empty = pd.DataFrame(columns=["name", "kind", "value"])
     m = (sa if sa is not None else empty).merge(sb if sb is not None else empty, on=["name", "kind"],
                                                  how="outer", suffixes=("_a", "_b"))
-    lines = [f"| server metric | kind | {c.a_label} | {c.b_label} |", "|---|---|---|---|"]
+    lines = [f"| server metric | kind | unit | {c.a_label} | {c.b_label} |", "|---|---|---|---|---|"]
     idle = []  # zero or absent in both arms (an engine exports gauges of features this run never used)
     for r in m.sort_values("name").itertuples():
         if all(pd.isna(v) or v == 0 for v in (r.value_a, r.value_b)):
             idle.append(r.name)
             continue
-        lines.append(f"| {r.name} | {r.kind} | {fmt(r.value_a)} | {fmt(r.value_b)} |")
+        lines.append(f"| {r.name} | {r.kind} | {SERVER_UNITS.get(r.name, '?')} | {fmt(r.value_a)} | {fmt(r.value_b)} |")
+    lines += ["", "From aiperf's scrapes of the server's /metrics: averages and rates over aiperf's profiling phase "
+                  "(gauge: mean of its values; counter: increase per second)."]
     if idle:
         lines += ["", f"Zero or absent in both arms, left out of the table: {', '.join(idle)}."]
     return lines
@@ -202,6 +232,13 @@ def lossy_arm_notes(recipe: dict) -> list[str]:
     return notes
 
 
+def aiperf_window(run: Run) -> str:
+    """"60 + 20 s": the recipe's benchmark duration and grace period, which aiperf's summary divides by."""
+    load = recipe_of(run).get("load") or {}
+    dur, grace = load.get("benchmark_duration_s"), load.get("grace_period_s")
+    return f"{dur:g} + {grace:g} s" if isinstance(dur, (int, float)) and isinstance(grace, (int, float)) else ""
+
+
 def timing_source(run: Run, other: Run | None, cycle_lines: Sequence[str]) -> list[str]:
     """One line under the verdict where an emulator made the timings: its numbers are modelled, not measured."""
     if "emulator" not in {(recipe_of(r).get("engine") or r.manifest.get("engine")) for r in (run, other) if r}:
@@ -227,7 +264,7 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     parts = [f"# {title}", "", verdict(c), *timing_source(run, other, cycle_lines), ""]
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
-    parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", definitions(c), "",
+    parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c, aiperf_window(run)), "", definitions(c), "",
               "## Matched requests", "", *matched_md(c), "", *verdict_md.primary_md(c), "",
               "## What this run could have seen", "",
               *verdict_md.sensitivity_md(c, recipe_of(run).get("target_effect")), ""]

@@ -318,7 +318,7 @@ def test_abba_pairs_kth_runs_and_takes_floor_from_both_arms(tmp_path):
     assert "| 12 / 0 |" in row and "no repeat" not in row
     # The own-window throughput row has no CI (its window ends at one request's end), so no A/A floor either:
     # "n/a", not a floor of 0 from a missing CI.
-    tput = next(l for l in section(md, "Per-arm metrics").splitlines() if l.startswith("| Output throughput (tok/s)"))
+    tput = next(l for l in section(md, "Per-arm metrics").splitlines() if l.startswith("| Output throughput, own window (context) (tok/s)"))
     assert "[no CI: its window ends at one request's end; see the equal-window row] | n/a | " in tput, tput
 
 
@@ -515,8 +515,8 @@ def test_server_metrics_zero_in_both_arms_are_named_not_tabled():
                         b_runs=side([("sglang:gen_throughput", g, 921.4), ("sglang:mamba_usage", g, 0.0),
                                      ("sglang:num_queue_reqs", g, 0.0), ("sglang:swa_usage", g, 0.0)]))
     md = "\n".join(server_md(c))
-    assert "| sglang:gen_throughput | gauge (avg) | 860.2 | 921.4 |" in md
-    assert "| sglang:num_queue_reqs | gauge (avg) | 0.04 | 0 |" in md  # zero in one arm only: kept
+    assert "| sglang:gen_throughput | gauge (avg) | tok/s over the engine's last ~5 s, averaged over scrapes | 860.2 | 921.4 |" in md
+    assert "| sglang:num_queue_reqs | gauge (avg) | requests waiting | 0.04 | 0 |" in md  # zero in one arm only: kept
     assert "| sglang:mamba_usage" not in md and "| sglang:swa_usage" not in md
     assert md.endswith("Zero or absent in both arms, left out of the table: sglang:mamba_usage, sglang:swa_usage.")
 
