@@ -49,13 +49,16 @@ def cycle_summary(df: "pd.DataFrame") -> dict[str, float]:
                    step_p90=float(np.percentile(step, 90)))
         # In kernel mode the step slept the measured attention; attn_us is then the cost model's prediction.
         attn = "measured_attention_us" if "measured_attention_us" in df else "attn_us"
-        if attn in df:
-            out["attn_share"] = float(df[attn].sum() / df["step_us"].sum())
         if "prefill_tokens" in df:
-            # Decode-only cycles isolate what the attention kernel changes from prefill's long steps.
-            dec = df.loc[pd.to_numeric(df["prefill_tokens"], errors="coerce") == 0, "step_us"].dropna()
+            # Decode-only cycles isolate what the attention kernel changes from prefill's long steps; attn_us is
+            # decode attention alone, so over all cycles its share would be diluted by prefill's steps.
+            dec = df[pd.to_numeric(df["prefill_tokens"], errors="coerce") == 0].dropna(subset=["step_us"])
             if len(dec):
-                out["decode_step_p50"] = float(np.percentile(dec.to_numpy(float), 50))
+                out["decode_step_p50"] = float(np.percentile(dec["step_us"].to_numpy(float), 50))
+                if attn in dec and dec["step_us"].sum() > 0:
+                    out["attn_share"] = float(dec[attn].sum() / dec["step_us"].sum())
+        elif attn in df:  # a log without prefill_tokens: every cycle, said so in the section
+            out["attn_share_all"] = float(df[attn].sum() / df["step_us"].sum())
     return out
 
 
@@ -74,15 +77,17 @@ def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> l
         return []
     measured = any("measured_attention_us" in df for df in frames.values())
     lines = [f"## {KERNEL_TITLE if measured else MODEL_TITLE}", "", "From the emulator's per-cycle log (first run of each arm; of a resumed arm run, the server "
-             "lifetime that ran the load). Attention share = attention time / step time, summed over cycles.",
+             "lifetime that ran the load). Decode attention share = decode attention time / step time, summed over "
+             "decode cycles only (no prefill in the step).",
              *([""] + [f"Cycle log: {n}." for n in notes] if notes else []), "",
              "| arm | cycles | step mean (us) | step p50 (us) | step p90 (us) | decode-only step p50 (us) "
-             "| attention share |", "|---|---|---|---|---|---|---|"]
+             "| decode attention share |", "|---|---|---|---|---|---|---|"]
     for label, df in frames.items():
         s = cycle_summary(df)
         cells = [f"{s[k]:.1f}" if k in s else "n/a"
                  for k in ("step_mean", "step_p50", "step_p90", "decode_step_p50")]
-        share = f"{s['attn_share'] * 100:.1f}%" if "attn_share" in s else "n/a"
+        share = (f"{s['attn_share'] * 100:.1f}%" if "attn_share" in s else
+                 f"{s['attn_share_all'] * 100:.1f}% (all cycles)" if "attn_share_all" in s else "n/a")
         lines.append(f"| {label} | {int(s['cycles'])} | {' | '.join(cells)} | {share} |")
     styles = plots.comparison_styles(((c.a_label, ()), (c.b_label, ())))  # each arm's colour in every plot
     steps = {k: df["step_us"].dropna().to_numpy(float) for k, df in frames.items() if "step_us" in df}

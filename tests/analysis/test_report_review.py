@@ -107,3 +107,12 @@ def test_the_perturbation_hook_named_is_the_emulators():
     from pipeline.emulator.arm import PERTURB_ENV as emulators
 
     assert PERTURB_ENV == emulators
+
+
+def test_attention_share_counts_decode_cycles_only():
+    from analysis.cycles import cycle_summary, cycles_frame
+
+    # two decode cycles (10 us of 100) and one prefill cycle of 900 us, whose prefill attention attn_us leaves out
+    df = cycles_frame([{"step_us": 100, "attn_us": 10, "prefill_tokens": 0}] * 2
+                      + [{"step_us": 900, "attn_us": 0, "prefill_tokens": 8192}])
+    assert cycle_summary(df)["attn_share"] == 0.1   # over all cycles it would read 20 / 1100 = 1.8%
