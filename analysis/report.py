@@ -19,7 +19,7 @@ from analysis import acceptance, accuracy, cycles, engine_paths, placement, plot
 from analysis import verdict as verdict_md
 from analysis.compare import Comparison, compare as run_compare
 from analysis.formatting import fmt, fmt_delta, fmt_floor
-from analysis.load import AnalysisError
+from analysis.load import AnalysisError, warmup_priming
 from analysis.provenance import provenance_md, run_differences
 from analysis.rundir import Run, load_run
 from pipeline.io import write_text_atomic
@@ -78,7 +78,26 @@ def load_md(c: Comparison) -> list[str]:
         k = r.counts
         lines.append(f"| {_series_name(label, r)} | {k['total']} | {k['completed']} | {k['failed']} | "
                      f"{k['cancelled']} | {k['no_tpot']} | {r.warmup_records} | {r.window_s:.1f} |")
-    return lines
+    return lines + priming_md(c)
+
+
+def priming_md(c: Comparison) -> list[str]:
+    """One line on the sessions the warm-up primed, where the load stage recorded them: a session it missed starts
+    cold in the window, its long first prefill queued behind or ahead of the others' turns."""
+    runs = [(_series_name(label, r), warmup_priming(r.paths.stage_result("load")))
+            for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)) for r in runs]
+    runs = [(name, p) for name, p in runs if p]
+    if not runs:
+        return []
+    (first, p0), rest = runs[0], runs[1:]
+    counts = ", ".join([f"{p0[0]} of the trace's {p0[1]} sessions ({first})"]
+                       + [f"{p[0]} of {p[1]} ({name})" for name, p in rest])
+    cold = sorted({p[1] - p[0] for _, p in runs})
+    line = f"Warm-up primed the first call of {counts}"
+    if cold == [0]:
+        return ["", line + "."]
+    return ["", line + f"; the other {' / '.join(map(str, cold))} start cold in the window: TTFT rows are then "
+                       "dominated by those cold prefills and the queueing behind them, not by decode."]
 
 
 def arm_table_md(c: Comparison, grace: str = "") -> list[str]:
