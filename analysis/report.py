@@ -280,7 +280,8 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     if differ:  # a change of load or engine moves every figure: it is not the kernel's effect
         notes.append(f"the two runs differ in more than the compared arms ({c.a_label} / {c.b_label}): "
                      + "; ".join(differ))
-    parts = [f"# {title}", "", verdict(c), *timing_source(run, other, cycle_lines), ""]
+    timing = timing_source(run, other, cycle_lines)  # its own paragraph: markdown would join it to the verdict's
+    parts = [f"# {title}", "", verdict(c), *([""] + timing if timing else []), ""]
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
     parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c, aiperf_window(run)), "", definitions(c), "",
