@@ -14,8 +14,13 @@ from pipeline.paths import ArmPaths
 
 MAX_DISCORDANT = 20
 MAX_DIVERGED = 10
+# The emulator's words are a function of the prompt alone (pipeline/emulator/tokens.py OutputWords); only its
+# perturbation hook flips them, never the kernel switch (VATTN_QK=e4m3 included): identity proves no numerics.
+PERTURB_ENV = "EMULATOR_PERTURB_NUMERICS"   # pipeline/emulator/arm.py
+BY_CONSTRUCTION = (f"identical by construction unless numerics are perturbed ({PERTURB_ENV}): it tests the "
+                   "plumbing, not the kernel")
 EMULATOR_NOTE = ("emulator: answers are filler words, a function of the prompt alone, so accuracy is not "
-                 "meaningful; identical outputs in both arms show an exact kernel")
+                 f"meaningful; outputs are {BY_CONSTRUCTION} (a lossy VATTN_QK=e4m3 arm would read identical too)")
 DUMMY_WEIGHTS_NOTE = ("dummy weights (server.args.load_format: dummy): the model was never trained, so accuracy is "
                       "not meaningful; identical outputs in both arms, beside the A/A baseline, say that no greedy "
                       "output changed, a weak test of a kernel's numerics on such a model, and none at all where "
@@ -120,7 +125,7 @@ def paired_comparison(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: s
 
 
 def identity_lines(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str, b_label: str,
-                   note: str = "") -> list[str]:
+                   note: str = "", emulator: bool = False) -> list[str]:
     """Outputs compared answer by answer (analysis.outputs): how many are identical, where the others first
     differ, in words (tokens, for the emulator), and, where both arms kept logprobs, how far the chosen
     tokens' logprobs moved over the tokens the answers share."""
@@ -141,7 +146,7 @@ def identity_lines(records: TaskRecords, a: ArmPaths, b: ArmPaths, a_label: str,
             f"({s['fraction_identical'] * 100:.0f}%)")
     drift = drift_lines(task, logprob_drift(ra, rb), a_label, b_label, note)
     if s["identical"] == s["n"]:
-        return [head + ".", *drift]
+        return [head + (f": {BY_CONSTRUCTION}." if emulator else "."), *drift]
     lines = [head + f"; the others first differ at word {s['min_first_diff']:.0f} (earliest), "
              f"{s['median_first_diff']:.0f} (median):"]
     diverged = pairs[~pairs["identical"]].sort_values("first_diff")
@@ -209,12 +214,64 @@ def _paired_cell(p: dict[str, Any] | None, arm: str) -> str:
     return f"{p[arm] * 100:.1f}%{strict}"
 
 
-def _delta_cell(p: dict[str, Any] | None) -> str:
+def _delta_cell(p: dict[str, Any] | None, differ: int | None = None) -> str:
+    """Delta and CI; tagged "(no question differs)" wherever no question's correctness differs (`differ`: the
+    discordant count), whichever interval the test used, so that tasks read alike."""
     if p is None or p["delta"] is None:
         return "-"
     ci = f" [{p['ci_low'] * 100:+.1f}, {p['ci_high'] * 100:+.1f}]" if p["ci_low"] is not None else ""
-    spread = " (no question differs)" if p["ci_method"].startswith("no question differs") else ""
-    return f"{p['delta'] * 100:+.1f}{ci}{spread}"
+    same = differ == 0 or p["ci_method"].startswith("no question differs")
+    return f"{p['delta'] * 100:+.1f}{ci}{' (no question differs)' if same else ''}"
+
+
+# An answer the parser could not read scores wrong in both arms alike: past this share of an arm's records the
+# score measures the parser or the token budget, not the kernel.
+MAX_INVALID_SHARE = 0.2
+
+
+def answer_quality(arm: ArmPaths, task: str) -> dict[str, Any] | None:
+    """{invalid, truncated: shares of the records, max_tokens} from the accuracy stage's summary; None without it."""
+    try:
+        doc = json.loads(arm.accuracy_summary(task).read_text())
+    except (OSError, ValueError):
+        return None
+    n = doc.get("n_records") if isinstance(doc, dict) else None
+    if not isinstance(n, int) or n <= 0 or not isinstance(doc.get("invalid_rate"), (int, float)):
+        return None
+    trunc = doc.get("n_truncated")
+    return {"invalid": float(doc["invalid_rate"]), "truncated": trunc / n if isinstance(trunc, int) else None,
+            "max_tokens": (doc.get("generation") or {}).get("max_tokens")}
+
+
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
+def _quality_cell(qa: dict | None, qb: dict | None) -> str:
+    return "; ".join("-" if q is None else f"{_share(q['invalid'])} / {_share(q['truncated'])}" for q in (qa, qb))
+
+
+def quality_warning(task: str, qa: dict | None, qb: dict | None, a_label: str, b_label: str) -> list[str]:
+    """A bold line where an arm's invalid share passes MAX_INVALID_SHARE."""
+    if not any(q and q["invalid"] > MAX_INVALID_SHARE for q in (qa, qb)):
+        return []
+    inv = " and ".join(f"{_share(q['invalid'] if q else None)} of {label}'s" for q, label in ((qa, a_label),
+                                                                                             (qb, b_label)))
+    budget = next((q["max_tokens"] for q in (qa, qb) if q and q.get("max_tokens")), None)
+    trunc = " / ".join(_share(q["truncated"] if q else None) for q in (qa, qb))
+    return ["", f"**{task}: {inv} answers had no parseable answer (over {MAX_INVALID_SHARE:.0%}): the score measures "
+            f"the parser or the token budget ({f'max_tokens {budget}; ' if budget else ''}{trunc} truncated), not "
+            "the kernel.**"]
+
+
+def detectable_line(task: str, p: dict[str, Any] | None) -> list[str]:
+    """The smallest accuracy change the task's sample could show: the paired CI's half-width, in words."""
+    if p is None or p.get("ci_low") is None or p.get("ci_high") is None:
+        return []
+    unit = "answers" if p["ci_method"] == "Tango score" else "questions"
+    half = (p["ci_high"] - p["ci_low"]) * 100 / 2
+    return [f"- {task}: with {p['n']} paired {unit} the 95% CI spans ±{half:.1f} pts: a smaller accuracy change "
+            "would not show."]
 
 
 TABLE_NOTE = ("{a} and {b}: accuracy over the answers both arms gave (the paired test's n; a question that failed in "
@@ -222,7 +279,9 @@ TABLE_NOTE = ("{a} and {b}: accuracy over the answers both arms gave (the paired
               "95% CI by Tango's score interval for paired proportions where a question has one answer, else by a "
               "bootstrap over questions, each with its repeats (accuracy is then the mean over questions of each "
               "one's mean over its repeats); \"no question differs\": the bound on the share of questions that "
-              "differ that 0 of n allows (Wilson's score limit), where a bootstrap would say [0, 0]. All records: "
+              "differ that 0 of n allows (Wilson's score limit), where a bootstrap would say [0, 0]; the tag marks every task "
+              "where no question's correctness differs, whichever interval it has. Invalid / truncated: the "
+              "accuracy stage's shares of each arm's records with no parseable answer / cut at max_tokens. All records: "
               "every record of each arm, a failed one counted wrong (as the accuracy stage's summary counts it); n "
               "and failed count those records.")
 
@@ -244,8 +303,11 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
     # The headline columns come from the paired test's own pairs: accuracy over each arm's every record
     # would score a failed or missing answer as wrong in one arm only and contradict the test beside it.
     lines += [f"| task | {a_label} | {b_label} | delta (pp) [95% CI] | n ({a_label} / {b_label}) | failed | "
-              f"all records ({a_label} / {b_label}) | paired test |", "|---|---|---|---|---|---|---|---|"]
+              f"invalid / truncated ({a_label}; {b_label}) | all records ({a_label} / {b_label}) | paired test |",
+              "|---|---|---|---|---|---|---|---|---|"]
     discordant: list[str] = []
+    warnings: list[str] = []
+    detectable: list[str] = []
     identity: list[str] = []
     for t in tasks:
         records = TaskRecords(t)
@@ -254,14 +316,18 @@ def accuracy_md(a: ArmPaths, b: ArmPaths, a_label: str, b_label: str, engine: st
         fa, fb = (_paired_cell(p, arm) if r else "not run" for r, arm in ((ra, "off"), (rb, "on")))
         n = f"{ra['n'] if ra else '-'} / {rb['n'] if rb else '-'}"
         failed = f"{ra['failed'] if ra else '-'} / {rb['failed'] if rb else '-'}"
-        lines.append(f"| {t} | {fa} | {fb} | {_delta_cell(p)} | {n} | {failed} | {_cell(ra)} / {_cell(rb)} | "
-                     f"{test} |")
+        qa, qb = answer_quality(a, t), answer_quality(b, t)
+        lines.append(f"| {t} | {fa} | {fb} | {_delta_cell(p, len(disc) if p else None)} | {n} | {failed} | "
+                     f"{_quality_cell(qa, qb)} | {_cell(ra)} / {_cell(rb)} | {test} |")
+        warnings += quality_warning(t, qa, qb, a_label, b_label)
+        detectable += detectable_line(t, p)
         if disc:
             discordant += ["", f"Discordant questions, {t} ({a_label} -> {b_label}):", *disc]
         pairs = [(a, b, a_label, b_label, "")] + [(*r, ", A/A baseline") for r in repeats]
         for x, y, x_label, y_label, note in pairs:
             if records.rows(x) is not None and records.rows(y) is not None:
-                identity += ["", *identity_lines(records, x, y, x_label, y_label, note)]
+                identity += ["", *identity_lines(records, x, y, x_label, y_label, note, engine == "emulator")]
         identity += ignored_prompt_lines(records, {label: arm for x, y, x_label, y_label, _ in pairs
                                              for label, arm in ((x_label, x), (y_label, y))})
-    return lines + ["", TABLE_NOTE.format(a=a_label, b=b_label)] + identity + discordant
+    detectable = ["", "Smallest detectable accuracy change:", *detectable] if detectable else []
+    return lines + warnings + detectable + ["", TABLE_NOTE.format(a=a_label, b=b_label)] + identity + discordant

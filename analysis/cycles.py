@@ -1,4 +1,5 @@
-"""Optional "kernel in the loop" section from the emulator's cycle log (one line per cycle).
+"""Optional section from the emulator's cycle log (one line per cycle): "Kernel in the loop" where the real
+kernel ran on the batches, else "Emulator cycle log" (every time in it the cost model's).
 
 Each server lifetime writes its own log (emulator_cycles/lifetime-<n>.jsonl); analysis/rundir.py picks
 the one whose lifetime ran the load stage, so a resumed arm's figures come from one server.
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 
     from analysis.compare import Comparison
 
+KERNEL_TITLE = "Kernel in the loop"      # the real kernel ran on the batches (measured_attention_us)
+MODEL_TITLE = "Emulator cycle log"       # no kernel ran: every time is the cost model's
+
 
 def cycles_frame(lines: list[dict]) -> "pd.DataFrame":
     import pandas as pd
@@ -45,18 +49,21 @@ def cycle_summary(df: "pd.DataFrame") -> dict[str, float]:
                    step_p90=float(np.percentile(step, 90)))
         # In kernel mode the step slept the measured attention; attn_us is then the cost model's prediction.
         attn = "measured_attention_us" if "measured_attention_us" in df else "attn_us"
-        if attn in df:
-            out["attn_share"] = float(df[attn].sum() / df["step_us"].sum())
         if "prefill_tokens" in df:
-            # Decode-only cycles isolate what the attention kernel changes from prefill's long steps.
-            dec = df.loc[pd.to_numeric(df["prefill_tokens"], errors="coerce") == 0, "step_us"].dropna()
+            # Decode-only cycles isolate what the attention kernel changes from prefill's long steps; attn_us is
+            # decode attention alone, so over all cycles its share would be diluted by prefill's steps.
+            dec = df[pd.to_numeric(df["prefill_tokens"], errors="coerce") == 0].dropna(subset=["step_us"])
             if len(dec):
-                out["decode_step_p50"] = float(np.percentile(dec.to_numpy(float), 50))
+                out["decode_step_p50"] = float(np.percentile(dec["step_us"].to_numpy(float), 50))
+                if attn in dec and dec["step_us"].sum() > 0:
+                    out["attn_share"] = float(dec[attn].sum() / dec["step_us"].sum())
+        elif attn in df:  # a log without prefill_tokens: every cycle, said so in the section
+            out["attn_share_all"] = float(df[attn].sum() / df["step_us"].sum())
     return out
 
 
 def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> list[str]:
-    """Markdown for the section (empty list when no arm has a cycle log); writes its plots."""
+    """Markdown for the section, its heading first (empty list when no arm has a cycle log); writes its plots."""
     frames, notes = {}, []
     for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)):
         p = runs[0].cycle_log
@@ -68,16 +75,19 @@ def cycles_md(c: "Comparison", plots_dir: Path, prefix: str, out_dir: Path) -> l
                 frames[label] = df
     if not frames:
         return []
-    lines = ["From the emulator's per-cycle log (first run of each arm; of a resumed arm run, the server "
-             "lifetime that ran the load). Attention share = attention time / step time, summed over cycles.",
+    measured = any("measured_attention_us" in df for df in frames.values())
+    lines = [f"## {KERNEL_TITLE if measured else MODEL_TITLE}", "", "From the emulator's per-cycle log (first run of each arm; of a resumed arm run, the server "
+             "lifetime that ran the load). Decode attention share = decode attention time / step time, summed over "
+             "decode cycles only (no prefill in the step).",
              *([""] + [f"Cycle log: {n}." for n in notes] if notes else []), "",
              "| arm | cycles | step mean (us) | step p50 (us) | step p90 (us) | decode-only step p50 (us) "
-             "| attention share |", "|---|---|---|---|---|---|---|"]
+             "| decode attention share |", "|---|---|---|---|---|---|---|"]
     for label, df in frames.items():
         s = cycle_summary(df)
         cells = [f"{s[k]:.1f}" if k in s else "n/a"
                  for k in ("step_mean", "step_p50", "step_p90", "decode_step_p50")]
-        share = f"{s['attn_share'] * 100:.1f}%" if "attn_share" in s else "n/a"
+        share = (f"{s['attn_share'] * 100:.1f}%" if "attn_share" in s else
+                 f"{s['attn_share_all'] * 100:.1f}% (all cycles)" if "attn_share_all" in s else "n/a")
         lines.append(f"| {label} | {int(s['cycles'])} | {' | '.join(cells)} | {share} |")
     styles = plots.comparison_styles(((c.a_label, ()), (c.b_label, ())))  # each arm's colour in every plot
     steps = {k: df["step_us"].dropna().to_numpy(float) for k, df in frames.items() if "step_us" in df}

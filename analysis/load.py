@@ -191,3 +191,14 @@ def server_metrics_frame(doc: dict[str, Any]) -> "pd.DataFrame":
             if vals:
                 rows.append({"name": name, "kind": "counter (rate/s)", "value": sum(vals)})
     return pd.DataFrame(rows, columns=["name", "kind", "value"])
+
+
+def warmup_priming(load_result: Path) -> tuple[int, int] | None:
+    """(sessions whose first call ran in the warm-up, sessions in the trace) from the load stage's
+    load_result.json; None where it did not record them (no warm-up, or an older run)."""
+    try:
+        doc = json.loads(load_result.read_text())
+    except (OSError, ValueError):
+        return None
+    primed, sessions = (doc.get(k) if isinstance(doc, dict) else None for k in ("warmup_primed", "trace_sessions"))
+    return (primed, sessions) if isinstance(primed, int) and isinstance(sessions, int) and sessions > 0 else None

@@ -65,7 +65,7 @@ ARM_METRICS = [
     # The own window ends at the arm's last request's end, set by one request (quickstart: off's last three
     # ends 60.8, 61.7, 65.4 s); a session bootstrap holds that denominator fixed, so its CI was far too narrow
     # (identical calibration runs moved this row -12.9%, -11.5%, +37.9%). The equal-window row has the CI.
-    MetricSpec("throughput", "Output throughput (tok/s)", "osl",
+    MetricSpec("throughput", "Output throughput, own window (context) (tok/s)", "osl",
                lambda d: stats.rate_stat(d.window_s), higher_is_better=True,
                no_ci="its window ends at one request's end; see the equal-window row", per_request=False),
     MetricSpec("completed", "Requests completed (per run)", "one",

@@ -19,7 +19,7 @@ from analysis import acceptance, accuracy, cycles, engine_paths, placement, plot
 from analysis import verdict as verdict_md
 from analysis.compare import Comparison, compare as run_compare
 from analysis.formatting import fmt, fmt_delta, fmt_floor
-from analysis.load import AnalysisError
+from analysis.load import AnalysisError, warmup_priming
 from analysis.provenance import provenance_md, run_differences
 from analysis.rundir import Run, load_run
 from pipeline.io import write_text_atomic
@@ -78,15 +78,38 @@ def load_md(c: Comparison) -> list[str]:
         k = r.counts
         lines.append(f"| {_series_name(label, r)} | {k['total']} | {k['completed']} | {k['failed']} | "
                      f"{k['cancelled']} | {k['no_tpot']} | {r.warmup_records} | {r.window_s:.1f} |")
-    return lines
+    return lines + priming_md(c)
 
 
-def arm_table_md(c: Comparison) -> list[str]:
+def priming_md(c: Comparison) -> list[str]:
+    """One line on the sessions the warm-up primed, where the load stage recorded them: a session it missed starts
+    cold in the window, its long first prefill queued behind or ahead of the others' turns."""
+    runs = [(_series_name(label, r), warmup_priming(r.paths.stage_result("load")))
+            for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)) for r in runs]
+    runs = [(name, p) for name, p in runs if p]
+    if not runs:
+        return []
+    (first, p0), rest = runs[0], runs[1:]
+    counts = ", ".join([f"{p0[0]} of the trace's {p0[1]} sessions ({first})"]
+                       + [f"{p[0]} of {p[1]} ({name})" for name, p in rest])
+    cold = sorted({p[1] - p[0] for _, p in runs})
+    line = f"Warm-up primed the first call of {counts}"
+    if cold == [0]:
+        return ["", line + "."]
+    return ["", line + f"; the other {' / '.join(map(str, cold))} start cold in the window: TTFT rows are then "
+                       "dominated by those cold prefills and the queueing behind them, not by decode."]
+
+
+def arm_table_md(c: Comparison, grace: str = "") -> list[str]:
+    """The per-arm table and its notes; `grace`: the load's duration + grace period in words, where known."""
     done_a = sum(r.counts["completed"] for r in c.a_runs)
     done_b = sum(r.counts["completed"] for r in c.b_runs)
     lines = [f"| metric | requests | {c.a_label} | {c.b_label} | delta [95% CI] | A/A noise floor | "
              f"all requests: {c.a_label} / {c.b_label} |", "|---|---|---|---|---|---|---|"]
-    for r in c.arm_table.itertuples():
+    # The equal-window throughput is the headline rate; the own-window row, which no CI can bound, closes the table.
+    last = {"throughput_equal_window": 1, "completed": 2, "throughput": 3}   # rates after the latencies, in this order
+    rows = sorted(c.arm_table.itertuples(), key=lambda r: last.get(r.key, 0))
+    for r in rows:
         counted = f"{int(r.n)} matched" if r.basis == "matched" else f"all ({done_a} / {done_b})"
         lines.append(f"| {r.metric} | {counted} | {fmt(r.a)} | {fmt(r.b)} | "
                      f"{fmt_delta(r.delta_pct, r.lo, r.hi, r.why)} | {fmt_floor(r.floor, c.aa_source is not None)} "
@@ -102,6 +125,12 @@ def arm_table_md(c: Comparison) -> list[str]:
                      f"{c.a_label} only (the faster arm reaches further into each session before the window ends), "
                      "so there its latency values compare different requests." if k["only_a"] or k["only_b"] else
                      "; here both arms dispatched the same requests.")]
+    lines += ["", "A percentile row's CI can include 0 where the verdict's excludes it: the verdict is the trimmed mean of "
+                  "per-request log-ratios over matched requests, which pairs each request with itself; a percentile "
+                  "of each arm moves with whichever requests sit at it."]
+    if grace:
+        lines += ["", f"aiperf's own summary divides by the window plus its grace period ({grace}), the same for both "
+                      "arms: its throughput delta is the ratio of output tokens, whatever time each arm took."]
     if c.aa_source:
         lines += ["", f"A/A noise floor from: {c.aa_source}. Each row's floor counts the requests its row counts "
                       "(matched between the two runs, or all). Repeats of an arm are pooled in this table; matched "
@@ -128,6 +157,24 @@ def matched_md(c: Comparison) -> list[str]:
     return lines
 
 
+# What each engine metric counts (sglang's names; the emulator exports the same): a gauge is averaged over the
+# scrapes, a counter given as its rate per second.
+SERVER_UNITS = {
+    "sglang:cache_hit_rate": "fraction of prompt tokens served from the prefix cache",
+    "sglang:cached_tokens": "prompt tokens served from the prefix cache, per s",
+    "sglang:gen_throughput": "tok/s over the engine's last ~5 s, averaged over scrapes",
+    "sglang:generation_tokens": "output tokens per s",
+    "sglang:prompt_tokens": "prompt tokens per s",
+    "sglang:num_cycles": "scheduler steps per s",
+    "sglang:num_requests": "requests received per s",
+    "sglang:num_finished_requests": "requests finished per s",
+    "sglang:num_queue_reqs": "requests waiting",
+    "sglang:num_running_reqs": "requests running",
+    "sglang:num_used_tokens": "KV-cache tokens in use",
+    "sglang:spec_accept_length": "tokens accepted per speculative step (last ~5 s)",
+}
+
+
 def server_md(c: Comparison) -> list[str]:
     """Server-side figures from aiperf's server-metrics export (first run of each side), when present."""
     sa = next((r.server for r in c.a_runs if r.server is not None and not r.server.empty), None)
@@ -139,13 +186,15 @@ def server_md(c: Comparison) -> list[str]:
     empty = pd.DataFrame(columns=["name", "kind", "value"])
     m = (sa if sa is not None else empty).merge(sb if sb is not None else empty, on=["name", "kind"],
                                                  how="outer", suffixes=("_a", "_b"))
-    lines = [f"| server metric | kind | {c.a_label} | {c.b_label} |", "|---|---|---|---|"]
+    lines = [f"| server metric | kind | unit | {c.a_label} | {c.b_label} |", "|---|---|---|---|---|"]
     idle = []  # zero or absent in both arms (an engine exports gauges of features this run never used)
     for r in m.sort_values("name").itertuples():
         if all(pd.isna(v) or v == 0 for v in (r.value_a, r.value_b)):
             idle.append(r.name)
             continue
-        lines.append(f"| {r.name} | {r.kind} | {fmt(r.value_a)} | {fmt(r.value_b)} |")
+        lines.append(f"| {r.name} | {r.kind} | {SERVER_UNITS.get(r.name, '?')} | {fmt(r.value_a)} | {fmt(r.value_b)} |")
+    lines += ["", "From aiperf's scrapes of the server's /metrics: averages and rates over aiperf's profiling phase "
+                  "(gauge: mean of its values; counter: increase per second)."]
     if idle:
         lines += ["", f"Zero or absent in both arms, left out of the table: {', '.join(idle)}."]
     return lines
@@ -202,6 +251,25 @@ def lossy_arm_notes(recipe: dict) -> list[str]:
     return notes
 
 
+def aiperf_window(run: Run) -> str:
+    """"60 + 20 s": the recipe's benchmark duration and grace period, which aiperf's summary divides by."""
+    load = recipe_of(run).get("load") or {}
+    dur, grace = load.get("benchmark_duration_s"), load.get("grace_period_s")
+    return f"{dur:g} + {grace:g} s" if isinstance(dur, (int, float)) and isinstance(grace, (int, float)) else ""
+
+
+def timing_source(run: Run, other: Run | None, cycle_lines: Sequence[str]) -> list[str]:
+    """One line under the verdict where an emulator made the timings: its numbers are modelled, not measured."""
+    if "emulator" not in {(recipe_of(r).get("engine") or r.manifest.get("engine")) for r in (run, other) if r}:
+        return []
+    if cycle_lines[:1] == [f"## {cycles.KERNEL_TITLE}"]:  # the real kernel ran on the batches: attention measured
+        return ["Timings are the emulator's: attention measured by running the kernel on a GPU, the rest of each "
+                "step from its cost model; not an end-to-end hardware measurement."]
+    hw = ((recipe_of(run).get("server") or {}).get("args") or {}).get("hardware")
+    profile = f" (hardware profile `{hw}`, fitted to kernel runs on that GPU)" if hw else ""
+    return [f"Timings are the emulator's: its cost model{profile}, not a hardware measurement."]
+
+
 def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dict[str, Path],
             cycle_lines: list[str], out_dir: Path, placement_lines: Sequence[str] = ()) -> str:
     engine = (run.manifest.get("recipe") or {}).get("engine") or run.manifest.get("engine")
@@ -212,10 +280,11 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     if differ:  # a change of load or engine moves every figure: it is not the kernel's effect
         notes.append(f"the two runs differ in more than the compared arms ({c.a_label} / {c.b_label}): "
                      + "; ".join(differ))
-    parts = [f"# {title}", "", verdict(c), ""]
+    timing = timing_source(run, other, cycle_lines)  # its own paragraph: markdown would join it to the verdict's
+    parts = [f"# {title}", "", verdict(c), *([""] + timing if timing else []), ""]
     if notes:
         parts += ["Notes:", *[f"- {n}" for n in notes], ""]
-    parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c), "", definitions(c), "",
+    parts += ["## Load", "", *load_md(c), "", "## Per-arm metrics", "", *arm_table_md(c, aiperf_window(run)), "", definitions(c), "",
               "## Matched requests", "", *matched_md(c), "", *verdict_md.primary_md(c), "",
               "## What this run could have seen", "",
               *verdict_md.sensitivity_md(c, recipe_of(run).get("target_effect")), ""]
@@ -225,8 +294,8 @@ def compose(c: Comparison, title: str, run: Run, other: Run | None, figures: dic
     parts += acceptance.section_md(c, engine)  # runs whose engine logs acceptance per request
     parts += ["## Server-side metrics", "", *server_md(c), "", "## Plots", ""]
     parts += [f"![{name}]({_rel(p, out_dir)})" for name, p in figures.items()] + [""]
-    if cycle_lines:
-        parts += ["## Kernel in the loop", "", *cycle_lines, ""]
+    if cycle_lines:  # its own heading: what ran says what the section is
+        parts += [*cycle_lines, ""]
     repeats = [(runs[0].paths, runs[1].paths, runs[0].name, runs[1].name)
                for runs in (c.a_runs, c.b_runs) if len(runs) >= 2]
     parts += ["## Accuracy", "", *accuracy.accuracy_md(a_paths, b_paths, c.a_label, c.b_label, engine, repeats,

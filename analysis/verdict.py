@@ -32,10 +32,16 @@ def _floor_clause(e: est.Estimate, floor: float | None) -> str:
     """Whether the CI is wider than the A/A floor: a CI inside the floor means launch drift, not this
     run's request noise, limits what the run can claim."""
     if floor is None or not np.isfinite(floor):
-        return "no A/A floor (no arm ran twice)"
+        if e.launches > 1:
+            return "no A/A floor (no arm ran twice)"
+        return (f"no A/A floor (no arm ran twice): the CI assumes a launch drift of {est.LAUNCH_SD_LOG * 100:.1f}% a "
+                "launch (fitted on the emulator); repeating arms (ABBA) measures it")
     half = e.width / 2
-    rel = "wider than" if half > floor else "narrower than"
-    return f"CI half-width {half:.1f} pts is {rel} the A/A floor ({fmt_floor(floor)})"
+    if half > floor:
+        return (f"CI half-width ±{half:.1f}% is wider than the A/A floor {fmt_floor(floor)}: this run's request noise, more "
+                "than launch drift, sets it")
+    return (f"CI half-width ±{half:.1f}% is narrower than the A/A floor {fmt_floor(floor)}: launch drift, not request noise, "
+            "limits what this run can claim")
 
 
 # Where one arm errored on more of the requests than the other by this share of the pairs, the matched requests

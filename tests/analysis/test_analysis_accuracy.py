@@ -43,7 +43,7 @@ def test_table_not_run_and_one_sided(tmp_path):
     write_jsonl(b.accuracy_records("gsm8k"), [q(0, True, strict=True), q(1, False, strict=False)])
     lines = accuracy_md(a, b, "off", "on", "sglang")
     # one arm alone pairs nothing: its accuracy over every record, and no paired headline
-    assert _row(lines, "gsm8k") == "| gsm8k | not run | - | - | - / 2 | - / 0 | not run / 50.0% (strict 50.0%) | - |"
+    assert _row(lines, "gsm8k") == "| gsm8k | not run | - | - | - / 2 | - / 0 | -; - | not run / 50.0% (strict 50.0%) | - |"
     assert not any("not meaningful" in line for line in lines)
 
 
@@ -52,7 +52,7 @@ def test_paired_test_failure_is_reported_in_the_cell_not_raised(tmp_path):
     for arm in (a, b):   # gsm8k records without the strict fields the paired McNemar needs
         write_jsonl(arm.accuracy_records("gsm8k"), [dict(q(0, True), output="x"), dict(q(1, False), output="y")])
     row = accuracy_md(a, b, "off", "on", "sglang")[2]
-    assert row.startswith("| gsm8k | - | - | - | 2 / 2 | 0 / 0 | 50.0% / 50.0% | paired test failed: KeyError")
+    assert row.startswith("| gsm8k | - | - | - | 2 / 2 | 0 / 0 | -; - | 50.0% / 50.0% | paired test failed: KeyError")
 
 
 def test_identity_beside_the_aa_baseline(tmp_path):
@@ -144,7 +144,8 @@ def test_failed_answers_move_neither_the_headline_nor_the_delta(tmp_path):
     lines = accuracy_md(off, on, "off", "on", "emulator")
     # 14 paired answers (6..19), 6 right in both; no discordant pair: Tango's +-z^2 / (14 + z^2)
     assert _row(lines, "gsm8k") == (
-        "| gsm8k | 42.9% (strict 42.9%) | 42.9% (strict 42.9%) | +0.0 [-21.5, +21.5] | 20 / 20 | 0 / 6 | "
+        "| gsm8k | 42.9% (strict 42.9%) | 42.9% (strict 42.9%) | +0.0 [-21.5, +21.5] (no question differs) | 20 / 20 | "
+        "0 / 6 | -; - | "
         "60.0% (strict 60.0%) / 30.0% (strict 30.0%) | McNemar exact p=1 (off-only 0, on-only 0, n=14); "
         "strict p=1; outputs differ 14/14; 6 unpaired/failed excluded |")
     assert TABLE_NOTE.format(a="off", b="on") in lines
@@ -156,8 +157,8 @@ def test_a_truncated_arm_is_compared_on_the_questions_both_asked(tmp_path):
     right = _right_where(lambda i: i >= 10)
     off, on = _quickstart_gsm8k(tmp_path, right, lambda rows: right(rows)[:10])
     row = _row(accuracy_md(off, on, "off", "on", "emulator"), "gsm8k")
-    assert row.startswith("| gsm8k | 0.0% (strict 0.0%) | 0.0% (strict 0.0%) | +0.0 [-27.8, +27.8] | 20 / 10 | "
-                          "0 / 0 | 50.0% (strict 50.0%) / 0.0% (strict 0.0%) | McNemar exact p=1 (off-only 0, "
+    assert row.startswith("| gsm8k | 0.0% (strict 0.0%) | 0.0% (strict 0.0%) | +0.0 [-27.8, +27.8] (no question differs) | 20 / 10 | "
+                          "0 / 0 | -; - | 50.0% (strict 50.0%) / 0.0% (strict 0.0%) | McNemar exact p=1 (off-only 0, "
                           "on-only 0, n=10);")
     assert row.endswith("; 10 unpaired/failed excluded |")
 
@@ -170,7 +171,7 @@ def test_a_changed_answer_gets_a_delta_whose_ci_matches_the_test(tmp_path):
     lo, hi = paired_difference_ci(4, 0, 20)
     row = _row(accuracy_md(off, on, "off", "on", "emulator"), "gsm8k")
     assert row.startswith(f"| gsm8k | 40.0% (strict 40.0%) | 20.0% (strict 20.0%) | -20.0 [{lo * 100:+.1f}, "
-                          f"{hi * 100:+.1f}] | 20 / 20 | 0 / 0 | 40.0% (strict 40.0%) / 20.0% (strict 20.0%) | "
+                          f"{hi * 100:+.1f}] | 20 / 20 | 0 / 0 | -; - | 40.0% (strict 40.0%) / 20.0% (strict 20.0%) | "
                           "McNemar exact p=0.125 (off-only 4, on-only 0, n=20)")
     assert hi < 0
 
@@ -187,4 +188,4 @@ def test_gpqa_repeats_are_paired_by_question(tmp_path):
             rows = [dict(r, correct=r["id"] == rows[0]["id"]) for r in rows]
         write_jsonl(arm.accuracy_records("gpqa_diamond"), rows)
     row = _row(accuracy_md(off, on, "off", "on", "emulator"), "gpqa_diamond")
-    assert row.startswith("| gpqa_diamond | 0.0% | 10.0% | +10.0 [+0.0, +30.0] | 20 / 20 | 0 / 0 | 0.0% / 10.0% | ")
+    assert row.startswith("| gpqa_diamond | 0.0% | 10.0% | +10.0 [+0.0, +30.0] | 20 / 20 | 0 / 0 | -; - | 0.0% / 10.0% | ")

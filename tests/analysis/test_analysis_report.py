@@ -151,7 +151,7 @@ def test_accuracy_table_and_emulator_label(run):
     acc = section(md, "Accuracy")
     assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
     assert "| gsm8k | 75.0% (strict 75.0%) | 50.0% (strict 50.0%) | -25.0 [-69.9, +36.2] | 4 / 4 | 0 / 0 | " \
-           "75.0% (strict 75.0%) / 50.0% (strict 50.0%) | McNemar exact p=1 " \
+           "-; - | 75.0% (strict 75.0%) / 50.0% (strict 50.0%) | McNemar exact p=1 " \
            "(off-only 1, on-only 0, n=4); strict p=1; outputs differ 1/4 |" in acc
     assert "Discordant questions, gsm8k (off -> on):\n- q1 (repeat 0): right -> wrong" in acc
     # Output x1 became x0: one answer of four differs, at its first (and only) word.
@@ -160,7 +160,7 @@ def test_accuracy_table_and_emulator_label(run):
     # --arms on off: the discordance is named by the arm it favours, whichever side it is on
     swapped = section(write_report(run, run / "swapped.md", arms=("on", "off"), n_boot=N_BOOT).read_text(), "Accuracy")
     assert "| gsm8k | 50.0% (strict 50.0%) | 75.0% (strict 75.0%) | +25.0 [-36.2, +69.9] | 4 / 4 | 0 / 0 | " \
-           "50.0% (strict 50.0%) / 75.0% (strict 75.0%) | McNemar exact p=1 " \
+           "-; - | 50.0% (strict 50.0%) / 75.0% (strict 75.0%) | McNemar exact p=1 " \
            "(on-only 0, off-only 1, n=4)" in swapped
     # a torn line or a missing record file leaves the table, with the arm's summary, and names the file
     records = run / "arms" / "on" / "accuracy" / "gsm8k.jsonl"
@@ -169,11 +169,11 @@ def test_accuracy_table_and_emulator_label(run):
     records.write_text(records.read_text()[:-40])
     torn = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
     # ... and no paired headline or delta: a summary pairs no question
-    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
+    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | -; - | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
             f"{records}:4: not valid JSON") in torn
     records.unlink()
     gone = section(write_report(run, n_boot=N_BOOT).read_text(), "Accuracy")
-    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
+    assert (f"| gsm8k | - | - | - | 4 / 4 | 0 / 0 | -; - | 75.0% (strict 75.0%) / 50.0% | paired test not possible: "
             f"{records} missing |") in gone
 
 
@@ -192,7 +192,8 @@ def test_kernel_in_the_loop_section_from_cycle_log(run):
 
 
 def test_no_cycle_log_means_no_section(run):
-    assert "## Kernel in the loop" not in write_report(run, n_boot=N_BOOT).read_text()
+    md = write_report(run, n_boot=N_BOOT).read_text()
+    assert "## Kernel in the loop" not in md and "## Emulator cycle log" not in md
 
 
 @pytest.mark.parametrize("breakage, message", [
@@ -317,7 +318,7 @@ def test_abba_pairs_kth_runs_and_takes_floor_from_both_arms(tmp_path):
     assert "| 12 / 0 |" in row and "no repeat" not in row
     # The own-window throughput row has no CI (its window ends at one request's end), so no A/A floor either:
     # "n/a", not a floor of 0 from a missing CI.
-    tput = next(l for l in section(md, "Per-arm metrics").splitlines() if l.startswith("| Output throughput (tok/s)"))
+    tput = next(l for l in section(md, "Per-arm metrics").splitlines() if l.startswith("| Output throughput, own window (context) (tok/s)"))
     assert "[no CI: its window ends at one request's end; see the equal-window row] | n/a | " in tput, tput
 
 
@@ -396,7 +397,7 @@ def test_report_on_quickstart_run_dir(tmp_path):
     acc = section(md, "Accuracy")
     assert EMULATOR_NOTE in acc and "accuracy is not meaningful" in acc
     assert "| gsm8k |" in acc and "| gpqa_diamond |" in acc and "McNemar exact p=" in acc
-    assert "| off | 100 |" in section(md, "Kernel in the loop")
+    assert "| off | 100 |" in section(md, "Emulator cycle log")  # a CPU run: no kernel ran, every time is modelled
     assert "sglang:spec_accept_length" in section(md, "Server-side metrics")
     prov = section(md, "Provenance")
     assert "- engine: emulator" in prov and "VATTN" in prov and "off load: `" in prov and "| on | load | done |" in prov
@@ -439,7 +440,8 @@ def test_verdict_within_aa_noise_floor(tmp_path):
     # = 0.72% in log units around -3.0%, and excludes 0 ...
     assert "decode time per token, 20% trimmed mean per-request change -3.0% [-3.7, -2.3] (n=8 matched" in line
     # ... but two runs of the same config differ by far more than that.
-    assert ": faster, but within the A/A noise floor; CI half-width 0.7 pts is narrower than the A/A floor (±" in line
+    assert ": faster, but within the A/A noise floor; CI half-width ±0.7% is narrower than the A/A floor ±" in line
+    assert "launch drift, not request noise, limits what this run can claim" in line
 
 
 def test_verdict_primary_is_robust_to_an_outlier_that_hides_the_mean(tmp_path):
@@ -513,8 +515,8 @@ def test_server_metrics_zero_in_both_arms_are_named_not_tabled():
                         b_runs=side([("sglang:gen_throughput", g, 921.4), ("sglang:mamba_usage", g, 0.0),
                                      ("sglang:num_queue_reqs", g, 0.0), ("sglang:swa_usage", g, 0.0)]))
     md = "\n".join(server_md(c))
-    assert "| sglang:gen_throughput | gauge (avg) | 860.2 | 921.4 |" in md
-    assert "| sglang:num_queue_reqs | gauge (avg) | 0.04 | 0 |" in md  # zero in one arm only: kept
+    assert "| sglang:gen_throughput | gauge (avg) | tok/s over the engine's last ~5 s, averaged over scrapes | 860.2 | 921.4 |" in md
+    assert "| sglang:num_queue_reqs | gauge (avg) | requests waiting | 0.04 | 0 |" in md  # zero in one arm only: kept
     assert "| sglang:mamba_usage" not in md and "| sglang:swa_usage" not in md
     assert md.endswith("Zero or absent in both arms, left out of the table: sglang:mamba_usage, sglang:swa_usage.")
 

@@ -49,7 +49,7 @@ def test_grace_period_spill_alone_changes_no_equal_window_throughput(tmp_path):
     _phase(run, "off", 123.72)
     _phase(run, "on", 149.92)
     md = write_report(run, n_boot=100).read_text()
-    old = next(x for x in md.splitlines() if x.startswith("| Output throughput (tok/s)"))
+    old = next(x for x in md.splitlines() if x.startswith("| Output throughput, own window (context) (tok/s)"))
     assert "| 14.92 | 14.06 | -5.8% [" in old       # (1608 + 238) / 123.72 vs (1608 + 500) / 149.92
     row = next(x for x in md.splitlines() if x.startswith("| Output throughput, equal 120 s window"))
     # 8 x 201 tokens + 1 + (120 - 100.02) / 0.1 = 1608 + 200.8 tokens in 120 s, in both arms.
@@ -65,7 +65,7 @@ def test_a_rate_over_the_same_requests_shows_no_spread_where_per_request_times_k
     on = [record(f"s{i}", 0, 1000.0 * i, tpot=48.0 + 2 * (i % 3), osl=201) for i in range(8)]
     run = make_run(tmp_path / "same", {"off": off, "on": on})
     md = write_report(run, n_boot=200).read_text()
-    row = next(x for x in md.splitlines() if x.startswith("| Output throughput (tok/s)"))
+    row = next(x for x in md.splitlines() if x.startswith("| Output throughput, own window (context) (tok/s)"))
     a, b, delta = row.split(" | ")[2:5]   # after the metric and the requests it counts
     # This own-window row now has no CI at all (its window ends at one request's end: analysis.metrics), which
     # is stricter than "no spread"; the equal-window row above still prints "no spread".

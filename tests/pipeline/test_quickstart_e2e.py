@@ -76,8 +76,8 @@ def test_quickstart_ab_end_to_end(tmp_path):
     report = (out / "report.md").read_text()
     assert "TPOT" in report and "Accuracy" in report and "not meaningful" in report
     # The emulator's answers are a function of the prompt, and both arms model an exact kernel.
-    assert "Outputs, gsm8k (off vs on): identical in 20/20 answers (100%)." in report
-    assert "Outputs, gpqa_diamond (off vs on): identical in 20/20 answers (100%)." in report
+    assert "Outputs, gsm8k (off vs on): identical in 20/20 answers (100%): identical by construction" in report
+    assert "Outputs, gpqa_diamond (off vs on): identical in 20/20 answers (100%): identical by construction" in report
     assert len(list((out / "plots").glob("*.png"))) >= 3
 
 
