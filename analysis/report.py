@@ -215,12 +215,15 @@ def make_plots(c: Comparison, plots_dir: Path, prefix: str = "") -> dict[str, Pa
     sides = [(label, [_series_name(label, r) for r in runs]) for label, runs in ((c.a_label, c.a_runs),
                                                                                  (c.b_label, c.b_runs))]
     styles = plots.comparison_styles(sides)  # an arm's colour follows it from plot to plot
+    e = c.primary
     over_time = {_series_name(label, r): r.records[r.records["ok"]]
                  for label, runs in ((c.a_label, c.a_runs), (c.b_label, c.b_runs)) for r in runs}
     return {
         "TPOT CDF per arm": plots.tpot_cdf(tpot, plots_dir / f"{prefix}tpot_cdf.png", styles),
         "Matched per-request TPOT delta": plots.delta_histogram(
-            c.request_deltas.to_numpy(), plots_dir / f"{prefix}matched_tpot_delta.png", f"{c.b_label} vs {c.a_label}"),
+            c.request_deltas.to_numpy(), plots_dir / f"{prefix}matched_tpot_delta.png", f"{c.b_label} vs {c.a_label}",
+            verdict=(e.pct, e.lo, e.hi) if e is not None and e.n and np.isfinite(e.lo) else None,
+            verdict_name=f"{verdict_md.LABELS[e.name]} (verdict)" if e is not None else "verdict"),
         "TPOT over time per arm": plots.tpot_over_time(over_time, plots_dir / f"{prefix}tpot_over_time.png", styles),
     }
 

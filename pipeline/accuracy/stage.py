@@ -202,7 +202,7 @@ def _run_task(task: TaskSpec, jobs: list[_Job], n_questions: int, *, url: str, m
     todo = [j for j in jobs if (j.id, j.repeat) not in kept]
     # Rewrite first: drops failed and torn lines, so the append below starts clean.
     write_records(path, [*kept.values(), *extra])
-    progress(f"{task.name}: {n_questions} questions x {task.repeats} repeats; "
+    progress(f"{task.name}: {n_questions} questions x {task.repeats} repeat{'s' * (task.repeats != 1)}; "
              f"{len(kept)} already answered, asking {len(todo)}")
     try:
         new = asyncio.run(_ask_all(task, todo, url, model, gen, path, progress, api_key)) if todo else []
