@@ -29,7 +29,7 @@ from pathlib import Path
 from vattn import switch
 from vattn.hopper import backend as hopper_backend
 from vattn.hopper.backend import covers_shape, group_split, kv_heads_per_cta, piece_overhead_tiles
-from vattn.planner import BALANCED, KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, held, kv_tiles, packs_tails, plan_splits
+from vattn.planner import BALANCED, KV_TILE, PIECE_OVERHEAD_TILES, PLANNERS, held, plan_splits_and_tails
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "bf16": 2, "fp16": 2}
 PHASES = ("verify", "decode", "any")  # decode: every live sequence has q_len 1; any: one fit for both
@@ -293,8 +293,8 @@ def _predict_vattn(seq_lens, q_lens, planner, prof, hkv, head_dim, gqa, kv_dtype
         path, rows = kernel_path(q_lens, gqa, kv_dtype, head_dim, qk)
     if page_size not in v.page_efficiency:
         raise ValueError(f"page_size: got {page_size}; profile {prof.name} knows {sorted(v.page_efficiency)}")
-    splits = plan_splits(seq_lens, q_lens, num_kv_heads=hkv, slots=slots, mode=planner, overhead=overhead)
-    tails = packs_tails(planner, kv_tiles(seq_lens, q_lens), hkv, slots, overhead)
+    splits, tails = plan_splits_and_tails(seq_lens, q_lens, num_kv_heads=hkv, slots=slots, mode=planner,
+                                          overhead=overhead)
     wave = _wave_bytes_per_us(v, path, rows, kv_dtype, page_size)  # bytes/us with every slot busy
     token_bytes = cta_dim * 2 * KV_BYTES[kv_dtype]  # the page's gather efficiency is in `wave`
     latency = v.piece_latency_us * wave / slots  # a prologue costs its slot's fair share of time

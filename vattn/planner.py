@@ -248,24 +248,26 @@ def _balanced_plans(tiles: list[int], num_kv_heads: int, slots: int, overhead: i
     return plain, packed, pay
 
 
-def packs_tails(mode: str, tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> bool:
-    """Whether the plan of `tiles` (per sequence, 0 = absent) packs the split sequences' short last pieces:
-    always for balanced_tails, for balanced_auto where tails_pay."""
-    if mode != "balanced_auto" or not any(tiles):
-        return mode == "balanced_tails"
-    return _balanced_plans(tiles, num_kv_heads, slots, overhead)[2]
-
-
-def _split_balanced_auto(tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> list[tuple[int, int]]:
-    if not any(tiles):
-        return [(0, 0)] * len(tiles)
-    plain, packed, pay = _balanced_plans(tiles, num_kv_heads, slots, overhead)
-    return packed if pay else plain
-
-
 # (tiles, num_kv_heads, slots, overhead) -> per sequence (pieces, segment tiles); only the balanced ones weigh overhead
 _SPLITTERS = {"fixed": _split_fixed, "length_aware": _split_length_aware, "balanced": _split_balanced,
-              "balanced_tails": _split_balanced_tails, "balanced_auto": _split_balanced_auto}
+              "balanced_tails": _split_balanced_tails}
+
+
+def _splits_and_tails(tiles: list[int], mode: str, num_kv_heads: int, slots: int,
+                      overhead: int) -> tuple[list[tuple[int, int]], bool]:
+    """The mode's splits, and whether they pack the split sequences' short last pieces (always for balanced_tails,
+    for balanced_auto where tails_pay): the launch order's rule."""
+    if mode != "balanced_auto":
+        return _SPLITTERS[mode](tiles, num_kv_heads, slots, overhead), mode == "balanced_tails"
+    if not any(tiles):
+        return [(0, 0)] * len(tiles), False
+    plain, packed, pay = _balanced_plans(tiles, num_kv_heads, slots, overhead)
+    return (packed if pay else plain), pay
+
+
+def packs_tails(mode: str, tiles: list[int], num_kv_heads: int, slots: int, overhead: int) -> bool:
+    """Whether the plan of `tiles` (per sequence, 0 = absent) packs the split sequences' short last pieces."""
+    return _splits_and_tails(tiles, mode, num_kv_heads, slots, overhead)[1]
 
 
 def _check_lens(seq_lens: list[int], q_lens: list[int]) -> None:
@@ -283,12 +285,19 @@ def plan_splits(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
                 overhead: int = PIECE_OVERHEAD_TILES) -> list[tuple[int, int]]:
     """Per sequence (pieces k, segment tiles s): piece p covers KV p*s*KV_TILE .. min(L, (p+1)*s*KV_TILE).
     overhead: a piece's fixed cost in tiles on the kernel that will run the plan (balanced only)."""
+    return plan_splits_and_tails(seq_lens, q_lens, num_kv_heads=num_kv_heads, slots=slots, mode=mode,
+                                 overhead=overhead)[0]
+
+
+def plan_splits_and_tails(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, slots: int, mode: str,
+                          overhead: int = PIECE_OVERHEAD_TILES) -> tuple[list[tuple[int, int]], bool]:
+    """plan_splits' splits, and whether they pack the split sequences' short last pieces (packs_tails)."""
     if mode not in PLANNERS:
         raise ValueError(f"mode: got {mode!r}; allowed: {', '.join(PLANNERS)}")
     _check_positive(num_kv_heads=num_kv_heads, slots=slots, overhead=overhead)
     _check_lens(seq_lens, q_lens)
     tiles = kv_tiles(seq_lens, q_lens)
-    return _SPLITTERS[mode](tiles, num_kv_heads, slots, overhead) if tiles else []
+    return _splits_and_tails(tiles, mode, num_kv_heads, slots, overhead) if tiles else ([], False)
 
 
 def kv_tiles(seq_lens: list[int], q_lens: list[int]) -> list[int]:
@@ -303,7 +312,8 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
     seq_lens[b]: KV length L incl. the new tokens; q_lens[b]: query tokens (0 = absent from this call).
     overhead: as plan_splits'.
     """
-    splits = plan_splits(seq_lens, q_lens, num_kv_heads=num_kv_heads, slots=slots, mode=mode, overhead=overhead)
+    splits, tails = plan_splits_and_tails(seq_lens, q_lens, num_kv_heads=num_kv_heads, slots=slots, mode=mode,
+                                          overhead=overhead)
     width = max_work_items(len(seq_lens), num_kv_heads, slots)
     seq, start, end, part_start = [], [], [], [0]
     for b, (k, seg) in enumerate(splits):
@@ -315,7 +325,6 @@ def plan_python(seq_lens: list[int], q_lens: list[int], *, num_kv_heads: int, sl
     n = len(seq)
     assert n <= width, f"planner {mode} made {n} pieces > W={width}"  # the bounds in the module docstring
     order = list(range(n))
-    tails = packs_tails(mode, kv_tiles(seq_lens, q_lens), num_kv_heads, slots, overhead)
     if mode in BALANCED and not tails:  # split sequences' pieces first; the packed single pieces run behind them
         order = [w for w in order if splits[seq[w]][0] > 1] + [w for w in order if splits[seq[w]][0] == 1]
     elif tails:  # the held pieces first; the packed ones run behind them
