@@ -48,7 +48,8 @@ TAILS_MIN_GAIN_PCT: it gains the cap's drop (c - c') / c, the slowest slot's tim
 fixed costs against the batch's work, (n' - n) * o / sum(tiles), which under the board's power cap is time too.
 On an H200 under sustained load (benchmarks/NOTES.md P117; o = 8) the packed tails ran 0.9% slower on 16x35k
 (gain 1.4%, cost 1.5%) and 0.6-2.9% faster on 16x70k, 16x119k and both agentic batches (gain less cost 1.5-4.5%);
-the margin sits between them.
+the margin sits between them. On held-out batches on an H100 (P118) three of the six it packs ran 0.5-1.1% slower
+in every round: the slowest slot's drop does not predict the time gained, so it stays opt-in.
 
 Why not stream-K chunks laid end to end: here one program runs one piece of one sequence, so C chunks cut at sequence
 boundaries make up to C + B - 1 programs, past one wave; within one wave no plan of in-sequence
