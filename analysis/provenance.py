@@ -32,7 +32,7 @@ def find_keys(d: Any, words: tuple[str, ...], prefix: str = "") -> dict[str, Any
                 out[name] = v
     elif isinstance(d, list):
         for i, v in enumerate(d):
-            out.update(find_keys(v, words, f"{prefix}[{i}]"))
+            out.update(find_keys(v, words, f"{prefix}.{i}"))  # as validation errors name fields: tasks.0.seed
     return out
 
 
@@ -143,7 +143,7 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
     plan = _get(manifest, "plan", default={})
     started = _get(manifest, "started", default=_get(manifest, "created"))
     lines = [
-        f"- git sha: `{_get(manifest, 'git_sha')}` " + _dirty_note(manifest),
+        f"- git sha: `{_get(manifest, 'git_sha')}`" + _dirty_note(manifest),
         f"- engine: {_get(recipe, 'engine', default=_get(manifest, 'engine'))}",
         f"- started: {started}; finished: {_get(manifest, 'finished')}; "
         f"wall time: {wall_time(manifest)}",
@@ -174,10 +174,15 @@ def provenance_md(manifest: dict, root: Path | None = None) -> list[str]:
 
 
 def _dirty_note(manifest: dict) -> str:
+    sha = str(manifest.get("git_sha") or "unknown")
+    if sha == "unknown":
+        return ""
+    if not sha.endswith("-dirty"):
+        return " (no changes to tracked files)"
     if isinstance(manifest.get("inputs"), list):
-        return ("(a -dirty suffix: changed tracked files; whether the commit holds the files this run read is each "
+        return (" (-dirty: changed tracked files; whether the commit holds the files this run read is each "
                 "input's git state below)")
-    return "(a -dirty suffix: changed tracked files only; this manifest predates the check of the run's inputs)"
+    return " (-dirty: changed tracked files; this manifest predates the check of the run's inputs)"
 
 
 def input_lines(manifest: dict) -> list[str]:
@@ -186,7 +191,8 @@ def input_lines(manifest: dict) -> list[str]:
     inputs = manifest.get("inputs")
     if not isinstance(inputs, list):
         return [f"- recipe: {_get(manifest, 'recipe_path')} (input hashes not recorded: a run from before they were)"]
-    lines = ["- inputs, hashed at the run's start (sha256, first 12 hex digits; git state):"]
+    lines = ["- inputs, hashed at the run's start and unchanged at each resume (sha256, first 12 hex digits; git "
+             "state):"]
     loose = []
     for e in (e for e in inputs if isinstance(e, dict)):
         digest = f"`{e['sha256'][:12]}`" if e.get("sha256") else f"no hash ({e.get('note', UNKNOWN)})"

@@ -1,4 +1,5 @@
-"""The files a run reads, hashed at its start, and whether the checkout's commit holds each of them.
+"""The files a run reads, hashed at its start, and whether the checkout's commit holds each of them; on
+`--resume`, whether the ones its stages read again are still what the finished stages read.
 
 The git sha pins the code, not a recipe, trace or profile that was never committed: the manifest keeps each
 input's sha256 and git state, so a reader can tell whether the commit alone reproduces the run.
@@ -106,4 +107,33 @@ def run_inputs(recipe_path: str, recipe: dict) -> list[dict[str, Any]]:
             entry["file"] = str(path)
         entry["git"] = states.get(path, "unknown")
         out.append(entry)
+    return out
+
+
+# Their content is in the manifest's recorded recipe (presets are merged into it), which a resume runs: a change to
+# the files since does not reach the run.
+_RECORDED_IN_RECIPE = ("recipe", "preset ")
+
+
+def _current_sha256(path: Path) -> str | None:
+    try:
+        return sha256_tree(path)[0] if path.is_dir() else sha256_file(path)
+    except OSError:
+        return None
+
+
+def changed_inputs(recorded: list[dict[str, Any]]) -> list[str]:
+    """What a resume would read differently from the run's start: one line per input (trace, accuracy data,
+    emulator profiles) whose file now hashes otherwise or is gone. Inputs that could not be read at the start
+    (sha256 None: read on another machine) are not checked."""
+    out = []
+    for entry in recorded:
+        if entry.get("sha256") is None or entry["role"].startswith(_RECORDED_IN_RECIPE):
+            continue
+        path = Path(entry.get("file") or entry["path"])
+        now = _current_sha256(path)
+        if now != entry["sha256"]:
+            state = "is gone or unreadable" if now is None else f"changed (sha256 {entry['sha256'][:12]}... at the " \
+                                                               f"start, {now[:12]}... now)"
+            out.append(f"{entry['role']} {path} {state}")
     return out

@@ -79,6 +79,7 @@ def _make_run_dir(run_dir: Path, field: str) -> None:
 
 def _resume(run_dir: Path, recipe_path: str | None):
     from pipeline.config.recipe import Recipe, recipe_to_dict
+    from pipeline.inputs import changed_inputs
     from pipeline.manifest import Manifest
     from pipeline.paths import RunPaths
 
@@ -90,6 +91,11 @@ def _resume(run_dir: Path, recipe_path: str | None):
     if recipe_path and recipe_to_dict(load_checked_recipe(recipe_path)) != manifest.data["recipe"]:
         raise SystemExit(f"error: {recipe_path} differs from the recipe recorded in {paths.manifest}; "
                          f"resume runs the recorded recipe: drop the recipe argument or start a new run")
+    changed = changed_inputs(manifest.data.get("inputs") or [])
+    if changed:  # the finished stages read the old files: arms on different inputs would compare nothing
+        raise SystemExit("error: --resume: since the run started, " + "; ".join(changed) + ". The finished stages "
+                         "read the recorded content: restore it (the manifest's inputs list each sha256), or start "
+                         "a new run")
     return recipe, manifest
 
 

@@ -41,7 +41,7 @@ def test_a_manifest_from_before_the_new_fields_still_renders():
     """No inputs, machine facts, sub-second stamps or load averages: each is absent, not an error."""
     from analysis.provenance import provenance_md
 
-    old = {"recipe_path": "recipes/quickstart.yaml", "git_sha": "abc", "recipe": {"engine": "emulator"},
+    old = {"recipe_path": "recipes/quickstart.yaml", "git_sha": "abc-dirty", "recipe": {"engine": "emulator"},
            "hosts": {"local": {"kind": "local", "gpus": []}},
            "arm_runs": [{"name": "off", "host": "local", "gpus": [], "port": 30000}],
            "created": "2026-12-07T21:01:25+00:00", "finished": "2026-12-07T21:06:38+00:00",
@@ -51,6 +51,24 @@ def test_a_manifest_from_before_the_new_fields_still_renders():
     assert "- recipe: recipes/quickstart.yaml (input hashes not recorded" in text
     assert "predates the check of the run's inputs" in text
     assert "| off | server | done | 0.0 s |" in text
+
+
+def test_the_git_sha_line_explains_a_dirty_suffix_only_where_there_is_one():
+    from analysis.provenance import provenance_md
+
+    def sha_line(sha):
+        return provenance_md({"git_sha": sha, "inputs": []})[0]
+
+    assert sha_line("abc") == "- git sha: `abc` (no changes to tracked files)"
+    assert sha_line("abc-dirty").startswith("- git sha: `abc-dirty` (-dirty: changed tracked files; whether")
+    assert sha_line("unknown") == "- git sha: `unknown`"
+
+
+def test_seeds_are_named_as_validation_errors_name_fields():
+    from analysis.provenance import provenance_md
+
+    text = "\n".join(provenance_md({"recipe": {"accuracy": {"tasks": [{"name": "gsm8k", "seed": 7}]}}}))
+    assert "- seeds: `recipe.accuracy.tasks.0.seed` = 7" in text
 
 
 def test_the_machine_and_each_arm_runs_starting_load_are_shown():

@@ -56,3 +56,55 @@ def test_an_untracked_recipe_is_flagged_though_the_tree_is_clean(repo):
     assert run_inputs(str(repo / "recipes" / "kept.yaml"), {})[0]["git"] == "committed"
     (repo / "recipes" / "kept.yaml").write_text("a: 3\n")
     assert run_inputs(str(repo / "recipes" / "kept.yaml"), {})[0]["git"] == "modified"
+
+
+def test_changed_inputs_names_what_a_resume_would_read_differently(tmp_path):
+    from pipeline.inputs import changed_inputs
+
+    trace, data = tmp_path / "trace", tmp_path / "gsm8k.jsonl"
+    trace.mkdir()
+    (trace / "s0.json").write_text("{}")
+    data.write_text("q\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: x\n")
+    recorded = run_inputs(str(recipe), {"load": {"trace": str(trace)},
+                                        "accuracy": {"tasks": [{"name": "gsm8k", "data": str(data)}]}})
+    assert changed_inputs(recorded) == []
+    recipe.write_text("name: y\n")  # a resume runs the recipe recorded in the manifest, not the file
+    (trace / "s1.json").write_text("{}")
+    data.unlink()
+    got = changed_inputs(recorded)
+    assert len(got) == 2
+    assert got[0].startswith(f"trace {trace} changed (sha256 {recorded[1]['sha256'][:12]}... at the start, ")
+    assert got[1] == f"accuracy gsm8k data {data} is gone or unreadable"
+    assert changed_inputs([{"role": "trace", "path": "/elsewhere", "sha256": None}]) == []  # never read here
+
+
+def test_a_resume_refuses_a_trace_changed_since_the_run_started_and_takes_it_back_once_restored(tmp_path):
+    import json
+    import sys
+
+    repo = inputs.REPO_ROOT
+    run, trace = tmp_path / "run", tmp_path / "trace"
+    shutil.copytree(repo / "tests/analysis/data/quickstart_run", run)  # a finished run: a resume only reports
+    shutil.copytree(repo / "recipes/data/traces/quickstart", trace)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["recipe"]["load"]["trace"] = str(trace)
+    manifest["inputs"] = run_inputs(manifest["recipe_path"], manifest["recipe"])
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    session = sorted(trace.iterdir())[0]
+    original = session.read_bytes()
+    session.write_bytes(original + b"\n")
+
+    def resume():
+        return subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--resume", str(run)], cwd=repo,
+                              capture_output=True, text=True, timeout=300)
+
+    p = resume()
+    assert p.returncode != 0 and "run dir:" not in p.stdout  # refused before it started anything
+    assert f"error: --resume: since the run started, trace {trace} changed (sha256 " in p.stderr
+    assert "restore it" in p.stderr
+    session.write_bytes(original)
+    p = resume()
+    assert p.returncode == 0, p.stderr
+    assert "report:" in p.stdout
