@@ -170,7 +170,8 @@ def logged_cancellations(aiperf_log: Path) -> int | None:
 
 
 def server_metrics_frame(doc: dict[str, Any]) -> "pd.DataFrame":
-    """aiperf's server_metrics_export.json -> one row per metric: name, kind, value.
+    """aiperf's server_metrics_export.json -> one row per metric: name, kind, value, description (the engine's
+    own HELP text, "" where it gives none).
 
     Gauges give their time-average over the profiling phase, counters their
     rate per second; series (one per label set / endpoint) are summed for
@@ -180,17 +181,19 @@ def server_metrics_frame(doc: dict[str, Any]) -> "pd.DataFrame":
 
     rows = []
     for name, m in (doc.get("metrics") or {}).items():
-        kind = m.get("type")
+        kind, description = m.get("type"), str(m.get("description") or "")
         stats = [s.get("stats") or {} for s in m.get("series") or []]
         if kind == "gauge":
             vals = [s["avg"] for s in stats if s.get("avg") is not None]
             if vals:
-                rows.append({"name": name, "kind": "gauge (avg)", "value": sum(vals) / len(vals)})
+                rows.append({"name": name, "kind": "gauge (avg)", "value": sum(vals) / len(vals),
+                             "description": description})
         elif kind == "counter":
             vals = [s["rate"] for s in stats if s.get("rate") is not None]
             if vals:
-                rows.append({"name": name, "kind": "counter (rate/s)", "value": sum(vals)})
-    return pd.DataFrame(rows, columns=["name", "kind", "value"])
+                rows.append({"name": name, "kind": "counter (rate/s)", "value": sum(vals),
+                             "description": description})
+    return pd.DataFrame(rows, columns=["name", "kind", "value", "description"])
 
 
 def warmup_priming(load_result: Path) -> tuple[int, int] | None:

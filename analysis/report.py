@@ -158,7 +158,7 @@ def matched_md(c: Comparison) -> list[str]:
 
 
 # What each engine metric counts (sglang's names; the emulator exports the same): a gauge is averaged over the
-# scrapes, a counter given as its rate per second.
+# scrapes, a counter given as its rate per second. Another engine's metrics (vLLM's, say) show their own HELP text.
 SERVER_UNITS = {
     "sglang:cache_hit_rate": "fraction of prompt tokens served from the prefix cache",
     "sglang:cached_tokens": "prompt tokens served from the prefix cache, per s",
@@ -175,6 +175,14 @@ SERVER_UNITS = {
 }
 
 
+def _server_unit(name: str, kind: str, description: str) -> str:
+    if name in SERVER_UNITS:
+        return SERVER_UNITS[name]
+    if not description:
+        return "?"
+    return f"{description}, per s (engine's help)" if kind.startswith("counter") else f"{description} (engine's help)"
+
+
 def server_md(c: Comparison) -> list[str]:
     """Server-side figures from aiperf's server-metrics export (first run of each side), when present."""
     sa = next((r.server for r in c.a_runs if r.server is not None and not r.server.empty), None)
@@ -183,16 +191,22 @@ def server_md(c: Comparison) -> list[str]:
         return ["No aiperf server-metrics export in this run."]
     import pandas as pd
 
-    empty = pd.DataFrame(columns=["name", "kind", "value"])
-    m = (sa if sa is not None else empty).merge(sb if sb is not None else empty, on=["name", "kind"],
-                                                 how="outer", suffixes=("_a", "_b"))
+    empty = pd.DataFrame(columns=["name", "kind", "value", "description"])
+
+    def side(frame):  # runs analysed before the description was read have none
+        return (empty if frame is None else frame).reindex(columns=empty.columns, fill_value="")
+
+    m = side(sa).merge(side(sb), on=["name", "kind"], how="outer", suffixes=("_a", "_b"))
+    m["description"] = [a if isinstance(a, str) and a else (b if isinstance(b, str) else "")
+                        for a, b in zip(m["description_a"], m["description_b"])]
     lines = [f"| server metric | kind | unit | {c.a_label} | {c.b_label} |", "|---|---|---|---|---|"]
     idle = []  # zero or absent in both arms (an engine exports gauges of features this run never used)
     for r in m.sort_values("name").itertuples():
         if all(pd.isna(v) or v == 0 for v in (r.value_a, r.value_b)):
             idle.append(r.name)
             continue
-        lines.append(f"| {r.name} | {r.kind} | {SERVER_UNITS.get(r.name, '?')} | {fmt(r.value_a)} | {fmt(r.value_b)} |")
+        lines.append(f"| {r.name} | {r.kind} | {_server_unit(r.name, r.kind, r.description)} | {fmt(r.value_a)} | "
+                     f"{fmt(r.value_b)} |")
     lines += ["", "From aiperf's scrapes of the server's /metrics: averages and rates over aiperf's profiling phase "
                   "(gauge: mean of its values; counter: increase per second)."]
     if idle:

@@ -521,6 +521,30 @@ def test_server_metrics_zero_in_both_arms_are_named_not_tabled():
     assert md.endswith("Zero or absent in both arms, left out of the table: sglang:mamba_usage, sglang:swa_usage.")
 
 
+def test_server_metrics_of_another_engine_show_its_own_help_text():
+    import pandas as pd
+    from types import SimpleNamespace
+
+    from analysis.report import server_md
+
+    cols = ["name", "kind", "value", "description"]
+    c = SimpleNamespace(a_label="off", b_label="on",
+                        a_runs=[SimpleNamespace(server=pd.DataFrame(
+                            [("vllm:num_requests_running", "gauge (avg)", 7.5, "Number of requests in model execution batches."),
+                             ("vllm:prompt_tokens", "counter (rate/s)", 812.0, "Number of prefill tokens processed."),
+                             ("vllm:mystery", "gauge (avg)", 1.0, "")], columns=cols))],
+                        b_runs=[SimpleNamespace(server=pd.DataFrame(
+                            [("vllm:num_requests_running", "gauge (avg)", 8.0, "Number of requests in model execution batches."),
+                             ("vllm:spec_decode_num_accepted_tokens", "counter (rate/s)", 90.0, "Number of accepted tokens.")],
+                            columns=cols))])
+    md = "\n".join(server_md(c))
+    assert ("| vllm:num_requests_running | gauge (avg) | Number of requests in model execution batches. (engine's help) "
+            "| 7.50 | 8.00 |") in md
+    assert "| vllm:prompt_tokens | counter (rate/s) | Number of prefill tokens processed., per s (engine's help) |" in md
+    assert "| vllm:spec_decode_num_accepted_tokens | counter (rate/s) | Number of accepted tokens., per s" in md  # on only
+    assert "| vllm:mystery | gauge (avg) | ? | 1.00 | n/a |" in md
+
+
 def test_per_arm_latency_rows_pair_matched_requests_and_show_each_arms_own_beside(tmp_path):
     """The quickstart run with six fast requests only `on` sent (test_analysis_compare.with_fast_extras): its TTFT
     p50 over its own requests drops to 14016 ms, which the row shows only as context, beside the medians of the 9
