@@ -369,8 +369,9 @@ def _progress(spec: LoadSpec, arm: ArmPaths, now: float | None = None) -> str:
         return f"waiting for aiperf's start-up and the first measured record ({window} window)"
     done = sum(count_records(arm.profile_export, "warmup"))
     if done < spec.warmup_requests:
-        return (f"warm-up: {done}/{spec.warmup_requests} unmeasured requests done (sessions' first calls: cold "
-                f"prefills that may take a minute); the {window} measured window starts after them")
+        # aiperf exports records in batches: the count trails the requests that ended by up to ~30 s
+        return (f"warm-up: {done}/{spec.warmup_requests} unmeasured requests exported so far (sessions' first calls: "
+                f"cold prefills that may take a minute); the {window} measured window starts once all have ended")
     return f"warm-up done ({done} requests); the {window} measured window runs, its first record pending"
 
 

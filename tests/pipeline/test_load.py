@@ -301,8 +301,9 @@ def test_progress_says_what_the_warm_up_waits_for_then_the_windows_elapsed_secon
     spec = LoadSpec(trace=QUICKSTART, warmup_requests=8, benchmark_duration_s=60, grace_period_s=20)
     warm = {"metadata": {"benchmark_phase": "warmup"}, "metrics": {}}
     arm.profile_export.write_text(json.dumps(warm) + "\n" + json.dumps(warm) + "\n")
-    assert _progress(spec, arm) == ("warm-up: 2/8 unmeasured requests done (sessions' first calls: cold prefills "
-                                    "that may take a minute); the 60 s measured window starts after them")
+    assert _progress(spec, arm) == ("warm-up: 2/8 unmeasured requests exported so far (sessions' first calls: cold "
+                                    "prefills that may take a minute); the 60 s measured window starts once all have "
+                                    "ended")
     arm.profile_export.write_text((json.dumps(warm) + "\n") * 8)
     assert _progress(spec, arm) == "warm-up done (8 requests); the 60 s measured window runs, its first record pending"
     t0 = 1_800_000_000.0
