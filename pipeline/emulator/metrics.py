@@ -24,7 +24,9 @@ class Histogram:
 
 class Metrics:
     def __init__(self, model: str):
-        self.labels = f'model_name="{model}"'
+        # Prometheus' text format: a label value escapes backslash, double quote and newline
+        escaped = model.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        self.labels = f'model_name="{escaped}"'
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generation_tokens = 0

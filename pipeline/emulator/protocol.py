@@ -33,6 +33,8 @@ async def read_body(request: web.Request) -> dict[str, Any]:
         body = await request.json()
     except ValueError as e:
         raise ApiError(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # nested past Python's stack: malformed for any use here, not a server fault
+        raise ApiError(400, "request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -165,8 +167,12 @@ def chat_messages(body: dict[str, Any]) -> list[tuple[str, str]]:
         if content is None:
             content = ""
         elif isinstance(content, list):
-            parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-            content = "\n".join(parts)
+            parts = [(j, p.get("text")) for j, p in enumerate(content) if isinstance(p, dict) and p.get("type") == "text"]
+            for j, text in parts:
+                if not isinstance(text, str):
+                    raise ApiError(400, f"messages[{i}].content[{j}].text: expected a string, got {text!r}"[:300],
+                                   param=f"messages[{i}].content[{j}].text")
+            content = "\n".join(text for _, text in parts)
         elif not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content: expected a string or a list of parts",
                            param=f"messages[{i}].content")

@@ -140,29 +140,34 @@ class Api:
         pre = "data: " + head + (',"choices":[{"index":0,"delta":{"content":' if chat else ',"choices":[{"index":0,"text":')
         post = ('},"logprobs":null,"finish_reason":null}]}\n\n' if chat else ',"logprobs":null,"finish_reason":null}]}\n\n')
         texts = self.tokens.word_json
-        if chat:
-            await resp.write(f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
-                             f'"logprobs":null,"finish_reason":null}}]}}\n\n'.encode())
+        # The role chunk goes out with the first token, after the prefill, as vLLM's and sglang's do: clients that
+        # time TTFT at the first chunk with choices (their bench tools) would otherwise read ~0.
+        role = (f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+                f'"logprobs":null,"finish_reason":null}}]}}\n\n' if chat else "")
         pending = ""  # with stop strings: text held back because it may begin one
         while True:
             await req.event.wait()
             req.event.clear()
+            out = ""
             if p.stop:
                 pending += "".join(self.tokens.word_texts[i] for i in req.out)
                 req.out.clear()
                 pending, ready = _stop_split(pending, p.stop, req.finish_reason is not None)
                 if ready:
-                    await resp.write((pre + json.dumps(ready) + post).encode())
+                    out = pre + json.dumps(ready) + post
             elif req.out:
-                await resp.write("".join(pre + texts[i] + post for i in req.out).encode())
+                out = "".join(pre + texts[i] + post for i in req.out)
                 req.out.clear()
+            if out:
+                await resp.write((role + out).encode())
+                role = ""
             if req.finish_reason is not None:
                 break
         delta = '"delta":{}' if chat else '"text":""'
         tail = f'data: {head},"choices":[{{"index":0,{delta},"logprobs":null,"finish_reason":"{req.finish_reason}"}}]}}\n\n'
         if p.include_usage:
             tail += f'data: {head},"choices":[],"usage":{json.dumps(self._usage(req))}}}\n\n'
-        await resp.write((tail + "data: [DONE]\n\n").encode())
+        await resp.write((role + tail + "data: [DONE]\n\n").encode())
         await resp.write_eof()
 
     def _usage(self, req: Request) -> dict[str, Any]:

@@ -171,3 +171,45 @@ def test_prefix_cache_hits_across_turns(srv):
     seen = r1.usage.prompt_tokens + r1.usage.completion_tokens
     assert r2.usage.prompt_tokens_details.cached_tokens == seen // block * block
     assert r2.usage.prompt_tokens > seen
+
+
+def test_the_role_chunk_comes_with_the_first_token_after_the_prefill(tmp_path):
+    """vLLM's and sglang's bench clients take TTFT at the first chunk with choices: a role chunk sent before the
+    prefill would make it ~0 and fold the prefill into the first inter-token gap."""
+    import time
+
+    emu = start_emulator(tmp_path, "--tokenizer", str(TOKENIZER), "--time-scale", "1", "--max-context-tokens", "65536")
+    try:
+        sent = time.monotonic()
+        stream = emu.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "word " * 30000}], max_tokens=2, stream=True,
+            extra_body={"ignore_eos": True})
+        arrivals = [(time.monotonic() - sent, c) for c in stream]
+    finally:
+        emu.stop()
+    role_at = next(t for t, c in arrivals if c.choices and c.choices[0].delta.role == "assistant")
+    first_token_at = next(t for t, c in arrivals if c.choices and c.choices[0].delta.content)
+    assert first_token_at > 0.2, "the prefill of 30k tokens should take visible time"
+    assert first_token_at - role_at < 0.05 * first_token_at, (role_at, first_token_at)
+
+
+def test_malformed_content_parts_and_deep_nesting_are_client_errors(srv):
+    bad_part = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
+    got, err = srv.post("/v1/chat/completions", json.dumps(bad_part).encode())
+    assert got == 400 and err["error"]["param"] == "messages[0].content[0].text"
+    got, err = srv.post("/v1/chat/completions", b"[" * 200_000)
+    assert got == 400 and "nested too deeply" in err["error"]["message"]
+
+
+def test_metrics_escape_a_model_name_prometheus_would_reject(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name = 'qwen"x\\y'
+    emu = start_emulator(tmp_path, "--tokenizer", str(TOKENIZER), "--time-scale", "0.05", "--model", name)  # last wins
+    try:
+        status, text = emu.get("/metrics")
+    finally:
+        emu.stop()
+    assert status == 200
+    labels = {s.labels["model_name"] for f in text_string_to_metric_families(text) for s in f.samples}
+    assert labels == {name}
