@@ -36,6 +36,11 @@ def sha256_tree(folder: Path) -> tuple[str, int]:
     return h.hexdigest(), len(files)
 
 
+def sha256_path(path: Path) -> tuple[str, int | None]:
+    """(sha256, file count) of a folder (sha256_tree) or (sha256, None) of a file; OSError where unreadable."""
+    return sha256_tree(path) if path.is_dir() else (sha256_file(path), None)
+
+
 def input_paths(recipe_path: str, recipe: dict) -> list[tuple[str, str, Path]]:
     """(role, path as the recipe gives it, path to read) for each input file the recipe names."""
     out = [("recipe", str(recipe_path), Path(recipe_path))]
@@ -97,10 +102,9 @@ def run_inputs(recipe_path: str, recipe: dict) -> list[dict[str, Any]]:
     for role, given, path in named:
         entry: dict[str, Any] = {"role": role, "path": given}
         try:
-            if path.is_dir():
-                entry["sha256"], entry["files"] = sha256_tree(path)
-            else:
-                entry["sha256"] = sha256_file(path)
+            entry["sha256"], files = sha256_path(path)
+            if files is not None:
+                entry["files"] = files
         except OSError as e:
             entry["sha256"], entry["note"] = None, f"not readable here: {e.strerror or e}"
         if path != Path(given):
@@ -115,13 +119,6 @@ def run_inputs(recipe_path: str, recipe: dict) -> list[dict[str, Any]]:
 _RECORDED_IN_RECIPE = ("recipe", "preset ")
 
 
-def _current_sha256(path: Path) -> str | None:
-    try:
-        return sha256_tree(path)[0] if path.is_dir() else sha256_file(path)
-    except OSError:
-        return None
-
-
 def changed_inputs(recorded: list[dict[str, Any]]) -> list[str]:
     """What a resume would read differently from the run's start: one line per input (trace, accuracy data,
     emulator profiles) whose file now hashes otherwise or is gone. Inputs that could not be read at the start
@@ -131,7 +128,10 @@ def changed_inputs(recorded: list[dict[str, Any]]) -> list[str]:
         if entry.get("sha256") is None or entry["role"].startswith(_RECORDED_IN_RECIPE):
             continue
         path = Path(entry.get("file") or entry["path"])
-        now = _current_sha256(path)
+        try:
+            now = sha256_path(path)[0]
+        except OSError:
+            now = None
         if now != entry["sha256"]:
             state = "is gone or unreadable" if now is None else f"changed (sha256 {entry['sha256'][:12]}... at the " \
                                                                f"start, {now[:12]}... now)"
